@@ -1,0 +1,42 @@
+// outrun::InProcess: the same sandboxed engine, inside the calling process.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+
+#include "outrun/runner.h"
+
+namespace outrun {
+
+struct InProcessOptions {
+  // Soft limit per evaluation (the same instruction-count hook as in the workers). There is no
+  // hard kill in-process: a script stuck in one C call stalls its caller. Trusted scripts only.
+  std::chrono::milliseconds timeout{100};
+  // Bytes one script's Lua state may hold.
+  std::size_t memory_limit = 16u << 20;
+};
+
+// The baseline every out-of-process figure is compared with, and a mode for trusted scripts.
+// evaluate() runs the script on the calling thread and calls `done` before returning. Different
+// scripts may run concurrently from different threads; one script's evaluations are serialised.
+class InProcess final : public Runner {
+ public:
+  explicit InProcess(const InProcessOptions& options = {});
+  ~InProcess() override;
+
+  Error register_script(std::string_view key, std::string_view source, Script* out) override;
+  void evaluate(const Script& script, Inputs inputs, Callback done) override;
+  std::future<Result> evaluate(const Script& script, Inputs inputs) override;
+  void evaluate_batch(std::vector<Request> requests, BatchCallback done) override;
+
+  // Runs one evaluation synchronously (what evaluate() does, without a callback).
+  Result run(const Script& script, const Inputs& inputs);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace outrun

@@ -1,0 +1,76 @@
+#include "completion.h"
+
+#include <spdlog/spdlog.h>
+
+namespace outrun::detail {
+
+void Completion::deliver(Result&& r) {
+  try {
+    if (auto* cb = std::get_if<Callback>(&v_)) {
+      (*cb)(std::move(r));
+    } else if (auto* p = std::get_if<std::promise<Result>>(&v_)) {
+      p->set_value(std::move(r));
+    } else if (auto* b = std::get_if<BatchTarget>(&v_)) {
+      (*b->callback)(b->index, std::move(r));
+    }
+  } catch (const std::exception& e) {
+    spdlog::error("outrun: a result callback threw: {}", e.what());
+  } catch (...) {
+    spdlog::error("outrun: a result callback threw");
+  }
+  v_ = std::monostate{};  // release captures now, not when the slot is reused
+}
+
+Dispatcher::Dispatcher() : thread_([this] { run(); }) {}
+
+Dispatcher::~Dispatcher() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_one();
+  thread_.join();
+}
+
+void Dispatcher::post(std::vector<Delivery>& batch) {
+  if (batch.empty()) return;
+  bool was_empty;
+  {
+    std::lock_guard lock(mu_);
+    was_empty = queue_.empty();
+    if (was_empty) {
+      queue_.swap(batch);
+    } else {
+      for (auto& d : batch) queue_.push_back(std::move(d));
+    }
+  }
+  batch.clear();
+  // A non-empty queue means a wake-up is already pending: the thread only waits on an empty one.
+  if (was_empty) cv_.notify_one();
+}
+
+void Dispatcher::post(Delivery&& d) {
+  bool was_empty;
+  {
+    std::lock_guard lock(mu_);
+    was_empty = queue_.empty();
+    queue_.push_back(std::move(d));
+  }
+  if (was_empty) cv_.notify_one();
+}
+
+void Dispatcher::run() {
+  std::vector<Delivery> local;
+  for (;;) {
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return !queue_.empty() || stop_; });
+      if (queue_.empty()) return;  // stop_ and nothing left
+      local.swap(queue_);
+    }
+    for (auto& d : local) d.done.deliver(std::move(d.result));
+    local.clear();
+  }
+}
+
+}  // namespace outrun::detail

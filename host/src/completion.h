@@ -1,0 +1,63 @@
+// How an evaluation reports its result, and the dispatcher threads that run callbacks.
+#pragma once
+
+#include <condition_variable>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include "outrun/runner.h"
+
+namespace outrun::detail {
+
+struct BatchTarget {
+  std::shared_ptr<BatchCallback> callback;  // shared by every request of one batch
+  std::size_t index = 0;
+};
+
+// Exactly one of: a callback, a promise, or a batch callback with the request's index.
+class Completion {
+ public:
+  Completion() = default;
+  explicit Completion(Callback cb) : v_(std::move(cb)) {}
+  explicit Completion(std::promise<Result> p) : v_(std::move(p)) {}
+  explicit Completion(BatchTarget b) : v_(std::move(b)) {}
+
+  // True when delivering runs caller code (a callback), i.e. must happen on a dispatcher.
+  bool runs_caller_code() const { return !std::holds_alternative<std::promise<Result>>(v_); }
+  void deliver(Result&& r);
+
+ private:
+  std::variant<std::monostate, Callback, std::promise<Result>, BatchTarget> v_;
+};
+
+struct Delivery {
+  Completion done;
+  Result result;
+};
+
+// A thread that runs deliveries in order, blocking (never spinning) while there are none.
+class Dispatcher {
+ public:
+  Dispatcher();
+  ~Dispatcher();  // runs what is queued, then joins
+  Dispatcher(const Dispatcher&) = delete;
+  Dispatcher& operator=(const Dispatcher&) = delete;
+
+  // Moves every delivery out of `batch` (leaving it empty) and wakes the thread at most once.
+  void post(std::vector<Delivery>& batch);
+  void post(Delivery&& d);
+
+ private:
+  void run();
+  std::mutex mu_;  // guards queue_, stop_
+  std::condition_variable cv_;
+  std::vector<Delivery> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace outrun::detail

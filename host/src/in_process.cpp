@@ -1,0 +1,143 @@
+#include "outrun/in_process.h"
+
+#include <deque>
+#include <mutex>
+
+#include <lua.hpp>
+
+#include "lua_values.h"
+#include "sandbox.h"
+#include "script_registry.h"
+
+namespace outrun {
+
+namespace {
+
+// Pushes one outrun::Value. Runs inside a protected call: only trivially destructible locals
+// may be alive across Lua API calls (they may longjmp on allocation failure).
+bool push_value(lua_State* L, const Value& v, int depth) {
+  luaL_checkstack(L, 3, "inputs nested too deeply");
+  if (v.is<Nil>()) lua_pushnil(L);
+  else if (const bool* b = std::get_if<bool>(&v.v)) lua_pushboolean(L, *b);
+  else if (const int64_t* i = std::get_if<int64_t>(&v.v)) lua_pushinteger(L, *i);
+  else if (const double* d = std::get_if<double>(&v.v)) lua_pushnumber(L, *d);
+  else if (const std::string* s = std::get_if<std::string>(&v.v)) lua_pushlstring(L, s->data(), s->size());
+  else if (const Bytes* by = std::get_if<Bytes>(&v.v)) lua_pushlstring(L, by->data.data(), by->data.size());
+  else if (const Array* a = std::get_if<Array>(&v.v)) {
+    if (depth >= kMaxValueDepth) return false;
+    lua_createtable(L, static_cast<int>(a->size()), 0);
+    for (std::size_t k = 0; k < a->size(); ++k) {
+      if (!push_value(L, (*a)[k], depth + 1)) return false;
+      lua_rawseti(L, -2, static_cast<lua_Integer>(k + 1));
+    }
+  } else if (const Map* m = std::get_if<Map>(&v.v)) {
+    if (depth >= kMaxValueDepth) return false;
+    lua_createtable(L, 0, static_cast<int>(m->size()));
+    for (const MapEntry& e : *m) {
+      lua_pushlstring(L, e.key.data(), e.key.size());
+      if (!push_value(L, e.value, depth + 1)) return false;
+      lua_rawset(L, -3);
+    }
+  } else {
+    return false;
+  }
+  return true;
+}
+
+bool push_inputs(lua_State* L, const void* p) {
+  const auto& inputs = *static_cast<const Inputs*>(p);
+  if (inputs.size() > kMaxInputs) return false;
+  for (const Input& in : inputs) {
+    lua_pushlstring(L, in.name.data(), in.name.size());
+    if (!push_value(L, in.value, 1)) return false;
+    lua_rawset(L, -3);
+  }
+  return true;
+}
+
+struct ValueBuilder {
+  using Ref = Value;
+  Ref nil() { return Value(); }
+  Ref boolean(bool b) { return Value(b); }
+  Ref integer(int64_t i) { return Value(i); }
+  Ref number(double d) { return Value(d); }
+  Ref string(std::string_view s, bool utf8) {
+    return utf8 ? Value(std::string(s)) : Value(Bytes{std::string(s)});
+  }
+  Ref array(std::vector<Ref>& items) { return Value(Array(std::make_move_iterator(items.begin()), std::make_move_iterator(items.end()))); }
+  Ref map(std::vector<std::pair<std::string_view, Ref>>& entries) {
+    Map m;
+    m.reserve(entries.size());
+    for (auto& [k, v] : entries) m.push_back(MapEntry{std::string(k), std::move(v)});
+    return Value(std::move(m));
+  }
+};
+
+// One registered script's engine: compiled on first use, serialised by its mutex.
+struct Engine {
+  std::mutex mu;  // guards everything below: a lua_State is single-threaded
+  std::unique_ptr<sandbox::ScriptState> state;
+  sandbox::Outcome compile_outcome;
+  bool tried = false;
+};
+
+}  // namespace
+
+struct InProcess::Impl {
+  explicit Impl(const InProcessOptions& o) : opts(o), registry(this, 1) {}
+  InProcessOptions opts;
+  detail::ScriptRegistry registry;
+  std::mutex engines_mu;  // guards engines (growth only; Engine addresses are stable)
+  std::deque<Engine> engines;
+};
+
+InProcess::InProcess(const InProcessOptions& options) : impl_(std::make_unique<Impl>(options)) {}
+InProcess::~InProcess() = default;
+
+Error InProcess::register_script(std::string_view key, std::string_view source, Script* out) {
+  return impl_->registry.add(key, source, out, [this](detail::ScriptRecord& r) {
+    std::lock_guard lock(impl_->engines_mu);
+    r.engine = &impl_->engines.emplace_back();
+  });
+}
+
+Result InProcess::run(const Script& script, const Inputs& inputs) {
+  const detail::ScriptRecord* r = script.record();
+  if (!r || r->owner != impl_.get()) return {Status::invalid_argument, {}, "script handle is not from this runner", -1};
+  auto* e = static_cast<Engine*>(r->engine);
+  std::lock_guard lock(e->mu);
+  if (!e->tried) {
+    e->tried = true;
+    std::string err;
+    e->state = sandbox::ScriptState::create(impl_->opts.memory_limit, &err);
+    if (!e->state) e->compile_outcome = {wire::Status::MemoryLimit, err};
+    else e->compile_outcome = e->state->compile(r->source, "=" + r->chunk_name);
+  }
+  if (e->compile_outcome.status != wire::Status::Ok)
+    return {static_cast<Status>(e->compile_outcome.status), {}, e->compile_outcome.error, -1};
+  const int64_t timeout_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(impl_->opts.timeout).count();
+  auto outcome = e->state->run(push_inputs, &inputs, timeout_ns);
+  if (outcome.status != wire::Status::Ok) return {static_cast<Status>(outcome.status), {}, std::move(outcome.error), -1};
+  lua_State* L = e->state->L();
+  ValueBuilder builder;
+  sandbox::ResultConverter conv(L, builder);
+  Result res;
+  const bool ok = conv.convert(lua_gettop(L), &res.value);
+  lua_settop(L, 1);
+  if (!ok) return {Status::runtime_error, {}, conv.error(), -1};
+  return res;
+}
+
+void InProcess::evaluate(const Script& script, Inputs inputs, Callback done) { done(run(script, inputs)); }
+
+std::future<Result> InProcess::evaluate(const Script& script, Inputs inputs) {
+  std::promise<Result> p;
+  p.set_value(run(script, inputs));
+  return p.get_future();
+}
+
+void InProcess::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
+  for (std::size_t i = 0; i < requests.size(); ++i) done(i, run(requests[i].script, requests[i].inputs));
+}
+
+}  // namespace outrun

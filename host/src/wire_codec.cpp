@@ -1,0 +1,180 @@
+#include "wire_codec.h"
+
+#include <vector>
+
+namespace outrun::detail {
+
+namespace {
+
+struct Budget {
+  std::size_t bytes = 0;
+  bool ok(const Value& v, int depth) {
+    if (depth > kMaxValueDepth) return false;
+    if (auto* s = std::get_if<std::string>(&v.v)) bytes += s->size();
+    else if (auto* b = std::get_if<Bytes>(&v.v)) bytes += b->data.size();
+    else if (auto* a = std::get_if<Array>(&v.v)) {
+      for (const auto& x : *a)
+        if (!ok(x, depth + 1)) return false;
+    } else if (auto* m = std::get_if<Map>(&v.v)) {
+      for (const auto& e : *m) {
+        bytes += e.key.size();
+        if (!ok(e.value, depth + 1)) return false;
+      }
+    }
+    bytes += 16;
+    return bytes <= kMaxInputBytes;
+  }
+};
+
+bool decode(const wire::Value* in, Value* out, int depth) {
+  if (in == nullptr) {
+    out->v = Nil{};
+    return true;
+  }
+  switch (in->kind()) {
+    case wire::ValueKind::Nil: out->v = Nil{}; return true;
+    case wire::ValueKind::Boolean: out->v = in->bool_value(); return true;
+    case wire::ValueKind::Int: out->v = static_cast<int64_t>(in->int_value()); return true;
+    case wire::ValueKind::Double: out->v = in->double_value(); return true;
+    case wire::ValueKind::String:
+      out->v = in->string_value() ? in->string_value()->str() : std::string();
+      return true;
+    case wire::ValueKind::Bytes: {
+      const auto* b = in->bytes_value();
+      out->v = Bytes{b ? std::string(reinterpret_cast<const char*>(b->data()), b->size()) : std::string()};
+      return true;
+    }
+    case wire::ValueKind::Array: {
+      if (depth >= kMaxValueDepth) return false;
+      Array a;
+      if (const auto* items = in->items()) {
+        a.resize(items->size());
+        for (flatbuffers::uoffset_t i = 0; i < items->size(); ++i)
+          if (!decode(items->Get(i), &a[i], depth + 1)) return false;
+      }
+      out->v = std::move(a);
+      return true;
+    }
+    case wire::ValueKind::Map: {
+      if (depth >= kMaxValueDepth) return false;
+      const auto* keys = in->keys();
+      const auto* items = in->items();
+      const flatbuffers::uoffset_t n = keys ? keys->size() : 0;
+      if ((items ? items->size() : 0) != n) return false;
+      Map m(n);
+      for (flatbuffers::uoffset_t i = 0; i < n; ++i) {
+        m[i].key = keys->Get(i)->str();
+        if (!decode(items->Get(i), &m[i].value, depth + 1)) return false;
+      }
+      out->v = std::move(m);
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+flatbuffers::Offset<wire::Value> encode_value(flatbuffers::FlatBufferBuilder& f, const Value& v) {
+  struct Visitor {
+    flatbuffers::FlatBufferBuilder& f;
+    flatbuffers::Offset<wire::Value> operator()(const Nil&) { return wire::CreateValue(f); }
+    flatbuffers::Offset<wire::Value> operator()(bool b) {
+      wire::ValueBuilder vb(f);
+      vb.add_kind(wire::ValueKind::Boolean);
+      vb.add_bool_value(b);
+      return vb.Finish();
+    }
+    flatbuffers::Offset<wire::Value> operator()(int64_t i) {
+      wire::ValueBuilder vb(f);
+      vb.add_kind(wire::ValueKind::Int);
+      vb.add_int_value(i);
+      return vb.Finish();
+    }
+    flatbuffers::Offset<wire::Value> operator()(double d) {
+      wire::ValueBuilder vb(f);
+      vb.add_kind(wire::ValueKind::Double);
+      vb.add_double_value(d);
+      return vb.Finish();
+    }
+    flatbuffers::Offset<wire::Value> operator()(const std::string& s) {
+      auto str = f.CreateString(s);
+      wire::ValueBuilder vb(f);
+      vb.add_kind(wire::ValueKind::String);
+      vb.add_string_value(str);
+      return vb.Finish();
+    }
+    flatbuffers::Offset<wire::Value> operator()(const Bytes& b) {
+      auto vec = f.CreateVector(reinterpret_cast<const uint8_t*>(b.data.data()), b.data.size());
+      wire::ValueBuilder vb(f);
+      vb.add_kind(wire::ValueKind::Bytes);
+      vb.add_bytes_value(vec);
+      return vb.Finish();
+    }
+    flatbuffers::Offset<wire::Value> operator()(const Array& a) {
+      std::vector<flatbuffers::Offset<wire::Value>> items;
+      items.reserve(a.size());
+      for (const auto& x : a) items.push_back(encode_value(f, x));
+      auto vec = f.CreateVector(items);
+      wire::ValueBuilder vb(f);
+      vb.add_kind(wire::ValueKind::Array);
+      vb.add_items(vec);
+      return vb.Finish();
+    }
+    flatbuffers::Offset<wire::Value> operator()(const Map& m) {
+      std::vector<flatbuffers::Offset<flatbuffers::String>> keys;
+      std::vector<flatbuffers::Offset<wire::Value>> items;
+      keys.reserve(m.size());
+      items.reserve(m.size());
+      for (const auto& e : m) {
+        keys.push_back(f.CreateString(e.key));
+        items.push_back(encode_value(f, e.value));
+      }
+      auto kv = f.CreateVector(keys);
+      auto iv = f.CreateVector(items);
+      wire::ValueBuilder vb(f);
+      vb.add_kind(wire::ValueKind::Map);
+      vb.add_items(iv);
+      vb.add_keys(kv);
+      return vb.Finish();
+    }
+  };
+  return std::visit(Visitor{f}, v.v);
+}
+
+bool encode_inputs(flatbuffers::FlatBufferBuilder& fbb, const Inputs& inputs, InputsOffset* out, std::string* error) {
+  if (inputs.size() > kMaxInputs) {
+    *error = "too many inputs (more than " + std::to_string(kMaxInputs) + ")";
+    return false;
+  }
+  Budget budget;
+  for (const auto& in : inputs) {
+    budget.bytes += in.name.size();
+    if (!budget.ok(in.value, 1)) {
+      *error = "input '" + in.name + "' is nested deeper than " + std::to_string(kMaxValueDepth) +
+               " levels or the inputs are larger than " + std::to_string(kMaxInputBytes) + " bytes";
+      return false;
+    }
+  }
+  // Small fixed-size scratch on the stack for the common case of a few inputs.
+  constexpr std::size_t kInline = 16;
+  flatbuffers::Offset<wire::Input> inline_offsets[kInline];
+  std::vector<flatbuffers::Offset<wire::Input>> heap;
+  flatbuffers::Offset<wire::Input>* offsets = inline_offsets;
+  if (inputs.size() > kInline) {
+    heap.resize(inputs.size());
+    offsets = heap.data();
+  }
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    auto name = fbb.CreateString(inputs[i].name);
+    auto value = encode_value(fbb, inputs[i].value);
+    offsets[i] = wire::CreateInput(fbb, name, value);
+  }
+  *out = fbb.CreateVector(offsets, inputs.size());
+  return true;
+}
+
+bool decode_value(const wire::Value* in, Value* out) { return decode(in, out, 0); }
+
+}  // namespace outrun::detail
+

@@ -1,0 +1,28 @@
+// outrun::Value <-> wire::Value for the host side.
+#pragma once
+
+#include <flatbuffers/flatbuffers.h>
+
+#include "outrun/protocol/outrun_generated.h"
+#include "outrun/runner.h"
+#include "outrun/value.h"
+
+namespace outrun::detail {
+
+// Largest encoded inputs of one evaluation (strings and bytes), so every frame fits.
+inline constexpr std::size_t kMaxInputBytes = 8u << 20;
+
+using InputsOffset = flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::Input>>>;
+
+// Encodes `inputs`. Returns false (with *error) when they are too many, too deep or too large;
+// the builder then holds garbage and must be cleared.
+bool encode_inputs(flatbuffers::FlatBufferBuilder& fbb, const Inputs& inputs, InputsOffset* out, std::string* error);
+
+flatbuffers::Offset<wire::Value> encode_value(flatbuffers::FlatBufferBuilder& fbb, const Value& v);
+
+// Decodes a value received from a worker (untrusted, but already verified structurally).
+// Returns false for a value no valid worker sends: unknown kind, depth > kMaxValueDepth, map
+// keys and items of different lengths.
+bool decode_value(const wire::Value* in, Value* out);
+
+}  // namespace outrun::detail

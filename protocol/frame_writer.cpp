@@ -1,0 +1,137 @@
+#include "outrun/protocol/frame_writer.h"
+
+#include <cerrno>
+#include <sys/socket.h>
+
+namespace outrun::protocol {
+
+FrameWriter::FrameWriter(int fd, std::function<void()> on_blocked)
+    : fd_(fd), on_blocked_(std::move(on_blocked)) {}
+
+FrameWriter::State FrameWriter::write(std::span<const uint8_t> frames) {
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) return State::kClosed;
+    pending_.insert(pending_.end(), frames.begin(), frames.end());
+    if (busy_) return State::kWritten;
+    busy_ = true;
+  }
+  return run_passes();
+}
+
+bool FrameWriter::enqueue(std::span<const uint8_t> frames) {
+  std::lock_guard lock(mu_);
+  if (closed_) return false;
+  pending_.insert(pending_.end(), frames.begin(), frames.end());
+  if (busy_) return false;
+  busy_ = true;
+  return true;
+}
+
+FrameWriter::State FrameWriter::write_pending() { return run_passes(); }
+
+FrameWriter::Io FrameWriter::send_inflight() {
+  while (offset_ < inflight_.size()) {
+    const ssize_t n = ::send(fd_, inflight_.data() + offset_, inflight_.size() - offset_,
+                             MSG_NOSIGNAL | MSG_DONTWAIT);
+    syscalls_.fetch_add(1, std::memory_order_relaxed);
+    if (n >= 0) {
+      offset_ += static_cast<std::size_t>(n);
+      bytes_written_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+      continue;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return Io::kAgain;
+    return Io::kClosed;  // EPIPE, ECONNRESET, EBADF: the peer is gone
+  }
+  return Io::kAll;
+}
+
+// Precondition: this thread set busy_. Each pass swaps the queue into inflight_ (keeping both
+// buffers' capacity, so steady state allocates nothing) and sends it in one call.
+FrameWriter::State FrameWriter::run_passes() {
+  for (;;) {
+    {
+      std::lock_guard lock(mu_);
+      if (closed_) {
+        busy_ = false;
+        inflight_.clear();
+        offset_ = 0;
+        return State::kClosed;
+      }
+      if (offset_ >= inflight_.size()) {
+        inflight_.clear();
+        offset_ = 0;
+        if (pending_.empty()) {
+          busy_ = false;
+          return State::kWritten;
+        }
+        inflight_.swap(pending_);
+      }
+    }
+    switch (send_inflight()) {
+      case Io::kAll:
+        break;
+      case Io::kAgain: {
+        {
+          std::lock_guard lock(mu_);
+          loop_owned_ = true;  // busy_ stays set: producers only append from now on
+        }
+        if (on_blocked_) on_blocked_();
+        return State::kHandedOff;
+      }
+      case Io::kClosed: {
+        std::lock_guard lock(mu_);
+        closed_ = true;
+        busy_ = false;
+        pending_.clear();
+        inflight_.clear();
+        offset_ = 0;
+        return State::kClosed;
+      }
+    }
+  }
+}
+
+FrameWriter::Flush FrameWriter::flush_from_loop() {
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) return Flush::kClosed;
+    if (!loop_owned_) return Flush::kDone;
+  }
+  for (;;) {
+    switch (send_inflight()) {
+      case Io::kAgain: return Flush::kMore;
+      case Io::kClosed: {
+        std::lock_guard lock(mu_);
+        closed_ = true;
+        busy_ = loop_owned_ = false;
+        pending_.clear();
+        inflight_.clear();
+        offset_ = 0;
+        return Flush::kClosed;
+      }
+      case Io::kAll: break;
+    }
+    std::lock_guard lock(mu_);
+    inflight_.clear();
+    offset_ = 0;
+    if (pending_.empty()) {
+      busy_ = loop_owned_ = false;
+      return Flush::kDone;
+    }
+    inflight_.swap(pending_);
+  }
+}
+
+void FrameWriter::close() {
+  std::lock_guard lock(mu_);
+  closed_ = true;
+  pending_.clear();
+  if (!busy_) {
+    inflight_.clear();
+    offset_ = 0;
+  }
+}
+
+}  // namespace outrun::protocol

@@ -1,0 +1,85 @@
+// Batched frame writer for one stream socket.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <span>
+#include <vector>
+
+namespace outrun::protocol {
+
+// The thread that produces a frame writes it itself: write() appends the frame and, unless
+// another thread is already in a write pass, runs passes that each take every frame queued so
+// far and hand them to the kernel in one send(2). A thread that finds a pass already running
+// just appends and returns; the running pass picks its frame up.
+//
+// The socket must be non-blocking. When the kernel buffer is full (EAGAIN) the rest is handed
+// to the owner's event loop: `on_blocked` runs once (on the producing thread), and the loop then
+// calls flush_from_loop() whenever the fd is writable until it returns kDone. Frames appended
+// meanwhile are queued behind the rest, so order is kept.
+//
+// send(2) uses MSG_NOSIGNAL: a peer that went away is reported as kClosed (never SIGPIPE), and
+// everything queued is dropped; the read side sees end-of-stream and ends what was in flight.
+//
+// Thread-safe: write() from any thread; flush_from_loop() from the loop thread only.
+class FrameWriter {
+ public:
+  enum class State : uint8_t {
+    kWritten,   // everything queued so far reached the kernel, or another pass is writing it
+    kHandedOff, // the socket is full; the loop finishes (on_blocked was called)
+    kClosed,    // the peer is gone or the writer was closed; frames are dropped
+  };
+
+  explicit FrameWriter(int fd, std::function<void()> on_blocked = {});
+  FrameWriter(const FrameWriter&) = delete;
+  FrameWriter& operator=(const FrameWriter&) = delete;
+
+  // Appends complete, length-prefixed frames and writes what the socket takes.
+  State write(std::span<const uint8_t> frames);
+
+  // Appends without writing, and tells whether the caller must run write_pending() (no pass is
+  // running). Lets a caller append while it holds a lock that orders frames, then write after
+  // releasing it.
+  bool enqueue(std::span<const uint8_t> frames);
+  // Runs write passes until the queue is empty or the socket is full. Call only after enqueue()
+  // returned true.
+  State write_pending();
+
+  enum class Flush : uint8_t { kDone, kMore, kClosed };
+  // Loop thread, after on_blocked: writes as much as the socket takes. kMore: keep polling for
+  // writability; kDone: the queue is empty and producers write directly again.
+  Flush flush_from_loop();
+
+  // Drops everything queued; later writes return kClosed. Does not close the fd.
+  void close();
+
+  // Counters for tests and the perf harness (approximate when read concurrently).
+  uint64_t syscalls() const { return syscalls_.load(std::memory_order_relaxed); }
+  uint64_t bytes_written() const { return bytes_written_.load(std::memory_order_relaxed); }
+
+ private:
+  enum class Io : uint8_t { kAll, kAgain, kClosed };
+  // Sends inflight_[offset_..]; updates offset_. Called by the one thread that owns the pass.
+  Io send_inflight();
+  State run_passes();
+
+  const int fd_;
+  const std::function<void()> on_blocked_;
+
+  std::mutex mu_;  // guards pending_, busy_, closed_, loop_owned_
+  std::vector<uint8_t> pending_;  // appended while a pass runs
+  bool busy_ = false;             // a pass (producer or loop) owns inflight_
+  bool loop_owned_ = false;       // the loop finishes the current backlog
+  bool closed_ = false;
+
+  // Owned by whichever thread holds busy_.
+  std::vector<uint8_t> inflight_;
+  std::size_t offset_ = 0;
+  std::atomic<uint64_t> syscalls_{0};
+  std::atomic<uint64_t> bytes_written_{0};
+};
+
+}  // namespace outrun::protocol

@@ -1,0 +1,377 @@
+#include "sandbox.h"
+
+#include "lua_values.h"
+
+#include <cstring>
+#include <ctime>
+
+#include <lua.hpp>
+#include <mimalloc.h>
+
+namespace outrun::sandbox {
+
+int64_t monotonic_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+namespace {
+
+// Marks the metatables of read-only library proxies (a light userdata key no script can forge).
+const char kReadOnlyKey = 0;
+
+void* counting_alloc(void* ud, void* ptr, size_t osize, size_t nsize) {
+  auto* acc = static_cast<MemoryAccount*>(ud);
+  const size_t old = ptr ? osize : 0;  // when ptr is NULL, osize is a type tag
+  if (nsize == 0) {
+    if (ptr) {
+      acc->used -= old;
+      mi_free(ptr);
+    }
+    return nullptr;
+  }
+  if (nsize > old) {
+    ++acc->allocations;
+    if (acc->fail_at != 0 && acc->allocations == acc->fail_at) return nullptr;
+    if (acc->used - old + nsize > acc->limit) return nullptr;
+  }
+  void* p = mi_realloc(ptr, nsize);
+  if (!p) return nullptr;
+  acc->used = acc->used - old + nsize;
+  if (acc->used > acc->peak) acc->peak = acc->used;
+  return p;
+}
+
+// The soft timeout. Runs every kHookInterval instructions of any coroutine of the state (Lua
+// copies the hook into new threads). Once the deadline has passed it raises an error on every
+// instruction, so pcall/xpcall, error handlers, __close handlers and coroutines cannot swallow
+// it: whatever catches the error runs at most one more instruction before the next one.
+void count_hook(lua_State* L, lua_Debug*) {
+  auto* ctx = *static_cast<RunContext**>(lua_getextraspace(L));
+  if (!ctx->timed_out) {
+    if (monotonic_ns() < ctx->deadline_ns) {
+      // A coroutine left at interval 1 by an earlier timeout goes back to normal.
+      if (lua_gethookcount(L) != kHookInterval) lua_sethook(L, count_hook, LUA_MASKCOUNT, kHookInterval);
+      return;
+    }
+    ctx->timed_out = true;
+  }
+  lua_sethook(L, count_hook, LUA_MASKCOUNT, 1);
+  luaL_error(L, "timeout");
+}
+
+int noop(lua_State*) { return 0; }
+
+// load(chunk [, name [, mode [, env]]]) with mode forced to "t": binary chunks can crash the VM.
+int safe_load(lua_State* L) {
+  const int n = lua_gettop(L);
+  lua_settop(L, 4);
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, 2);
+  lua_pushliteral(L, "t");
+  int nargs = 3;
+  if (n >= 4) {  // an explicit env (even nil) differs from none
+    lua_pushvalue(L, 4);
+    nargs = 4;
+  }
+  lua_call(L, nargs, LUA_MULTRET);
+  return lua_gettop(L) - 4;
+}
+
+// setmetatable without finalizers: __gc handlers run with hooks off, so the soft timeout could
+// not stop them. Any non-nil __gc is refused (a placeholder would arm finalization for later).
+int safe_setmetatable(lua_State* L) {
+  if (lua_type(L, 2) == LUA_TTABLE) {
+    lua_pushliteral(L, "__gc");
+    if (lua_rawget(L, 2) != LUA_TNIL) return luaL_error(L, "setmetatable: __gc metamethods are not allowed");
+    lua_pop(L, 1);
+  }
+  lua_settop(L, 2);
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, 2, 1);
+  return 1;
+}
+
+bool is_read_only(lua_State* L, int idx) {
+  if (!lua_getmetatable(L, idx)) return false;
+  const bool ro = lua_rawgetp(L, -1, &kReadOnlyKey) != LUA_TNIL;
+  lua_pop(L, 2);
+  return ro;
+}
+
+// rawset that refuses library proxies (rawset would otherwise bypass their __newindex).
+int safe_rawset(lua_State* L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  if (is_read_only(L, 1)) return luaL_error(L, "rawset: library tables are read-only");
+  lua_settop(L, 3);
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, 3, 1);
+  return 1;
+}
+
+int read_only_newindex(lua_State* L) { return luaL_error(L, "library tables are read-only"); }
+
+int safe_collectgarbage(lua_State* L) {
+  const char* opt = luaL_optstring(L, 1, "collect");
+  if (std::strcmp(opt, "count") != 0) return luaL_error(L, "collectgarbage: only \"count\" is allowed");
+  lua_pushnumber(L, lua_gc(L, LUA_GCCOUNT, 0) + lua_gc(L, LUA_GCCOUNTB, 0) / 1024.0);
+  return 1;
+}
+
+// Replaces global `name` (a library table) by a read-only proxy: reads go to the library,
+// writes raise, and the metatable is hidden (__metatable), so the library cannot be reached or
+// changed through it.
+void make_read_only(lua_State* L, const char* name) {
+  lua_getglobal(L, name);         // lib
+  lua_newtable(L);                // lib proxy
+  lua_createtable(L, 0, 4);       // lib proxy mt
+  lua_pushvalue(L, -3);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, read_only_newindex);
+  lua_setfield(L, -2, "__newindex");
+  lua_pushboolean(L, 0);
+  lua_setfield(L, -2, "__metatable");
+  lua_pushboolean(L, 1);
+  lua_rawsetp(L, -2, &kReadOnlyKey);
+  lua_setmetatable(L, -2);        // lib proxy
+  lua_setglobal(L, name);         // lib
+  lua_pop(L, 1);
+}
+
+void wrap_global(lua_State* L, const char* name, lua_CFunction fn) {
+  lua_getglobal(L, name);
+  lua_pushcclosure(L, fn, 1);
+  lua_setglobal(L, name);
+}
+
+// Builds the sandbox's globals. Runs inside lua_pcall (allocation may fail).
+int setup_sandbox(lua_State* L) {
+  static const luaL_Reg libs[] = {{LUA_GNAME, luaopen_base},         {LUA_COLIBNAME, luaopen_coroutine},
+                                  {LUA_TABLIBNAME, luaopen_table},   {LUA_STRLIBNAME, luaopen_string},
+                                  {LUA_MATHLIBNAME, luaopen_math},   {LUA_UTF8LIBNAME, luaopen_utf8}};
+  for (const auto& lib : libs) {
+    luaL_requiref(L, lib.name, lib.func, 1);
+    lua_pop(L, 1);
+  }
+  // os: only the harmless clocks.
+  luaL_requiref(L, LUA_OSLIBNAME, luaopen_os, 0);
+  lua_createtable(L, 0, 3);
+  for (const char* fn : {"clock", "time", "difftime"}) {
+    lua_getfield(L, -2, fn);
+    lua_setfield(L, -2, fn);
+  }
+  lua_setglobal(L, "os");
+  lua_pop(L, 1);
+  // The loaded-modules table would hand out the real libraries; scripts have no `require`, but
+  // drop it anyway so no path leads there.
+  lua_pushnil(L);
+  lua_setfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+
+  for (const char* name : {"dofile", "loadfile", "require", "module"}) {
+    lua_pushnil(L);
+    lua_setglobal(L, name);
+  }
+  lua_pushcfunction(L, noop);
+  lua_setglobal(L, "print");
+  lua_pushcfunction(L, safe_collectgarbage);
+  lua_setglobal(L, "collectgarbage");
+  wrap_global(L, "load", safe_load);
+  wrap_global(L, "setmetatable", safe_setmetatable);
+  wrap_global(L, "rawset", safe_rawset);
+
+  lua_getglobal(L, LUA_STRLIBNAME);
+  lua_pushnil(L);
+  lua_setfield(L, -2, "dump");
+  lua_pop(L, 1);
+  // The string metatable: hidden from getmetatable, so `("").__index` tricks cannot reach it.
+  lua_pushliteral(L, "");
+  lua_getmetatable(L, -1);
+  lua_pushboolean(L, 0);
+  lua_setfield(L, -2, "__metatable");
+  lua_pop(L, 2);
+
+  for (const char* name : {LUA_COLIBNAME, LUA_TABLIBNAME, LUA_STRLIBNAME, LUA_MATHLIBNAME, LUA_UTF8LIBNAME,
+                           LUA_OSLIBNAME}) {
+    make_read_only(L, name);
+  }
+  return 0;
+}
+
+struct CompileArgs {
+  const char* source;
+  size_t size;
+  const char* chunk_name;
+};
+
+int compile_trampoline(lua_State* L) {
+  const auto* a = static_cast<const CompileArgs*>(lua_touserdata(L, 1));
+  const int status = luaL_loadbufferx(L, a->source, a->size, a->chunk_name, "t");
+  if (status != LUA_OK) return lua_error(L);  // keeps the status kind (syntax vs memory)
+  return 1;
+}
+
+struct RunArgs {
+  PushInputsFn push;
+  const void* inputs;
+  bool inputs_ok;
+};
+
+// Stack: [1] RunArgs*, [2] the compiled chunk.
+int run_trampoline(lua_State* L) {
+  auto* a = static_cast<RunArgs*>(lua_touserdata(L, 1));
+  lua_createtable(L, 0, 4);
+  if (!a->push(L, a->inputs)) {
+    a->inputs_ok = false;
+    return 0;
+  }
+  lua_setglobal(L, "inputs");
+  lua_pushvalue(L, 2);
+  lua_call(L, 0, 1);
+  return 1;
+}
+
+// A message for the error object at `idx`, without running any metamethod of it.
+std::string error_message(lua_State* L, int idx) {
+  switch (lua_type(L, idx)) {
+    case LUA_TSTRING: {
+      size_t n = 0;
+      const char* s = lua_tolstring(L, idx, &n);
+      return std::string(s, n);
+    }
+    case LUA_TNUMBER: {
+      char buf[64];
+      if (lua_isinteger(L, idx))
+        snprintf(buf, sizeof buf, "%lld", static_cast<long long>(lua_tointeger(L, idx)));
+      else
+        snprintf(buf, sizeof buf, "%.14g", lua_tonumber(L, idx));
+      return buf;
+    }
+    default:
+      return std::string("(error object is a ") + lua_typename(L, lua_type(L, idx)) + " value)";
+  }
+}
+
+std::string memory_message(size_t limit) {
+  return "script exceeded its memory limit of " + std::to_string(limit) + " bytes";
+}
+
+}  // namespace
+
+std::unique_ptr<ScriptState> ScriptState::create(std::size_t memory_limit, std::string* error) {
+  std::unique_ptr<ScriptState> s(new ScriptState());
+  s->account_ = std::make_unique<MemoryAccount>();
+  s->account_->limit = memory_limit;
+  s->ctx_ = std::make_unique<RunContext>();
+  s->L_ = lua_newstate(counting_alloc, s->account_.get());
+  if (!s->L_) {
+    *error = memory_message(memory_limit);
+    return nullptr;
+  }
+  *static_cast<RunContext**>(lua_getextraspace(s->L_)) = s->ctx_.get();
+  lua_pushcfunction(s->L_, setup_sandbox);
+  if (lua_pcall(s->L_, 0, 0, 0) != LUA_OK) {
+    *error = memory_message(memory_limit);
+    return nullptr;  // the destructor closes the state
+  }
+  lua_sethook(s->L_, count_hook, LUA_MASKCOUNT, kHookInterval);
+  return s;
+}
+
+ScriptState::~ScriptState() {
+  if (L_) lua_close(L_);
+}
+
+Outcome ScriptState::compile(std::string_view source, const std::string& chunk_name) {
+  lua_settop(L_, 0);
+  compiled_ = false;
+  CompileArgs args{source.data(), source.size(), chunk_name.c_str()};
+  // Compilation runs no script code, but give it the deadline machinery a sane state anyway.
+  ctx_->timed_out = false;
+  ctx_->deadline_ns = INT64_MAX;
+  lua_pushcfunction(L_, compile_trampoline);
+  lua_pushlightuserdata(L_, &args);
+  const int status = lua_pcall(L_, 1, 1, 0);
+  if (status == LUA_OK) {
+    compiled_ = true;  // the chunk stays at stack slot 1 for the state's lifetime
+    return {};
+  }
+  Outcome out;
+  if (status == LUA_ERRMEM) {
+    out = {Status::MemoryLimit, memory_message(account_->limit)};
+  } else {
+    out = {Status::CompileError, error_message(L_, -1)};
+  }
+  lua_settop(L_, 0);
+  return out;
+}
+
+Outcome ScriptState::run(PushInputsFn push_inputs, const void* inputs, int64_t timeout_ns) {
+  lua_settop(L_, 1);
+  RunArgs args{push_inputs, inputs, true};
+  lua_pushcfunction(L_, run_trampoline);
+  lua_pushlightuserdata(L_, &args);
+  lua_pushvalue(L_, 1);
+  ctx_->timed_out = false;
+  ctx_->deadline_ns = monotonic_ns() + timeout_ns;
+  const int status = lua_pcall(L_, 2, 1, 0);
+  const bool timed_out = ctx_->timed_out;
+  if (lua_gethookcount(L_) != kHookInterval) lua_sethook(L_, count_hook, LUA_MASKCOUNT, kHookInterval);
+  ctx_->timed_out = false;
+  if (status == LUA_OK && !timed_out) {
+    if (!args.inputs_ok) {
+      lua_settop(L_, 1);
+      return {Status::InvalidArgument, "inputs are not valid values"};
+    }
+    return {};  // result at slot 2
+  }
+  Outcome out;
+  if (timed_out) {
+    out = {Status::Timeout, "script exceeded its timeout of " + std::to_string(timeout_ns / 1'000'000) + " ms"};
+  } else if (status == LUA_ERRMEM) {
+    out = {Status::MemoryLimit, memory_message(account_->limit)};
+  } else {
+    out = {Status::RuntimeError, error_message(L_, -1)};
+  }
+  lua_settop(L_, 1);
+  if (out.status != Status::RuntimeError) lua_gc(L_, LUA_GCCOLLECT);  // give back what it piled up
+  return out;
+}
+
+}  // namespace outrun::sandbox
+
+namespace outrun::sandbox {
+
+bool is_valid_utf8(const char* s, std::size_t n) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s);
+  std::size_t i = 0;
+  while (i < n) {
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    std::size_t len;
+    uint32_t cp;
+    if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; }
+    else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; }
+    else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; }
+    else return false;
+    if (i + len > n) return false;
+    for (std::size_t k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
+        (cp >= 0xD800 && cp <= 0xDFFF))
+      return false;
+    i += len;
+  }
+  return true;
+}
+
+}  // namespace outrun::sandbox

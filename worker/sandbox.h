@@ -1,0 +1,87 @@
+// The Lua 5.4 sandbox: one isolated lua_State per script. Shared by outrun-worker and the
+// InProcess runner, so both run scripts identically.
+//
+// Rule for every C function that Lua calls (and for the trampolines here): Debian's Lua is built
+// as C, so a Lua error is a longjmp. Nothing with a destructor may be alive on the C++ stack
+// between a Lua API call that can raise and the end of the protected call. See design/sandbox.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "outrun/protocol/outrun_generated.h"
+
+struct lua_State;
+
+namespace outrun::sandbox {
+
+using wire::Status;
+
+// Instructions between two checks of the soft deadline by the count hook.
+inline constexpr int kHookInterval = 1000;
+
+// Lua's allocator for one script state: counts live bytes and refuses growth past `limit`
+// (frees and shrinks always succeed), which Lua reports as LUA_ERRMEM.
+struct MemoryAccount {
+  std::size_t used = 0;
+  std::size_t peak = 0;
+  std::size_t limit = 0;
+  // Fault injection for tests: fail the Nth allocation from now (0 = never).
+  uint64_t fail_at = 0;
+  uint64_t allocations = 0;
+};
+
+// Per-evaluation state the count hook reads through the lua_State's extra space.
+struct RunContext {
+  int64_t deadline_ns = 0;  // CLOCK_MONOTONIC
+  bool timed_out = false;
+};
+
+struct Outcome {
+  Status status = Status::Ok;
+  std::string error;
+};
+
+// Reads the evaluation's inputs into a Lua table. Called inside a protected call with the table
+// on the top of the stack; it may raise Lua errors (allocation failure) and must follow the rule
+// above. Returns false (after pushing nothing) to reject the inputs as invalid.
+using PushInputsFn = bool (*)(lua_State* L, const void* inputs);
+
+class ScriptState {
+ public:
+  // Creates the state with the sandboxed libraries. Fails (nullptr, *error set) only when
+  // `memory_limit` is too small to hold the libraries.
+  static std::unique_ptr<ScriptState> create(std::size_t memory_limit, std::string* error);
+  ~ScriptState();
+  ScriptState(const ScriptState&) = delete;
+  ScriptState& operator=(const ScriptState&) = delete;
+
+  // Compiles `source` as a text chunk named `chunk_name` (Lua's "=name" convention: errors read
+  // "name:LINE: message"). On failure: CompileError or MemoryLimit, with the message.
+  Outcome compile(std::string_view source, const std::string& chunk_name);
+  bool compiled() const { return compiled_; }
+
+  // Runs the compiled chunk with `inputs` (via push_inputs) as the global `inputs`. On Ok the
+  // returned value is on the top of the stack until the next call; convert it with
+  // lua_values.h. T starts now.
+  Outcome run(PushInputsFn push_inputs, const void* inputs, int64_t timeout_ns);
+
+  lua_State* L() const { return L_; }
+  const MemoryAccount& memory() const { return *account_; }
+  MemoryAccount& memory_for_tests() { return *account_; }
+
+ private:
+  ScriptState() = default;
+  std::unique_ptr<MemoryAccount> account_;
+  std::unique_ptr<RunContext> ctx_;
+  lua_State* L_ = nullptr;
+  bool compiled_ = false;
+  std::string timeout_message_;
+};
+
+int64_t monotonic_ns();
+
+}  // namespace outrun::sandbox

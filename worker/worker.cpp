@@ -1,0 +1,159 @@
+#include "worker.h"
+
+#include <cerrno>
+#include <cstring>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <lua.hpp>
+#include <spdlog/spdlog.h>
+
+#include "lua_values.h"
+#include "wire_values.h"
+
+namespace outrun::worker {
+
+Worker::Worker(const WorkerOptions& options) : opts_(options) {}
+
+bool Worker::write_all(const uint8_t* data, std::size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::send(opts_.fd, data, size, MSG_NOSIGNAL);
+    if (n > 0) {
+      data += n;
+      size -= static_cast<std::size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      io_failed_ = true;
+      return false;
+    }
+  }
+  return true;
+}
+
+bool Worker::send_hello() {
+  flatbuffers::FlatBufferBuilder fbb(128);
+  auto hello = wire::CreateHello(fbb, protocol::kProtocolVersion, static_cast<int32_t>(getpid()));
+  fbb.FinishSizePrefixed(wire::CreateFrame(fbb, wire::Body::Hello, hello.Union()));
+  return write_all(fbb.GetBufferPointer(), fbb.GetSize());
+}
+
+int Worker::run() {
+  if (!send_hello()) return kExitIo;
+  for (;;) {
+    const long n = reader_.read_from(opts_.fd);
+    if (n == 0) return kExitOk;  // the host closed its end
+    if (n < 0) {
+      spdlog::error("read from host failed: {}", std::strerror(static_cast<int>(-n)));
+      return kExitIo;
+    }
+    protocol::FrameView fv;
+    while (reader_.next(fv)) {
+      handle(fv.frame);
+      if (io_failed_) return kExitIo;
+    }
+    if (reader_.error() != protocol::FrameError::kNone) {
+      spdlog::error("protocol violation from host: {}", protocol::to_string(reader_.error()));
+      flush();
+      return kExitProtocol;
+    }
+    if (!flush()) return kExitIo;
+    if (shutdown_) return kExitOk;
+  }
+}
+
+void Worker::handle(const wire::Frame* frame) {
+  switch (frame->body_type()) {
+    case wire::Body::Evaluate: {
+      const auto* items = frame->body_as_Evaluate()->items();
+      if (!items) return;
+      for (const wire::Evaluation* e : *items) {
+        evaluate(e);
+        if (!results_.empty() &&
+            (out_.GetSize() > kFlushBytes || sandbox::monotonic_ns() - first_result_ns_ > kMaxResultHoldNs))
+          flush();
+      }
+      return;
+    }
+    case wire::Body::Shutdown:
+      shutdown_ = true;
+      return;
+    default:
+      // Hello/Results are not for a worker; ignore rather than die (forward compatibility).
+      return;
+  }
+}
+
+Worker::Script* Worker::script_for(const wire::Evaluation* e) {
+  const uint32_t id = e->script_id();
+  if (id >= kMaxScriptId) return nullptr;
+  if (id >= scripts_.size()) scripts_.resize(id + 1);
+  auto& slot = scripts_[id];
+  const auto* src = e->source();
+  const auto* sha = e->sha256();
+  if (src && sha && sha->size() == 32) {
+    if (slot && std::memcmp(slot->sha256.data(), sha->data(), 32) == 0) return slot.get();
+    auto s = std::make_unique<Script>();
+    std::memcpy(s->sha256.data(), sha->data(), 32);
+    std::string err;
+    s->state = sandbox::ScriptState::create(opts_.memory_limit, &err);
+    if (!s->state) {
+      s->compile_outcome = {wire::Status::MemoryLimit, err};
+    } else {
+      const std::string name = e->chunk_name() ? "=" + e->chunk_name()->str() : "=script";
+      s->compile_outcome = s->state->compile(std::string_view(src->c_str(), src->size()), name);
+    }
+    slot = std::move(s);
+  }
+  return slot.get();
+}
+
+void Worker::add_result(uint64_t id, wire::Status status, flatbuffers::Offset<wire::Value> value,
+                        std::string_view error) {
+  flatbuffers::Offset<flatbuffers::String> err;
+  if (!error.empty()) err = out_.CreateString(error.data(), error.size());
+  if (results_.empty()) first_result_ns_ = sandbox::monotonic_ns();
+  results_.push_back(wire::CreateResult(out_, id, status, value, err));
+}
+
+void Worker::evaluate(const wire::Evaluation* e) {
+  Script* s = script_for(e);
+  if (!s) {
+    add_result(e->id(), e->script_id() >= kMaxScriptId ? wire::Status::InvalidArgument : wire::Status::NeedSource, 0,
+               e->script_id() >= kMaxScriptId ? "script id out of range" : "");
+    return;
+  }
+  if (s->compile_outcome.status != wire::Status::Ok) {
+    add_result(e->id(), s->compile_outcome.status, 0, s->compile_outcome.error);
+    return;
+  }
+  const auto outcome = s->state->run(sandbox::push_wire_inputs, e->inputs(), static_cast<int64_t>(e->timeout_us()) * 1000);
+  if (outcome.status != wire::Status::Ok) {
+    add_result(e->id(), outcome.status, 0, outcome.error);
+    return;
+  }
+  lua_State* L = s->state->L();
+  sandbox::WireValueBuilder builder(out_);
+  sandbox::ResultConverter conv(L, builder);
+  flatbuffers::Offset<wire::Value> value;
+  const bool ok = conv.convert(lua_gettop(L), &value);
+  lua_settop(L, 1);
+  if (!ok) {
+    add_result(e->id(), wire::Status::RuntimeError, 0, conv.error());
+    return;
+  }
+  add_result(e->id(), wire::Status::Ok, value, {});
+}
+
+bool Worker::flush() {
+  if (results_.empty()) return true;
+  auto vec = out_.CreateVector(results_);
+  auto body = wire::CreateResults(out_, vec);
+  out_.FinishSizePrefixed(wire::CreateFrame(out_, wire::Body::Results, body.Union()));
+  const bool ok = write_all(out_.GetBufferPointer(), out_.GetSize());
+  out_.Clear();
+  results_.clear();
+  return ok;
+}
+
+}  // namespace outrun::worker

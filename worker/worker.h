@@ -1,0 +1,72 @@
+// The worker process's serving loop: frames in, evaluations, frames out.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <flatbuffers/flatbuffers.h>
+
+#include "outrun/protocol/frame.h"
+#include "sandbox.h"
+
+namespace outrun::worker {
+
+struct WorkerOptions {
+  int fd = 3;                          // the stream socket to the host (blocking)
+  std::size_t memory_limit = 16u << 20;  // per script state
+};
+
+// Exit codes. The host reads them to tell causes apart.
+enum ExitCode : int {
+  kExitOk = 0,                 // host closed the pipe or sent Shutdown
+  kExitUsage = 64,             // bad command line
+  kExitIo = 74,                // the pipe failed
+  kExitProtocol = 76,          // the host sent a frame that failed verification
+  kExitOrphan = 77,            // the host was already gone at start
+};
+
+// Serves the host until it closes the pipe or sends Shutdown. Single-threaded: reads every
+// frame that has arrived, runs the evaluations in order, and answers with one write per batch
+// (or sooner when results have waited kMaxResultHoldNs).
+class Worker {
+ public:
+  explicit Worker(const WorkerOptions& options);
+  int run();
+
+ private:
+  struct Script {
+    std::array<uint8_t, 32> sha256{};
+    std::unique_ptr<sandbox::ScriptState> state;
+    sandbox::Outcome compile_outcome;  // Ok, or why it cannot run (kept: compile once)
+  };
+
+  bool send_hello();
+  void handle(const wire::Frame* frame);
+  void evaluate(const wire::Evaluation* e);
+  Script* script_for(const wire::Evaluation* e);
+  void add_result(uint64_t id, wire::Status status, flatbuffers::Offset<wire::Value> value, std::string_view error);
+  bool flush();
+  bool write_all(const uint8_t* data, std::size_t size);
+
+  WorkerOptions opts_;
+  protocol::FrameReader reader_;
+  flatbuffers::FlatBufferBuilder out_{64 * 1024};
+  std::vector<flatbuffers::Offset<wire::Result>> results_;
+  int64_t first_result_ns_ = 0;
+  std::vector<std::unique_ptr<Script>> scripts_;  // by script_id
+  bool shutdown_ = false;
+  bool io_failed_ = false;
+};
+
+// Results are held for a batch write at most this long while more evaluations run.
+inline constexpr int64_t kMaxResultHoldNs = 1'000'000;
+// Results are written once this many bytes are batched (keeps every frame < kMaxFrameSize).
+inline constexpr std::size_t kFlushBytes = 4u << 20;
+// Highest script id a worker accepts (bounds the table it keeps).
+inline constexpr uint32_t kMaxScriptId = 1u << 22;
+
+}  // namespace outrun::worker
