@@ -51,6 +51,9 @@ constexpr std::size_t kFrameCutBytes = 1u << 20;
 constexpr std::size_t kFrameCutItems = 4096;
 // Backoff of restarts after quick deaths: restart_delay * 2^n, at most this.
 constexpr auto kMaxRestartDelay = std::chrono::milliseconds(5000);
+// After a worker's stream ends, how long we wait for its exit status before killing it (a
+// worker that closes its pipe but keeps running).
+constexpr uint64_t kLingerMs = 1000;
 // A worker that lived this long resets the backoff.
 constexpr auto kHealthyUptime = std::chrono::milliseconds(1000);
 
@@ -388,7 +391,9 @@ struct Host::Impl {
       return {Status::unavailable, "cannot start worker '" + worker_path + "': " + uv_strerror(rc)};
     }
     w->pid = w->process.pid;
-    w->open_handles = 2;
+    w->open_handles = 3;
+    uv_timer_init(&loop, &w->linger);
+    w->linger.data = w;
     uv_poll_init(&loop, &w->poll, w->fd);
     w->poll.data = w;
     uv_poll_start(&w->poll, UV_READABLE, &Impl::on_poll);
@@ -441,12 +446,29 @@ struct Host::Impl {
     uv_close(reinterpret_cast<uv_handle_t*>(p), &Impl::on_handle_closed);
   }
 
+  // The worker's stream ended (EOF, or a reset when it died with unread input). Usually the
+  // process is exiting and its exit status, which names the cause, arrives within
+  // milliseconds: stop reading and wait for it. A worker still running after kLingerMs closed
+  // its pipe on purpose and is killed.
+  void stream_ended(WorkerProcess* w) {
+    if (w->dead || w->stream_ended) return;
+    w->stream_ended = true;
+    uv_poll_stop(&w->poll);
+    uv_timer_start(&w->linger, &Impl::on_linger_expired, kLingerMs, 0);
+  }
+
+  static void on_linger_expired(uv_timer_t* t) {
+    auto* w = static_cast<WorkerProcess*>(t->data);
+    Impl* self = static_cast<Impl*>(t->loop->data);
+    self->worker_died(w, "closed its pipe but kept running, and was killed");
+  }
+
   static void on_poll(uv_poll_t* h, int status, int events) {
     auto* w = static_cast<WorkerProcess*>(h->data);
     Impl* self = static_cast<Impl*>(h->loop->data);
     if (w->dead) return;
-    if (status < 0) {
-      self->worker_died(w, std::string("poll failed: ") + uv_strerror(status));
+    if (status < 0) {  // libuv reports EPOLLERR (e.g. ECONNRESET) as UV_EBADF
+      self->stream_ended(w);
       return;
     }
     if (events & UV_WRITABLE) self->flush_writer(w);
@@ -481,12 +503,8 @@ struct Host::Impl {
   void read_worker(WorkerProcess* w) {
     const long n = w->reader.read_from(w->fd);
     if (n == -EAGAIN) return;
-    if (n == 0) {
-      worker_died(w, "closed its pipe");
-      return;
-    }
-    if (n < 0) {
-      worker_died(w, std::string("pipe read failed: ") + strerror(static_cast<int>(-n)));
+    if (n <= 0) {  // EOF or ECONNRESET: what it wrote before is drained in worker_died
+      stream_ended(w);
       return;
     }
     std::string violation;
@@ -608,6 +626,7 @@ struct Host::Impl {
     if (w->poll_started) {
       uv_poll_stop(&w->poll);
       uv_close(reinterpret_cast<uv_handle_t*>(&w->poll), &Impl::on_handle_closed);
+      uv_close(reinterpret_cast<uv_handle_t*>(&w->linger), &Impl::on_handle_closed);
       w->poll_started = false;
     }
     if (!stop) spdlog::warn("outrun: shard {} worker {} {}", sh.index, w->pid, cause);
@@ -769,7 +788,7 @@ struct Host::Impl {
     stopping.store(true);
     uv_async_send(&wakeup);
     loop_thread.join();
-    uv_loop_close(&loop);
+    if (int rc = uv_loop_close(&loop); rc != 0) spdlog::error("outrun: loop closed with handles open: {}", uv_strerror(rc));
     shards.clear();  // dispatchers run what is queued, then join
   }
 };

@@ -43,12 +43,14 @@ struct WorkerProcess {
   Shard* shard = nullptr;
   uv_process_t process{};
   uv_poll_t poll{};
+  uv_timer_t linger{};  // after end-of-stream: how long we wait for the exit status
   int pid = 0;
   int fd = -1;
   int open_handles = 0;
   bool poll_started = false;
   bool poll_writable = false;
   bool hello = false;
+  bool stream_ended = false;  // EOF or a socket error: reading stopped, exit status awaited
   bool dead = false;    // first sign of death seen: group killed, evaluations ended
   bool exited = false;  // libuv reaped it: never signal its pid again
   std::shared_ptr<protocol::FrameWriter> writer;  // also referenced by producers

@@ -1,1 +1,318 @@
+// End-to-end tests of outrun::Host through real worker processes.
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+#include <set>
+#include <thread>
+
 #include <doctest/doctest.h>
+
+#include "outrun/host.h"
+#include "outrun/in_process.h"
+#include "test_support.h"
+
+using namespace outrun;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::unique_ptr<Host> make_host(int shards = 2, std::chrono::milliseconds timeout = 1000ms) {
+  HostOptions o;
+  o.shards = shards;
+  o.timeout = timeout;
+  o.worker_path = OUTRUN_TEST_WORKER;
+  std::unique_ptr<Host> host;
+  Error err = Host::create(o, &host);
+  REQUIRE_MESSAGE(!err, err.message);
+  return host;
+}
+
+Script reg(Runner& r, const std::string& key, const std::string& src) {
+  Script s;
+  Error err = r.register_script(key, src, &s);
+  REQUIRE_MESSAGE(!err, err.message);
+  return s;
+}
+
+// Waits for N callbacks, each counted once per index.
+struct Tally {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int> calls;
+  std::vector<Result> results;
+  std::size_t done = 0;
+  explicit Tally(std::size_t n) : calls(n, 0), results(n) {}
+  void record(std::size_t i, Result r) {
+    std::lock_guard lock(mu);
+    ++calls[i];
+    results[i] = std::move(r);
+    ++done;
+    cv.notify_all();
+  }
+  bool wait(std::size_t n, std::chrono::milliseconds limit = 60s) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, limit, [&] { return done >= n; });
+  }
+};
+
+// The corpus used for the out-of-process / InProcess comparison: results, errors, values.
+std::string corpus_source(int i) {
+  switch (i % 8) {
+    case 0: return "return inputs.x * " + std::to_string(i) + " + 1";
+    case 1: return "return (inputs.x + " + std::to_string(i) + ") / 2";
+    case 2: return "return 'k' .. tostring(inputs.x) .. '-" + std::to_string(i) + "'";
+    case 3: return "return { n = " + std::to_string(i) + ", list = { inputs.x, inputs.x + 1 }, ok = true }";
+    case 4: return "local a = " + std::to_string(i) + "\nlocal b = nil\nreturn a + b";  // runtime error, line 3
+    case 5: return "local t = {}\nfor k = 1, 10 do t[k] = k * inputs.x end\nreturn t";
+    case 6: return "return " + std::to_string(i) + " +";  // compile error
+    default: return "return string.format('%d:%.2f', " + std::to_string(i) + ", inputs.x / 3)";
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Host: evaluates a script in a worker process") {
+  auto host = make_host();
+  Script s = reg(*host, "avg", "return (inputs.a + inputs.b) / 2");
+  Result r = host->evaluate(s, {{"a", 1}, {"b", 2}}).get();
+  CHECK(r.status == Status::ok);
+  CHECK(r.value == Value(1.5));
+  CHECK(r.shard == static_cast<int>(s.shard()));
+  for (int pid : host->worker_pids()) CHECK(pid != getpid());
+}
+
+TEST_CASE("Host: 1,000 distinct scripts give correct results and match InProcess") {
+  auto host = make_host(2);
+  InProcess inproc;
+  constexpr int kScripts = 1000;
+  std::vector<Script> hs, is;
+  for (int i = 0; i < kScripts; ++i) {
+    hs.push_back(reg(*host, "s" + std::to_string(i), corpus_source(i)));
+    is.push_back(reg(inproc, "s" + std::to_string(i), corpus_source(i)));
+  }
+  std::vector<std::future<Result>> futures;
+  for (int i = 0; i < kScripts; ++i) futures.push_back(host->evaluate(hs[i], {{"x", i}}));
+  int shard_counts[2] = {0, 0};
+  for (int i = 0; i < kScripts; ++i) {
+    Result out = futures[i].get();
+    Result in = inproc.run(is[i], {{"x", i}});
+    INFO("script " << i << ": " << corpus_source(i));
+    CHECK(out.status == in.status);
+    CHECK(out.value == in.value);
+    CHECK(out.error == in.error);
+    ++shard_counts[out.shard];
+    switch (i % 8) {
+      case 0: CHECK(out.value == Value(int64_t{i} * i + 1)); break;
+      case 4:
+        CHECK(out.status == Status::runtime_error);
+        CHECK(out.error.find("s" + std::to_string(i) + ":3:") != std::string::npos);
+        break;
+      case 6:
+        CHECK(out.status == Status::compile_error);
+        CHECK(out.error.find("s" + std::to_string(i) + ":1:") != std::string::npos);
+        break;
+      default: CHECK(out.status == Status::ok);
+    }
+  }
+  // Both shards took part (stable hash routing spreads keys).
+  CHECK(shard_counts[0] > 100);
+  CHECK(shard_counts[1] > 100);
+}
+
+TEST_CASE("Host: a script key always routes to the same shard") {
+  auto host = make_host(2);
+  Script a = reg(*host, "Line1.Temp.avg", "return 1");
+  Script b = reg(*host, "Line1.Temp.avg", "return 2");  // new source, same key
+  CHECK(a.shard() == b.shard());
+  CHECK(a.sha256() != b.sha256());
+  CHECK(host->evaluate(a, {}).get().value == Value(1));  // the old handle keeps its source
+  CHECK(host->evaluate(b, {}).get().value == Value(2));
+  Script c = reg(*host, "Line1.Temp.avg", "return 2");  // same key and source: same handle
+  CHECK(c.record() == b.record());
+}
+
+TEST_CASE("Host: callbacks run once each, on a dispatcher thread") {
+  auto host = make_host(2);
+  Script s = reg(*host, "double", "return inputs.x * 2");
+  constexpr int kN = 2000;
+  Tally tally(kN);
+  const auto caller = std::this_thread::get_id();
+  std::atomic<int> on_caller{0};
+  for (int i = 0; i < kN; ++i) {
+    host->evaluate(s, {{"x", i}}, [&, i](Result r) {
+      if (std::this_thread::get_id() == caller) ++on_caller;
+      tally.record(static_cast<std::size_t>(i), std::move(r));
+    });
+  }
+  REQUIRE(tally.wait(kN));
+  CHECK(on_caller == 0);
+  for (int i = 0; i < kN; ++i) {
+    CHECK(tally.calls[i] == 1);
+    CHECK(tally.results[i].value == Value(int64_t{2} * i));
+  }
+}
+
+TEST_CASE("Host: evaluate_batch answers every request once, in few frames") {
+  auto host = make_host(2);
+  std::vector<Script> scripts;
+  for (int k = 0; k < 10; ++k) scripts.push_back(reg(*host, "b" + std::to_string(k), "return inputs.x + " + std::to_string(k)));
+  constexpr int kN = 5000;
+  std::vector<Request> reqs;
+  for (int i = 0; i < kN; ++i) reqs.push_back({scripts[i % 10], {{"x", i}}});
+  Tally tally(kN);
+  host->evaluate_batch(std::move(reqs), [&](std::size_t i, Result r) { tally.record(i, std::move(r)); });
+  REQUIRE(tally.wait(kN));
+  for (int i = 0; i < kN; ++i) {
+    CHECK(tally.calls[i] == 1);
+    CHECK(tally.results[i].value == Value(int64_t{i} + i % 10));
+  }
+  // 5,000 evaluations went out as a handful of frames per shard, and came back as few.
+  uint64_t frames = 0;
+  for (int i = 0; i < host->shards(); ++i) frames += host->shard_stats(i).frames_read;
+  CHECK(frames < 500);
+}
+
+TEST_CASE("Host: bad handles and bad inputs are invalid_argument, not a crash") {
+  auto host = make_host(1);
+  InProcess other;
+  Script foreign = reg(other, "x", "return 1");
+  CHECK(host->evaluate(foreign, {}).get().status == Status::invalid_argument);
+  CHECK(host->evaluate(Script(), {}).get().status == Status::invalid_argument);
+
+  Script s = reg(*host, "deep", "return 1");
+  Value deep = Value(1);
+  for (int i = 0; i < kMaxValueDepth + 2; ++i) deep = Value(Array{deep});
+  Result r = host->evaluate(s, {{"d", deep}}).get();
+  CHECK(r.status == Status::invalid_argument);
+  CHECK(r.error.find("nested deeper") != std::string::npos);
+  Inputs many;
+  for (std::size_t i = 0; i <= kMaxInputs; ++i) many.push_back({"i" + std::to_string(i), 1});
+  CHECK(host->evaluate(s, std::move(many)).get().status == Status::invalid_argument);
+
+  Script tmp;
+  CHECK(host->register_script("", "return 1", &tmp).status == Status::invalid_argument);
+  CHECK(host->register_script(std::string(kMaxKeySize + 1, 'k'), "return 1", &tmp).status == Status::invalid_argument);
+  CHECK(host->register_script("big", std::string(kMaxSourceSize + 1, ' '), &tmp).status == Status::invalid_argument);
+  // The host still works.
+  CHECK(host->evaluate(s, {}).get().status == Status::ok);
+}
+
+TEST_CASE("Host: large inputs and results cross the pipe intact") {
+  auto host = make_host(1);
+  Script s = reg(*host, "echo", "return inputs.v");
+  std::string big(3u << 20, 'x');
+  for (std::size_t i = 0; i < big.size(); i += 4096) big[i] = static_cast<char>('a' + (i / 4096) % 26);
+  Result r = host->evaluate(s, {{"v", big}}).get();
+  REQUIRE(r.status == Status::ok);
+  CHECK(r.value == Value(big));
+  Bytes bin{std::string("\xff\x00\x01", 3)};
+  r = host->evaluate(s, {{"v", bin}}).get();
+  CHECK(r.value == Value(bin));
+}
+
+TEST_CASE("Host: a soft timeout ends the evaluation and the worker survives") {
+  auto host = make_host(1, 100ms);
+  Script loop = reg(*host, "loop", "while true do end");
+  Script ok = reg(*host, "ok", "return 7");
+  const int pid = host->worker_pids()[0];
+  Result r = host->evaluate(loop, {}).get();
+  CHECK(r.status == Status::timeout);
+  CHECK(r.error.find("timeout") != std::string::npos);
+  CHECK(host->evaluate(ok, {}).get().value == Value(7));
+  CHECK(host->worker_pids()[0] == pid);
+}
+
+TEST_CASE("Host: a worker killed from outside ends its evaluations once and restarts") {
+  auto host = make_host(1, 5000ms);
+  Script slow = reg(*host, "slow", "local t = os.clock() while os.clock() - t < 2 do end return 1");
+  Script ok = reg(*host, "ok", "return inputs.x");
+  const int pid = host->worker_pids()[0];
+  constexpr int kN = 50;
+  Tally tally(kN + 1);
+  host->evaluate(slow, {}, [&](Result r) { tally.record(kN, std::move(r)); });
+  for (int i = 0; i < kN; ++i) host->evaluate(ok, {{"x", i}}, [&, i](Result r) { tally.record(i, std::move(r)); });
+  std::this_thread::sleep_for(100ms);  // the worker is inside `slow` now
+  REQUIRE(kill(pid, SIGKILL) == 0);
+  REQUIRE(tally.wait(kN + 1));
+  for (int i = 0; i <= kN; ++i) {
+    CHECK(tally.calls[i] == 1);
+    CHECK(tally.results[i].status == Status::worker_lost);
+  }
+  CHECK(tally.results[kN].error.find("signal 9") != std::string::npos);
+  // The shard comes back with a new worker, and the script's source is sent to it again.
+  Result r = host->evaluate(ok, {{"x", 5}}).get();
+  CHECK(r.status == Status::ok);
+  CHECK(r.value == Value(5));
+  CHECK(host->worker_pids()[0] != pid);
+  CHECK(host->shard_stats(0).starts == 2);
+}
+
+TEST_CASE("Host: shutdown leaves no worker processes and no file descriptors") {
+  { auto warm_up = make_host(1); }  // libuv opens its process-wide signal pipe once
+  const std::size_t fds_before = test::open_fd_count();
+  std::vector<int> pids;
+  {
+    auto host = make_host(2);
+    Script s = reg(*host, "x", "return 1");
+    CHECK(host->evaluate(s, {}).get().status == Status::ok);
+    pids = host->worker_pids();
+  }
+  for (int pid : pids) {
+    REQUIRE(pid > 0);
+    CHECK(kill(pid, 0) == -1);   // gone and reaped
+    CHECK(kill(-pid, 0) == -1);  // and nothing left in its process group
+  }
+  CHECK(test::child_pids().empty());
+  CHECK(test::open_fd_count() == fds_before);
+}
+
+TEST_CASE("Host: shutdown ends every in-flight evaluation exactly once") {
+  constexpr int kN = 200;
+  Tally tally(kN);
+  {
+    HostOptions o;
+    o.shards = 2;
+    o.worker_path = OUTRUN_TEST_WORKER;
+    o.timeout = 5000ms;
+    o.shutdown_timeout = 200ms;
+    std::unique_ptr<Host> host;
+    REQUIRE(!Host::create(o, &host));
+    Script slow = reg(*host, "slow", "local t = os.clock() while os.clock() - t < 0.05 do end return 1");
+    for (int i = 0; i < kN; ++i) host->evaluate(slow, {}, [&, i](Result r) { tally.record(i, std::move(r)); });
+  }  // ~Host: the queue cannot finish in 200 ms
+  CHECK(tally.done == kN);
+  int ok = 0, cancelled = 0;
+  for (int i = 0; i < kN; ++i) {
+    CHECK(tally.calls[i] == 1);
+    if (tally.results[i].status == Status::ok) ++ok;
+    if (tally.results[i].status == Status::cancelled) ++cancelled;
+  }
+  CHECK(ok + cancelled == kN);
+  CHECK(cancelled > 0);
+  CHECK(test::child_pids().empty());
+}
+
+TEST_CASE("Host: create fails clearly for a missing worker or bad options") {
+  HostOptions o;
+  o.worker_path = "/nonexistent/outrun-worker";
+  std::unique_ptr<Host> host;
+  Error err = Host::create(o, &host);
+  CHECK(err.status == Status::invalid_argument);
+  CHECK(err.message.find("/nonexistent/outrun-worker") != std::string::npos);
+  CHECK(!host);
+  o.worker_path = "/bin/true";  // starts, but never says hello
+  err = Host::create(o, &host);
+  CHECK(err.status == Status::unavailable);
+  CHECK(!host);
+  o.worker_path = OUTRUN_TEST_WORKER;
+  o.shards = 0;
+  CHECK(Host::create(o, &host).status == Status::invalid_argument);
+  CHECK(test::child_pids().empty());
+}
