@@ -761,17 +761,20 @@ struct Host::Impl {
       uv_timer_init(&loop, &sh->restart_timer);
       shards.push_back(std::move(sh));
     }
-    // Spawned before the loop thread runs; from here on only the loop thread touches handles.
-    Error err;
-    for (auto& sh : shards) {
-      err = spawn(*sh);
-      if (err) break;
-    }
+    // Workers are spawned by the loop thread, always: PR_SET_PDEATHSIG follows the thread that
+    // forked, and the loop thread lives exactly as long as the host.
     loop_thread = std::thread([this] {
       loop_thread_id = std::this_thread::get_id();
+      for (auto& sh : shards) {
+        if (Error e = spawn(*sh)) {
+          std::lock_guard lock(start_mu);
+          start_error = e.message;
+          start_cv.notify_all();
+          break;
+        }
+      }
       uv_run(&loop, UV_RUN_DEFAULT);
     });
-    if (err) return err;
     std::unique_lock lock(start_mu);
     const bool ready = start_cv.wait_for(lock, opts.start_timeout,
                                          [&] { return hellos >= opts.shards || !start_error.empty(); });

@@ -316,3 +316,15 @@ TEST_CASE("Host: create fails clearly for a missing worker or bad options") {
   CHECK(Host::create(o, &host).status == Status::invalid_argument);
   CHECK(test::child_pids().empty());
 }
+
+TEST_CASE("Host: workers survive the exit of the thread that created the host") {
+  // PR_SET_PDEATHSIG fires when the forking *thread* exits: workers must be forked by the loop.
+  std::unique_ptr<Host> host;
+  std::thread([&] { host = make_host(2); }).join();
+  const auto pids = host->worker_pids();
+  std::this_thread::sleep_for(50ms);  // give a wrongly delivered death signal time to land
+  Script s = reg(*host, "alive", "return 42");
+  CHECK(host->evaluate(s, {}).get().value == Value(42));
+  CHECK(host->worker_pids() == pids);
+  for (int i = 0; i < host->shards(); ++i) CHECK(host->shard_stats(i).starts == 1);
+}
