@@ -231,6 +231,20 @@ int main(int argc, char** argv) {
   int wrong_latency = 0;
   const LatencyRow pipe = pipe_round_trip(iterations);
   const LatencyRow lat_out = idle_latency(*host, hs, iterations, &wrong_latency);
+  // The same with futures fulfilled through the dispatcher thread (one more hop).
+  LatencyRow lat_hop;
+  {
+    HostOptions o = ho;
+    o.fulfill_futures_on_loop = false;
+    std::unique_ptr<Host> h2;
+    if (Error err = Host::create(o, &h2)) {
+      std::cerr << "outrun-perf: " << err.message << "\n";
+      return 1;
+    }
+    Script s2;
+    h2->register_script("perf.avg", kScript, &s2);
+    lat_hop = idle_latency(*h2, s2, iterations, &wrong_latency);
+  }
   const LatencyRow lat_in = idle_latency(inproc, is, iterations, &wrong_latency);
   const ThroughputRow tp_out = closed_loop(*host, hs, duration, host.get());
   const ThroughputRow tp_in = closed_loop(inproc, is, duration, nullptr);
@@ -241,6 +255,8 @@ int main(int argc, char** argv) {
               ("pipe " + us(pipe.p50_ns)).c_str());
   std::printf("%-42s %16s %16s %16s\n", "idle round trip p99", us(lat_out.p99_ns).c_str(), us(lat_in.p99_ns).c_str(),
               ("pipe " + us(pipe.p99_ns)).c_str());
+  std::printf("%-42s %16s %16s %16s\n", "idle p50, futures via dispatcher", us(lat_hop.p50_ns).c_str(), "-",
+              "one more hop");
   std::printf("%-42s %14.0f/s %14.0f/s %16s\n", "closed loop, every result checked", tp_out.evals_per_s,
               tp_in.evals_per_s, (std::to_string(tp_out.wrong + tp_in.wrong + static_cast<uint64_t>(wrong_latency)) + " wrong").c_str());
   std::printf("%-42s %13.2f µs %13.2f µs %16s\n", "host on-CPU per evaluation (closed loop)", tp_out.host_cpu_us_per_eval,
@@ -254,7 +270,8 @@ int main(int argc, char** argv) {
         {"options", {{"shards", shards}, {"duration_s", duration}, {"iterations", iterations}, {"quick", quick}}},
         {"pipe_round_trip_ns", {{"p50", pipe.p50_ns}, {"p99", pipe.p99_ns}}},
         {"idle_latency_ns", {{"out_of_process", {{"p50", lat_out.p50_ns}, {"p99", lat_out.p99_ns}}},
-                             {"in_process", {{"p50", lat_in.p50_ns}, {"p99", lat_in.p99_ns}}}}},
+                             {"in_process", {{"p50", lat_in.p50_ns}, {"p99", lat_in.p99_ns}}},
+                             {"futures_via_dispatcher", {{"p50", lat_hop.p50_ns}, {"p99", lat_hop.p99_ns}}}}},
         {"closed_loop", {{"out_of_process", {{"evals_per_s", tp_out.evals_per_s},
                                              {"host_cpu_us_per_eval", tp_out.host_cpu_us_per_eval},
                                              {"worker_cpu_us_per_eval", tp_out.worker_cpu_us_per_eval},
