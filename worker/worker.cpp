@@ -13,6 +13,13 @@
 
 namespace outrun::worker {
 
+namespace {
+// Relaxed counters: the host reads them as statistics, never to decide anything.
+void bump(std::atomic<uint64_t>* c) {
+  if (c) c->fetch_add(1, std::memory_order_relaxed);
+}
+}  // namespace
+
 Worker::Worker(const WorkerOptions& options) : opts_(options) {}
 
 bool Worker::write_all(const uint8_t* data, std::size_t size) {
@@ -103,6 +110,10 @@ Worker::Script* Worker::script_for(const wire::Evaluation* e) {
       const std::string name = e->chunk_name() ? "=" + e->chunk_name()->str() : "=script";
       s->compile_outcome = s->state->compile(std::string_view(src->c_str(), src->size()), name);
     }
+    if (opts_.page) {
+      bump(&opts_.page->compiles);
+      if (!slot) bump(&opts_.page->scripts);
+    }
     slot = std::move(s);
   }
   return slot.get();
@@ -117,6 +128,7 @@ void Worker::add_result(uint64_t id, wire::Status status, flatbuffers::Offset<wi
 }
 
 void Worker::evaluate(const wire::Evaluation* e) {
+  protocol::StatusPage* page = opts_.page;
   Script* s = script_for(e);
   if (!s) {
     add_result(e->id(), e->script_id() >= kMaxScriptId ? wire::Status::InvalidArgument : wire::Status::NeedSource, 0,
@@ -124,11 +136,31 @@ void Worker::evaluate(const wire::Evaluation* e) {
     return;
   }
   if (s->compile_outcome.status != wire::Status::Ok) {
+    if (page) {
+      bump(&page->evaluations);
+      bump(&page->errors);
+    }
     add_result(e->id(), s->compile_outcome.status, 0, s->compile_outcome.error);
     return;
   }
+  if (page) {  // T counts from here, for the worker's soft deadline and the host's hard one
+    page->running_since_ns.store(sandbox::monotonic_ns(), std::memory_order_relaxed);
+    page->running_id.store(e->id(), std::memory_order_release);
+  }
   const auto outcome = s->state->run(sandbox::push_wire_inputs, e->inputs(), static_cast<int64_t>(e->timeout_us()) * 1000);
+  if (page) {
+    page->running_id.store(0, std::memory_order_release);
+    page->evaluations.fetch_add(1, std::memory_order_relaxed);
+    const auto& mem = s->state->memory();
+    if (mem.peak > page->peak_script_bytes.load(std::memory_order_relaxed))
+      page->peak_script_bytes.store(mem.peak, std::memory_order_relaxed);
+  }
   if (outcome.status != wire::Status::Ok) {
+    if (page) {
+      bump(&page->errors);
+      if (outcome.status == wire::Status::Timeout) bump(&page->timeouts);
+      if (outcome.status == wire::Status::MemoryLimit) bump(&page->memory_limits);
+    }
     add_result(e->id(), outcome.status, 0, outcome.error);
     return;
   }
@@ -139,6 +171,7 @@ void Worker::evaluate(const wire::Evaluation* e) {
   const bool ok = conv.convert(lua_gettop(L), &value);
   lua_settop(L, 1);
   if (!ok) {
+    if (page) bump(&page->errors);
     add_result(e->id(), wire::Status::RuntimeError, 0, conv.error());
     return;
   }

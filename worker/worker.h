@@ -11,6 +11,7 @@
 #include <flatbuffers/flatbuffers.h>
 
 #include "outrun/protocol/frame.h"
+#include "outrun/protocol/status_page.h"
 #include "sandbox.h"
 
 namespace outrun::worker {
@@ -18,6 +19,7 @@ namespace outrun::worker {
 struct WorkerOptions {
   int fd = 3;                          // the stream socket to the host (blocking)
   std::size_t memory_limit = 16u << 20;  // per script state
+  protocol::StatusPage* page = nullptr;  // shared with the host; may be null (tests)
 };
 
 // Exit codes. The host reads them to tell causes apart.
@@ -27,6 +29,7 @@ enum ExitCode : int {
   kExitIo = 74,                // the pipe failed
   kExitProtocol = 76,          // the host sent a frame that failed verification
   kExitOrphan = 77,            // the host was already gone at start
+  kExitStatusPage = 78,        // the status page could not be mapped
 };
 
 // Serves the host until it closes the pipe or sends Shutdown. Single-threaded: reads every

@@ -27,7 +27,10 @@ class Completion {
   explicit Completion(BatchTarget b) : v_(std::move(b)) {}
 
   // True when delivering runs caller code (a callback), i.e. must happen on a dispatcher.
-  bool runs_caller_code() const { return !std::holds_alternative<std::promise<Result>>(v_); }
+  bool runs_caller_code() const {
+    return std::holds_alternative<Callback>(v_) || std::holds_alternative<BatchTarget>(v_);
+  }
+  bool empty() const { return std::holds_alternative<std::monostate>(v_); }
   void deliver(Result&& r);
 
  private:

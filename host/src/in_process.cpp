@@ -49,7 +49,7 @@ bool push_inputs(lua_State* L, const void* p) {
   if (inputs.size() > kMaxInputs) return false;
   for (const Input& in : inputs) {
     lua_pushlstring(L, in.name.data(), in.name.size());
-    if (!push_value(L, in.value, 1)) return false;
+    if (!push_value(L, in.value, 0)) return false;  // as the worker: kMaxValueDepth levels of tables
     lua_rawset(L, -3);
   }
   return true;

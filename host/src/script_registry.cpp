@@ -40,10 +40,16 @@ Error ScriptRegistry::add(std::string_view key, std::string_view source, Script*
   r.source = std::string(source);
   r.sha256 = digest;
   r.chunk_name = std::string(key);
+  r.key_id = it != by_key_.end() ? records_[it->second].key_id : keys_++;
   if (on_new) on_new(r);
   by_key_[r.key] = r.id;
   *out = Script(&r);
   return {};
+}
+
+uint32_t ScriptRegistry::keys() const {
+  std::lock_guard lock(mu_);
+  return keys_;
 }
 
 std::size_t ScriptRegistry::size() const {

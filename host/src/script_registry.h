@@ -28,6 +28,7 @@ class ScriptRegistry {
   Error add(std::string_view key, std::string_view source, Script* out,
             const std::function<void(ScriptRecord&)>& on_new = {});
   std::size_t size() const;
+  uint32_t keys() const;
   // Record by id (ids are dense, 0..size-1). Thread-safe; records never move.
   const ScriptRecord* get(uint32_t id) const;
 
@@ -37,6 +38,7 @@ class ScriptRegistry {
   mutable std::mutex mu_;                      // guards records_ and by_key_
   std::deque<ScriptRecord> records_;           // deque: records never move
   std::unordered_map<std::string, uint32_t> by_key_;  // latest id per key
+  uint32_t keys_ = 0;                                 // distinct keys so far
 };
 
 }  // namespace outrun::detail

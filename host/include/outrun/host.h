@@ -11,6 +11,14 @@
 
 namespace outrun {
 
+// What a second evaluation of a script key does while one is in flight.
+enum class SingleFlight : uint8_t {
+  refuse,           // answered `busy` at once (the default)
+  coalesce_latest,  // waits behind the one in flight, replacing any that already waits (which
+                    // ends `busy`): what a tag that changes faster than its script runs wants
+  off,              // no single flight: any number of evaluations of a key run, in order
+};
+
 struct HostOptions {
   // Number of worker processes. Scripts are routed to a shard by a stable hash of their key, so
   // each shard keeps its scripts compiled. 1..64.
@@ -47,19 +55,57 @@ struct HostOptions {
   // `unavailable`.
   std::size_t max_queued_while_down = 10000;
 
-  // Delay before a shard whose worker died is started again.
+  // Delay before a shard whose worker died is started again; doubles with each quick death
+  // (a worker that lived < 1 s), up to 5 s.
   std::chrono::milliseconds restart_delay{10};
+
+  // Liveness: each worker's heartbeat thread writes its status page this often; a worker
+  // whose heartbeat is older than `silence_limit` (frozen, or stopped with SIGSTOP) is killed and
+  // restarted. Independent of the pipes: a worker blocked writing results to a busy host is alive.
+  std::chrono::milliseconds heartbeat_interval{100};
+  std::chrono::milliseconds silence_limit{2000};
+
+  // At most one evaluation of a script key in flight (see SingleFlight).
+  SingleFlight single_flight = SingleFlight::refuse;
+
+  // Innocent bystanders: evaluations lost with a worker that was killed for another evaluation's
+  // overrun, for silence or on request are sent again, this many times, to the restarted worker.
+  // The evaluation a worker was running when it crashed is never retried (it may be the cause).
+  int retries = 1;
+
+  // Crash loop: when a shard's worker has been started `crash_loop_starts` times within
+  // `crash_loop_window` and dies again, the shard stops restarting: its evaluations end
+  // `unavailable` at once, with the reason, until `crash_loop_cooldown` has passed.
+  int crash_loop_starts = 5;
+  std::chrono::milliseconds crash_loop_window{10000};
+  std::chrono::milliseconds crash_loop_cooldown{30000};
 };
 
-// Counters of one shard, for tests, the CLI and the perf harness.
+// State and counters of one shard, for tests, the CLI and the perf harness.
 struct ShardStats {
   int index = 0;
+  std::string state;       // "running", "down", "crash_loop", "stopping", "stopped"
   int pid = 0;             // current worker, 0 while down
   uint64_t starts = 0;     // worker processes started
-  uint64_t deaths = 0;     // worker processes that died or were stopped
-  uint64_t evaluations = 0;
+  uint64_t deaths = 0;     // worker processes that ended, for any reason
+  // Deaths by cause.
+  uint64_t killed_overrun = 0;    // an evaluation passed T+G
+  uint64_t killed_silence = 0;    // heartbeat older than silence_limit
+  uint64_t killed_requested = 0;  // kill_shard / restart_shard
+  uint64_t crashed = 0;           // died of a signal it was not sent by the host
+  uint64_t exited = 0;            // exited by itself with a non-zero code
+  uint64_t protocol_violations = 0;
+  std::string last_death;         // the cause of the last death, for people
+  uint64_t evaluations = 0;       // submitted to this shard
+  uint64_t retried = 0;           // evaluations sent again after their worker died
   uint64_t read_syscalls = 0;
   uint64_t frames_read = 0;
+  // From the worker's status page (0 while down).
+  uint64_t worker_evaluations = 0;
+  uint64_t worker_compiles = 0;
+  uint64_t worker_scripts = 0;
+  uint64_t worker_peak_script_bytes = 0;
+  int64_t heartbeat_age_ms = -1;
 };
 
 class Host final : public Runner {
@@ -79,6 +125,12 @@ class Host final : public Runner {
 
   int shards() const;
   ShardStats shard_stats(int shard) const;
+
+  // Drills. kill_shard: SIGKILL the shard's process group now; what it was running is retried on
+  // the restarted worker. restart_shard: the worker finishes what it has, exits, and a new one
+  // starts at once (evaluations submitted meanwhile wait for it). Both return at once.
+  Error kill_shard(int shard);
+  Error restart_shard(int shard);
   // Worker pids, one per shard (0 for a shard that is down).
   std::vector<int> worker_pids() const;
 

@@ -22,6 +22,7 @@ namespace detail {
 struct ScriptRecord {
   const void* owner = nullptr;  // the runner that registered it
   uint32_t id = 0;              // dense, per runner
+  uint32_t key_id = 0;          // dense, per key (re-registering a key keeps it): single flight
   uint32_t shard = 0;           // stable hash of the key mod shards, computed once
   std::string key;
   std::string source;

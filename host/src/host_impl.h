@@ -1,0 +1,126 @@
+// outrun::Host::Impl. Threads and what they own (design/threading.md):
+//  - caller threads (submit.cpp): encode under the shard's mutex; write frames themselves
+//    (FrameWriter), never block on a full socket.
+//  - the loop thread (libuv; workers.cpp, supervise.cpp): worker processes, their sockets (reads,
+//    writes handed off), status pages, timers, child exits. Completes evaluations: releases the
+//    slot, then fulfils futures or hands callbacks to the shard's dispatcher.
+//  - one dispatcher thread per shard: runs callbacks.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <flatbuffers/flatbuffers.h>
+#include <uv.h>
+
+#include "completion.h"
+#include "outrun/host.h"
+#include "script_registry.h"
+#include "shard.h"
+#include "wire_codec.h"
+
+namespace outrun {
+
+struct Host::Impl {
+  explicit Impl(const HostOptions& o) : opts(o), registry(this, static_cast<uint32_t>(o.shards)) {}
+
+  using Ended = std::vector<std::pair<detail::Completion, Result>>;
+
+  HostOptions opts;
+  detail::ScriptRegistry registry;
+  std::string worker_path;
+  uint64_t timeout_us = 0;
+  int64_t hard_deadline_ns = 0;  // T + G
+
+  uv_loop_t loop{};
+  uv_async_t wakeup{};
+  uv_timer_t shutdown_timer{};
+  std::thread loop_thread;
+  std::thread::id loop_thread_id;
+  std::vector<std::unique_ptr<detail::Shard>> shards;
+  flatbuffers::FlatBufferBuilder loop_fbb{4096};  // loop thread only
+
+  std::atomic<bool> stopping{false};
+  bool shutdown_started = false;  // loop thread only
+  int live_workers = 0;           // loop thread only: WorkerProcess objects not yet freed
+
+  // Requests from other threads to the loop (drills).
+  enum class CommandKind : uint8_t { kKill, kRestart };
+  std::mutex commands_mu;  // guards commands
+  std::vector<std::pair<CommandKind, int>> commands;
+
+  // Start-up: the loop thread reports hellos and early failures here.
+  std::mutex start_mu;  // guards hellos, start_error
+  std::condition_variable start_cv;
+  int hellos = 0;
+  std::string start_error;
+
+  bool on_loop_thread() const { return std::this_thread::get_id() == loop_thread_id; }
+
+  // submit.cpp (any thread)
+  void submit(const Script& script, Inputs&& inputs, detail::Completion&& done);
+  void submit_batch(std::vector<Request>&& requests, BatchCallback&& cb);
+  void deliver_now(detail::Shard& sh, detail::Completion&& done, Result&& r);
+  uint32_t alloc_slot(detail::Shard& sh);
+  void free_slot(detail::Shard& sh, uint32_t idx);
+  void ensure_key(detail::Shard& sh, uint32_t key_id);
+  flatbuffers::Offset<wire::Evaluation> build_evaluation(flatbuffers::FlatBufferBuilder& f, detail::Shard& sh,
+                                                         uint32_t idx, detail::InputsOffset inputs);
+  static std::span<const uint8_t> finish_evaluate(flatbuffers::FlatBufferBuilder& f,
+                                                  const flatbuffers::Offset<wire::Evaluation>* items, std::size_t n);
+
+  // Ending slots (sh.mu held). end_slot releases the key's flight and queues the coalesced
+  // successor in `promoted`; place_promoted sends or parks them (loop thread).
+  void end_slot(detail::Shard& sh, uint32_t idx, Result&& r, Ended* out, std::vector<uint32_t>* promoted);
+  void place_promoted(detail::Shard& sh, std::vector<uint32_t>& promoted, Ended* out);
+  void send_slots(detail::Shard& sh, const std::vector<uint32_t>& idxs);
+  void deliver_from_loop(detail::Shard& sh, detail::Completion&& done, Result&& r);
+  void deliver_all(detail::Shard& sh, Ended& ended);
+
+  // workers.cpp (loop thread)
+  Error spawn(detail::Shard& sh);
+  void read_worker(detail::WorkerProcess* w);
+  void process_frames(detail::WorkerProcess* w, std::string* violation);
+  void handle_results(detail::WorkerProcess* w, const wire::Results* results, std::string* violation);
+  void drain(detail::WorkerProcess* w);
+  void stream_ended(detail::WorkerProcess* w);
+  void flush_writer(detail::WorkerProcess* w);
+  void kill_worker(detail::WorkerProcess* w, detail::DeathCause cause, const std::string& why);
+  void worker_died(detail::WorkerProcess* w, detail::DeathCause cause, const std::string& why);
+  static void on_exit(uv_process_t* p, int64_t status, int term_signal);
+  static void on_poll(uv_poll_t* h, int status, int events);
+  static void on_linger_expired(uv_timer_t* t);
+  static void on_handle_closed(uv_handle_t* h);
+
+  // supervise.cpp (loop thread)
+  void arm_watchdog(detail::Shard& sh, int64_t now_ns);
+  static void on_watchdog(uv_timer_t* t);
+  void schedule_restart(detail::Shard& sh, detail::DeathCause cause, bool immediate);
+  static void on_restart(uv_timer_t* t);
+  void enter_crash_loop(detail::Shard& sh, const std::string& why);
+  static void on_wakeup(uv_async_t* a);
+  void run_commands();
+  void begin_shutdown();
+  static void on_shutdown_timeout(uv_timer_t* t);
+  void maybe_finish_shutdown();
+  void set_state(detail::Shard& sh, detail::ShardState s);  // sh.mu held
+
+  // host.cpp
+  Error start();
+  void shutdown();
+};
+
+// Backoff and crash-loop constants (see HostOptions for the configurable ones).
+inline constexpr auto kMaxRestartDelay = std::chrono::milliseconds(5000);
+inline constexpr auto kHealthyUptime = std::chrono::milliseconds(1000);
+inline constexpr uint64_t kLingerMs = 1000;
+// Frames of evaluations are cut at this size so a large batch never nears kMaxFrameSize.
+inline constexpr std::size_t kFrameCutBytes = 1u << 20;
+inline constexpr std::size_t kFrameCutItems = 4096;
+
+}  // namespace outrun

@@ -1,0 +1,334 @@
+// Submission (caller threads) and the slot bookkeeping shared with the loop thread.
+#include <cassert>
+
+#include "host_impl.h"
+
+namespace outrun {
+
+using detail::Completion;
+using detail::Delivery;
+using detail::Shard;
+using detail::ShardState;
+using detail::Slot;
+using detail::SlotPlace;
+using protocol::FrameWriter;
+
+namespace {
+
+flatbuffers::FlatBufferBuilder& producer_builder() {
+  thread_local flatbuffers::FlatBufferBuilder fbb(4096);
+  return fbb;
+}
+
+std::string busy_message(const detail::ScriptRecord* r) {
+  return "an evaluation of '" + r->key + "' is already in flight (single flight: refuse)";
+}
+
+}  // namespace
+
+uint32_t Host::Impl::alloc_slot(Shard& sh) {  // sh.mu held
+  uint32_t idx;
+  if (!sh.free_slots.empty()) {
+    idx = sh.free_slots.back();
+    sh.free_slots.pop_back();
+  } else {
+    idx = static_cast<uint32_t>(sh.slots.size());
+    sh.slots.emplace_back();
+  }
+  sh.slots[idx].retries = 0;
+  return idx;
+}
+
+void Host::Impl::free_slot(Shard& sh, uint32_t idx) {  // sh.mu held
+  Slot& s = sh.slots[idx];
+  s.place = SlotPlace::kFree;
+  if (++s.generation == 0) s.generation = 1;
+  s.script = Script();
+  s.inputs.clear();
+  sh.free_slots.push_back(idx);
+}
+
+void Host::Impl::ensure_key(Shard& sh, uint32_t key_id) {  // sh.mu held
+  if (key_id >= sh.flight.size()) {
+    const std::size_t n = std::max<std::size_t>(key_id + 1, sh.flight.size() * 2);
+    sh.flight.resize(n, 0);
+    sh.pending.resize(n, 0);
+  }
+}
+
+flatbuffers::Offset<wire::Evaluation> Host::Impl::build_evaluation(flatbuffers::FlatBufferBuilder& f, Shard& sh,
+                                                                   uint32_t idx, detail::InputsOffset inputs) {
+  const Slot& slot = sh.slots[idx];
+  const detail::ScriptRecord* r = slot.script.record();
+  if (r->id >= sh.known.size()) sh.known.resize(std::max<std::size_t>(r->id + 1, sh.known.size() * 2), 0);
+  flatbuffers::Offset<flatbuffers::Vector<uint8_t>> sha;
+  flatbuffers::Offset<flatbuffers::String> src, name;
+  if (!sh.known[r->id]) {
+    sh.known[r->id] = 1;
+    sha = f.CreateVector(r->sha256.data(), r->sha256.size());
+    src = f.CreateString(r->source);
+    name = f.CreateString(r->chunk_name);
+  }
+  wire::EvaluationBuilder eb(f);
+  eb.add_id(detail::slot_id(slot, idx));
+  eb.add_script_id(r->id);
+  eb.add_timeout_us(timeout_us);
+  eb.add_inputs(inputs);
+  if (!src.IsNull()) {
+    eb.add_sha256(sha);
+    eb.add_source(src);
+    eb.add_chunk_name(name);
+  }
+  return eb.Finish();
+}
+
+std::span<const uint8_t> Host::Impl::finish_evaluate(flatbuffers::FlatBufferBuilder& f,
+                                                     const flatbuffers::Offset<wire::Evaluation>* items,
+                                                     std::size_t n) {
+  auto vec = f.CreateVector(items, n);
+  auto body = wire::CreateEvaluate(f, vec);
+  f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Evaluate, body.Union()));
+  return {f.GetBufferPointer(), f.GetSize()};
+}
+
+void Host::Impl::deliver_now(Shard& sh, Completion&& done, Result&& r) {
+  if (done.runs_caller_code()) sh.dispatcher->post(Delivery{std::move(done), std::move(r)});
+  else done.deliver(std::move(r));
+}
+
+void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done) {
+  const detail::ScriptRecord* r = script.record();
+  if (!r || r->owner != this) {
+    deliver_now(*shards[0], std::move(done), Result{Status::invalid_argument, {}, "script handle is not from this host", -1});
+    return;
+  }
+  Shard& sh = *shards[r->shard];
+  if (stopping.load(std::memory_order_relaxed)) {
+    deliver_now(sh, std::move(done), Result{Status::cancelled, {}, "the host is shutting down", sh.index});
+    return;
+  }
+  auto& f = producer_builder();
+  f.Clear();
+  detail::InputsOffset in;
+  std::string err;
+  if (!detail::encode_inputs(f, inputs, &in, &err)) {
+    deliver_now(sh, std::move(done), Result{Status::invalid_argument, {}, std::move(err), sh.index});
+    return;
+  }
+  std::shared_ptr<FrameWriter> writer;
+  Result refusal;  // status ok: accepted
+  Completion replaced;  // coalesce-latest: the waiting one this one replaces
+  {
+    std::lock_guard lock(sh.mu);
+    const bool single = opts.single_flight != SingleFlight::off;
+    if (single) ensure_key(sh, r->key_id);
+    if (sh.state == ShardState::kStopping || sh.state == ShardState::kStopped) {
+      refusal = {Status::cancelled, {}, "the host is shutting down", sh.index};
+    } else if (sh.state == ShardState::kCrashLoop) {
+      refusal = {Status::unavailable, {}, sh.unavailable_reason, sh.index};
+    } else if (single && sh.flight[r->key_id] != 0) {
+      if (opts.single_flight == SingleFlight::refuse) {
+        refusal = {Status::busy, {}, busy_message(r), sh.index};
+      } else {  // coalesce-latest: wait behind the one in flight, replacing any that waits
+        if (const uint32_t old = sh.pending[r->key_id]) {
+          replaced = std::move(sh.slots[old - 1].done);
+          free_slot(sh, old - 1);
+        }
+        const uint32_t idx = alloc_slot(sh);
+        Slot& slot = sh.slots[idx];
+        slot.place = SlotPlace::kPending;
+        slot.script = script;
+        slot.inputs = std::move(inputs);
+        slot.done = std::move(done);
+        sh.pending[r->key_id] = idx + 1;
+      }
+    } else if (sh.state == ShardState::kDown && sh.waiting.size() >= opts.max_queued_while_down) {
+      refusal = {Status::unavailable, {}, "shard " + std::to_string(sh.index) + " is restarting and its queue is full",
+                 sh.index};
+    } else {
+      const uint32_t idx = alloc_slot(sh);
+      Slot& slot = sh.slots[idx];
+      slot.script = script;
+      slot.inputs = std::move(inputs);
+      slot.done = std::move(done);
+      if (single) sh.flight[r->key_id] = idx + 1;
+      if (sh.state == ShardState::kRunning) {
+        auto ev = build_evaluation(f, sh, idx, in);
+        slot.place = SlotPlace::kSent;
+        if (sh.writer->enqueue(finish_evaluate(f, &ev, 1))) writer = sh.writer;
+      } else {
+        slot.place = SlotPlace::kWaiting;
+        sh.waiting.push_back(idx);
+      }
+    }
+  }
+  if (refusal.status != Status::ok) {
+    deliver_now(sh, std::move(done), std::move(refusal));
+    return;
+  }
+  sh.evaluations.fetch_add(1, std::memory_order_relaxed);
+  if (writer) writer->write_pending();
+  if (!replaced.empty())
+    deliver_now(sh, std::move(replaced),
+                Result{Status::busy, {}, "replaced by a newer evaluation of '" + r->key + "' (coalesce-latest)", sh.index});
+}
+
+void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& cb) {
+  auto shared_cb = std::make_shared<BatchCallback>(std::move(cb));
+  // Group by shard, keeping each shard's requests in order. Requests that cannot be sent now
+  // (single flight, shard down or stopping) go through submit() one by one.
+  std::vector<std::vector<std::size_t>> by_shard(shards.size());
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const detail::ScriptRecord* r = requests[i].script.record();
+    if (!r || r->owner != this) {
+      deliver_now(*shards[0], Completion(detail::BatchTarget{shared_cb, i}),
+                  Result{Status::invalid_argument, {}, "script handle is not from this host", -1});
+      continue;
+    }
+    by_shard[r->shard].push_back(i);
+  }
+  auto& f = producer_builder();
+  std::vector<detail::InputsOffset> inputs;
+  std::vector<std::size_t> chunk;
+  std::vector<std::size_t> one_by_one;
+  std::vector<flatbuffers::Offset<wire::Evaluation>> evs;
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    Shard& sh = *shards[s];
+    const auto& list = by_shard[s];
+    std::size_t pos = 0;
+    while (pos < list.size()) {
+      // Encode inputs outside the lock, up to one frame's worth.
+      f.Clear();
+      inputs.clear();
+      chunk.clear();
+      for (; pos < list.size() && chunk.size() < kFrameCutItems && f.GetSize() < kFrameCutBytes; ++pos) {
+        const std::size_t i = list[pos];
+        detail::InputsOffset in;
+        std::string err;
+        if (!detail::encode_inputs(f, requests[i].inputs, &in, &err)) {
+          deliver_now(sh, Completion(detail::BatchTarget{shared_cb, i}),
+                      Result{Status::invalid_argument, {}, std::move(err), sh.index});
+          continue;
+        }
+        inputs.push_back(in);
+        chunk.push_back(i);
+      }
+      if (chunk.empty()) continue;
+      std::shared_ptr<FrameWriter> writer;
+      std::size_t accepted = 0;
+      {
+        std::lock_guard lock(sh.mu);
+        evs.clear();
+        const bool single = opts.single_flight != SingleFlight::off;
+        const bool direct = sh.state == ShardState::kRunning && !stopping.load(std::memory_order_relaxed);
+        for (std::size_t k = 0; k < chunk.size(); ++k) {
+          const detail::ScriptRecord* r = requests[chunk[k]].script.record();
+          if (single) ensure_key(sh, r->key_id);
+          if (!direct || (single && sh.flight[r->key_id] != 0)) {
+            one_by_one.push_back(chunk[k]);
+            continue;
+          }
+          const uint32_t idx = alloc_slot(sh);
+          Slot& slot = sh.slots[idx];
+          slot.script = requests[chunk[k]].script;
+          slot.inputs = std::move(requests[chunk[k]].inputs);
+          slot.done = Completion(detail::BatchTarget{shared_cb, chunk[k]});
+          slot.place = SlotPlace::kSent;
+          if (single) sh.flight[r->key_id] = idx + 1;
+          evs.push_back(build_evaluation(f, sh, idx, inputs[k]));
+          ++accepted;
+        }
+        if (!evs.empty() && sh.writer->enqueue(finish_evaluate(f, evs.data(), evs.size()))) writer = sh.writer;
+      }
+      sh.evaluations.fetch_add(accepted, std::memory_order_relaxed);
+      if (writer) writer->write_pending();
+      for (std::size_t i : one_by_one)
+        submit(requests[i].script, std::move(requests[i].inputs), Completion(detail::BatchTarget{shared_cb, i}));
+      one_by_one.clear();
+    }
+  }
+}
+
+void Host::Impl::end_slot(Shard& sh, uint32_t idx, Result&& r, Ended* out, std::vector<uint32_t>* promoted) {
+  Slot& s = sh.slots[idx];
+  const uint32_t kid = s.script.record()->key_id;
+  if (kid < sh.flight.size()) {
+    if (s.place == SlotPlace::kPending) {
+      if (sh.pending[kid] == idx + 1) sh.pending[kid] = 0;
+    } else if (sh.flight[kid] == idx + 1) {
+      sh.flight[kid] = 0;
+      if (const uint32_t next = sh.pending[kid]) {  // the coalesced one takes the flight
+        sh.pending[kid] = 0;
+        sh.flight[kid] = next;
+        promoted->push_back(next - 1);
+      }
+    }
+  }
+  out->emplace_back(std::move(s.done), std::move(r));
+  free_slot(sh, idx);
+}
+
+// Sends (or parks) evaluations that just took their key's flight. sh.mu held, loop thread.
+void Host::Impl::place_promoted(Shard& sh, std::vector<uint32_t>& promoted, Ended* out) {
+  while (!promoted.empty()) {
+    std::vector<uint32_t> batch;
+    batch.swap(promoted);
+    switch (sh.state) {
+      case ShardState::kRunning:
+        send_slots(sh, batch);
+        break;
+      case ShardState::kDown:
+        for (uint32_t idx : batch) {
+          sh.slots[idx].place = SlotPlace::kWaiting;
+          sh.waiting.push_back(idx);
+        }
+        break;
+      default: {
+        const bool stop = sh.state != ShardState::kCrashLoop;
+        for (uint32_t idx : batch) {
+          sh.slots[idx].place = SlotPlace::kWaiting;  // not pending any more: end_slot frees the flight
+          end_slot(sh, idx,
+                   Result{stop ? Status::cancelled : Status::unavailable, {},
+                          stop ? "the host shut down before it ran" : sh.unavailable_reason, sh.index},
+                   out, &promoted);
+        }
+      }
+    }
+  }
+}
+
+// Encodes the slots `idxs` (used, not sent) for the current worker and writes them at once.
+// sh.mu held (loop thread): this path is rare (restarts, retries, NeedSource, coalescing).
+void Host::Impl::send_slots(Shard& sh, const std::vector<uint32_t>& idxs) {
+  assert(on_loop_thread());
+  auto& f = loop_fbb;
+  std::vector<flatbuffers::Offset<wire::Evaluation>> evs;
+  std::size_t k = 0;
+  while (k < idxs.size()) {
+    f.Clear();
+    evs.clear();
+    for (; k < idxs.size() && evs.size() < kFrameCutItems && f.GetSize() < kFrameCutBytes; ++k) {
+      Slot& slot = sh.slots[idxs[k]];
+      detail::InputsOffset in;
+      std::string err;
+      detail::encode_inputs(f, slot.inputs, &in, &err);  // validated at submission
+      evs.push_back(build_evaluation(f, sh, idxs[k], in));
+      slot.place = SlotPlace::kSent;
+    }
+    // Nobody else is writing when this returns true: write now so the builder can be reused.
+    if (sh.writer->enqueue(finish_evaluate(f, evs.data(), evs.size()))) sh.writer->write_pending();
+  }
+}
+
+void Host::Impl::deliver_from_loop(Shard& sh, Completion&& done, Result&& r) {
+  if (!done.runs_caller_code() && opts.fulfill_futures_on_loop) done.deliver(std::move(r));
+  else sh.to_dispatch.push_back(Delivery{std::move(done), std::move(r)});
+}
+
+void Host::Impl::deliver_all(Shard& sh, Ended& ended) {
+  for (auto& [c, r] : ended) deliver_from_loop(sh, std::move(c), std::move(r));
+  ended.clear();
+  if (!sh.to_dispatch.empty()) sh.dispatcher->post(sh.to_dispatch);
+}
+
+}  // namespace outrun

@@ -1,0 +1,253 @@
+// Supervision (loop thread): the deadline of the running evaluation, heartbeats, restarts with
+// backoff and a crash-loop limit, drills, shutdown.
+#include <signal.h>
+
+#include <cassert>
+
+#include <spdlog/spdlog.h>
+
+#include "host_impl.h"
+
+namespace outrun {
+
+using detail::DeathCause;
+using detail::Shard;
+using detail::ShardState;
+using detail::WorkerProcess;
+
+namespace {
+
+int64_t monotonic_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+uint64_t ceil_ms(int64_t ns) { return ns <= 0 ? 0 : static_cast<uint64_t>((ns + 999'999) / 1'000'000); }
+
+}  // namespace
+
+const char* detail::to_string(ShardState s) {
+  switch (s) {
+    case ShardState::kRunning: return "running";
+    case ShardState::kDown: return "down";
+    case ShardState::kCrashLoop: return "crash_loop";
+    case ShardState::kStopping: return "stopping";
+    case ShardState::kStopped: return "stopped";
+  }
+  return "unknown";
+}
+
+void Host::Impl::set_state(Shard& sh, ShardState s) {
+  sh.state = s;
+  sh.public_state.store(static_cast<int>(s), std::memory_order_relaxed);
+}
+
+// One timer per shard watches its worker. It costs nothing per evaluation: the worker publishes
+// the evaluation it runs and since when on its status page, and the timer reads it.
+//  - Idle or far from any deadline, it wakes every min(T, silence_limit / 2).
+//  - When an evaluation is running, it is armed for exactly that evaluation's since + T + G, so
+//    an overrun is killed within a timer tick (1 ms) of its deadline.
+//  - A heartbeat older than silence_limit kills the worker (frozen or SIGSTOPped).
+void Host::Impl::arm_watchdog(Shard& sh, int64_t now_ns) {
+  WorkerProcess* w = sh.worker;
+  if (!w || w->dead) return;
+  const int64_t idle_period =
+      std::min<int64_t>(hard_deadline_ns - std::chrono::nanoseconds(opts.grace).count(),
+                        std::chrono::nanoseconds(opts.silence_limit).count() / 2);
+  int64_t next = now_ns + std::max<int64_t>(idle_period, 1'000'000);
+  uint64_t id = 0;
+  int64_t since = 0;
+  if (w->page && protocol::read_running(*w->page, &id, &since) && id != 0)
+    next = std::min(next, since + hard_deadline_ns);
+  sh.watchdog.data = &sh;
+  uv_timer_start(&sh.watchdog, &Impl::on_watchdog, ceil_ms(next - now_ns), 0);
+}
+
+void Host::Impl::on_watchdog(uv_timer_t* t) {
+  auto* sh = static_cast<Shard*>(t->data);
+  Impl* self = static_cast<Impl*>(t->loop->data);
+  WorkerProcess* w = sh->worker;
+  if (!w || w->dead) return;
+  const int64_t now = monotonic_ns();
+  if (w->page) {
+    const int64_t beat = std::max(w->page->heartbeat_ns.load(std::memory_order_relaxed), w->started_ns);
+    const int64_t silent = now - beat;
+    if (silent > std::chrono::nanoseconds(self->opts.silence_limit).count()) {
+      self->kill_worker(w, DeathCause::kSilence,
+                        "was silent for " + std::to_string(silent / 1'000'000) + " ms (no heartbeat) and was killed");
+      return;
+    }
+    uint64_t id = 0;
+    int64_t since = 0;
+    if (protocol::read_running(*w->page, &id, &since) && id != 0 && now >= since + self->hard_deadline_ns) {
+      w->overrun_id = id;
+      self->kill_worker(w, DeathCause::kOverrun,
+                        "was killed: an evaluation ran past T+G (" + std::to_string(self->opts.timeout.count()) + "+" +
+                            std::to_string(self->opts.grace.count()) + " ms)");
+      return;
+    }
+  }
+  self->arm_watchdog(*sh, now);
+}
+
+void Host::Impl::schedule_restart(Shard& sh, DeathCause cause, bool immediate) {
+  const auto now = std::chrono::steady_clock::now();
+  while (!sh.recent_starts.empty() && now - sh.recent_starts.front() > opts.crash_loop_window)
+    sh.recent_starts.pop_front();
+  const bool on_request = cause == DeathCause::kRequested || immediate;
+  if (!on_request && static_cast<int>(sh.recent_starts.size()) >= opts.crash_loop_starts) {
+    std::string last;
+    {
+      std::lock_guard lock(sh.stats_mu);
+      last = sh.last_death;
+    }
+    enter_crash_loop(sh, "shard " + std::to_string(sh.index) + " is in a crash loop: its worker was started " +
+                             std::to_string(sh.recent_starts.size()) + " times in " +
+                             std::to_string(opts.crash_loop_window.count()) + " ms and " + last +
+                             "; next start in " + std::to_string(opts.crash_loop_cooldown.count()) + " ms");
+    return;
+  }
+  std::chrono::milliseconds delay{0};
+  if (!on_request) {
+    const bool quick = !sh.recent_starts.empty() && now - sh.recent_starts.back() < kHealthyUptime;
+    sh.quick_deaths = quick ? sh.quick_deaths + 1 : 0;
+    delay = opts.restart_delay * (1 << std::min(sh.quick_deaths, 12));
+    if (delay > kMaxRestartDelay) delay = kMaxRestartDelay;
+  }
+  sh.restart_timer.data = &sh;
+  uv_timer_start(&sh.restart_timer, &Impl::on_restart, static_cast<uint64_t>(delay.count()), 0);
+}
+
+void Host::Impl::enter_crash_loop(Shard& sh, const std::string& why) {
+  spdlog::error("outrun: {}", why);
+  Ended ended;
+  std::vector<uint32_t> promoted;
+  {
+    std::lock_guard lock(sh.mu);
+    set_state(sh, ShardState::kCrashLoop);
+    sh.unavailable_reason = why;
+    for (uint32_t idx : sh.waiting) end_slot(sh, idx, Result{Status::unavailable, {}, why, sh.index}, &ended, &promoted);
+    sh.waiting.clear();
+    place_promoted(sh, promoted, &ended);
+  }
+  deliver_all(sh, ended);
+  sh.recent_starts.clear();
+  sh.quick_deaths = 0;
+  sh.restart_timer.data = &sh;
+  uv_timer_start(&sh.restart_timer, &Impl::on_restart, static_cast<uint64_t>(opts.crash_loop_cooldown.count()), 0);
+}
+
+void Host::Impl::on_restart(uv_timer_t* t) {
+  auto* sh = static_cast<Shard*>(t->data);
+  Impl* self = static_cast<Impl*>(t->loop->data);
+  if (self->stopping.load() || sh->worker) return;
+  if (Error err = self->spawn(*sh)) {
+    spdlog::error("outrun: shard {}: {}", sh->index, err.message);
+    {
+      std::lock_guard lock(sh->stats_mu);
+      sh->last_death = "could not be started: " + err.message;
+    }
+    sh->recent_starts.push_back(std::chrono::steady_clock::now());  // a failed start counts
+    self->schedule_restart(*sh, DeathCause::kExit, false);
+  }
+}
+
+void Host::Impl::on_wakeup(uv_async_t* a) {
+  Impl* self = static_cast<Impl*>(a->data);
+  for (auto& sh : self->shards) {
+    if (sh->write_blocked.exchange(false, std::memory_order_acq_rel) && sh->worker && !sh->worker->dead &&
+        !sh->worker->stream_ended && !sh->worker->poll_writable) {
+      sh->worker->poll_writable = true;
+      uv_poll_start(&sh->worker->poll, UV_READABLE | UV_WRITABLE, &Impl::on_poll);
+    }
+  }
+  if (self->stopping.load() && !self->shutdown_started) {
+    self->begin_shutdown();
+    return;
+  }
+  self->run_commands();
+}
+
+void Host::Impl::run_commands() {
+  std::vector<std::pair<CommandKind, int>> todo;
+  {
+    std::lock_guard lock(commands_mu);
+    todo.swap(commands);
+  }
+  for (auto [kind, i] : todo) {
+    Shard& sh = *shards[static_cast<std::size_t>(i)];
+    WorkerProcess* w = sh.worker;
+    if (kind == CommandKind::kKill) {
+      if (w && !w->dead) kill_worker(w, DeathCause::kRequested, "was killed on request (kill_shard)");
+      continue;
+    }
+    // Restart: the worker answers what it has, exits; new evaluations wait for its successor.
+    if (!w || w->dead) {
+      if (sh.state == ShardState::kCrashLoop || sh.state == ShardState::kDown) {
+        uv_timer_stop(&sh.restart_timer);
+        sh.recent_starts.clear();
+        on_restart(&sh.restart_timer);
+      }
+      continue;
+    }
+    w->restart_requested = true;
+    flatbuffers::FlatBufferBuilder f(64);
+    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Shutdown, wire::CreateShutdown(f).Union()));
+    std::shared_ptr<protocol::FrameWriter> writer;
+    {
+      std::lock_guard lock(sh.mu);
+      if (sh.writer && sh.writer->enqueue({f.GetBufferPointer(), f.GetSize()})) writer = sh.writer;
+      sh.writer.reset();  // nothing more goes to this worker
+      set_state(sh, ShardState::kDown);
+    }
+    if (writer) writer->write_pending();
+  }
+}
+
+void Host::Impl::begin_shutdown() {
+  assert(on_loop_thread());
+  shutdown_started = true;
+  flatbuffers::FlatBufferBuilder f(64);
+  f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Shutdown, wire::CreateShutdown(f).Union()));
+  for (auto& shp : shards) {
+    Shard& sh = *shp;
+    uv_timer_stop(&sh.restart_timer);
+    std::shared_ptr<protocol::FrameWriter> writer;
+    Ended ended;
+    std::vector<uint32_t> promoted;
+    {
+      std::lock_guard lock(sh.mu);
+      set_state(sh, sh.worker ? ShardState::kStopping : ShardState::kStopped);
+      if (sh.writer && sh.writer->enqueue({f.GetBufferPointer(), f.GetSize()})) writer = sh.writer;
+      for (uint32_t idx : sh.waiting)
+        end_slot(sh, idx, Result{Status::cancelled, {}, "the host shut down before it ran", sh.index}, &ended, &promoted);
+      sh.waiting.clear();
+      place_promoted(sh, promoted, &ended);
+    }
+    if (writer) writer->write_pending();
+    deliver_all(sh, ended);
+  }
+  uv_timer_start(&shutdown_timer, &Impl::on_shutdown_timeout, static_cast<uint64_t>(opts.shutdown_timeout.count()), 0);
+  maybe_finish_shutdown();
+}
+
+void Host::Impl::on_shutdown_timeout(uv_timer_t* t) {
+  Impl* self = static_cast<Impl*>(t->loop->data);
+  for (auto& sh : self->shards)
+    if (sh->worker) self->kill_worker(sh->worker, DeathCause::kRequested, "did not stop in time and was killed");
+}
+
+void Host::Impl::maybe_finish_shutdown() {
+  if (!shutdown_started || live_workers > 0) return;
+  uv_timer_stop(&shutdown_timer);
+  uv_close(reinterpret_cast<uv_handle_t*>(&shutdown_timer), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&wakeup), nullptr);
+  for (auto& sh : shards) {
+    uv_close(reinterpret_cast<uv_handle_t*>(&sh->restart_timer), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&sh->watchdog), nullptr);
+  }
+  // uv_run returns once these close callbacks have run: nothing is left on the loop.
+}
+
+}  // namespace outrun
