@@ -1,0 +1,420 @@
+// Supervision through the public API, with real workers: deadlines, kills, heartbeats,
+// restarts, crash loops, single flight, dispatchers.
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include <doctest/doctest.h>
+
+#include "outrun/host.h"
+#include "test_support.h"
+
+using namespace outrun;
+using namespace std::chrono_literals;
+
+namespace {
+
+HostOptions base_options() {
+  HostOptions o;
+  o.worker_path = OUTRUN_TEST_WORKER;
+  o.shards = 1;
+  o.timeout = 100ms;
+  o.grace = 100ms;
+  return o;
+}
+
+std::unique_ptr<Host> start(const HostOptions& o) {
+  std::unique_ptr<Host> host;
+  Error err = Host::create(o, &host);
+  REQUIRE_MESSAGE(!err, err.message);
+  return host;
+}
+
+Script reg(Runner& r, const std::string& key, const std::string& src) {
+  Script s;
+  Error err = r.register_script(key, src, &s);
+  REQUIRE_MESSAGE(!err, err.message);
+  return s;
+}
+
+// A script stuck inside one C call: Lua's pattern matcher backtracking, which the count hook
+// cannot interrupt. Only the hard kill at T+G ends it.
+const char* kStuckInC = "local s = string.rep('a', 200000) return s:find('.-.-.-.-.-.-.-.-.-b')";
+
+bool process_gone(int pid) {
+  if (kill(pid, 0) != 0) return true;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const auto p = line.rfind(')');
+  return p != std::string::npos && p + 2 < line.size() && line[p + 2] == 'Z';  // a zombie is dead
+}
+
+bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds limit = 10s) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return cond();
+}
+
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/outrun-test-XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  // An executable shell script standing in for the worker.
+  std::string script(const std::string& name, const std::string& body) const {
+    const auto p = path / name;
+    std::ofstream(p) << "#!/bin/sh\n" << body << "\n";
+    chmod(p.c_str(), 0755);
+    return p.string();
+  }
+};
+
+struct Collector {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int> calls;
+  std::vector<Result> results;
+  std::size_t done = 0;
+  explicit Collector(std::size_t n) : calls(n), results(n) {}
+  Callback at(std::size_t i) {
+    return [this, i](Result r) {
+      std::lock_guard lock(mu);
+      ++calls[i];
+      results[i] = std::move(r);
+      ++done;
+      cv.notify_all();
+    };
+  }
+  bool wait_all(std::chrono::milliseconds limit = 30s) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, limit, [&] { return done >= calls.size(); });
+  }
+};
+
+}  // namespace
+
+TEST_CASE("Supervision: runaway Lua ends `timeout` by the soft limit, however it is wrapped") {
+  auto host = start(base_options());
+  const int pid = host->worker_pids()[0];
+  const char* cases[] = {
+      "while true do end",
+      "pcall(function() while true do end end) return 'swallowed'",
+      "while true do pcall(function() while true do end end) end",
+      "xpcall(function() while true do end end, function() while true do end end) return 1",
+      "local co = coroutine.wrap(function() while true do end end) co() return 1",
+      "while true do local ok = coroutine.resume(coroutine.create(function() while true do end end)) end",
+      "do local x <close> = setmetatable({}, {__close = function() while true do end end}) error('x') end",
+      "local function f() return pcall(f) end while true do f() end",
+      "error(setmetatable({}, {__tostring = function() while true do end end}))",
+  };
+  int i = 0;
+  for (const char* src : cases) {
+    INFO(src);
+    Script s = reg(*host, "runaway" + std::to_string(i++), src);
+    Result r = host->evaluate(s, {}).get();
+    if (std::string(src).rfind("error(setmetatable", 0) == 0) {
+      CHECK(r.status == Status::runtime_error);  // __tostring is never run
+    } else {
+      CHECK(r.status == Status::timeout);
+    }
+  }
+  CHECK(host->worker_pids()[0] == pid);  // all soft: the worker never died
+  CHECK(host->shard_stats(0).deaths == 0);
+}
+
+TEST_CASE("Supervision: a script stuck in one C call is killed at T+G and the shard recovers") {
+  auto host = start(base_options());
+  const int pid = host->worker_pids()[0];
+  Script stuck = reg(*host, "stuck", kStuckInC);
+  Script ok = reg(*host, "ok", "return inputs.x + 1");
+  Result r = host->evaluate(stuck, {}).get();
+  CHECK(r.status == Status::killed);
+  CHECK(r.error.find("100 ms") != std::string::npos);
+  CHECK(process_gone(pid));
+  CHECK(eventually([&] { return host->worker_pids()[0] != 0; }));
+  Result next = host->evaluate(ok, {{"x", 1}}).get();
+  CHECK(next.status == Status::ok);
+  CHECK(next.value == Value(2));
+  const ShardStats st = host->shard_stats(0);
+  CHECK(st.killed_overrun == 1);
+  CHECK(st.starts == 2);
+}
+
+TEST_CASE("Supervision: one runaway among 100 in flight: exactly one killed, the rest ok") {
+  auto o = base_options();
+  auto host = start(o);
+  Script stuck = reg(*host, "stuck", kStuckInC);
+  std::vector<Script> others;
+  for (int i = 0; i < 99; ++i) others.push_back(reg(*host, "n" + std::to_string(i), "return inputs.x * 2"));
+  Collector c(100);
+  for (int i = 0; i < 50; ++i) host->evaluate(others[i], {{"x", i}}, c.at(i));
+  host->evaluate(stuck, {}, c.at(50));
+  for (int i = 50; i < 99; ++i) host->evaluate(others[i], {{"x", i}}, c.at(i + 1));
+  REQUIRE(c.wait_all());
+  int killed = 0, ok = 0;
+  for (int i = 0; i < 100; ++i) {
+    CHECK(c.calls[i] == 1);  // none lost, none duplicated
+    if (c.results[i].status == Status::killed) ++killed;
+    if (c.results[i].status == Status::ok) {
+      ++ok;
+      const int x = i < 50 ? i : i - 1;
+      CHECK(c.results[i].value == Value(2 * x));
+    }
+  }
+  CHECK(killed == 1);
+  CHECK(c.results[50].status == Status::killed);
+  CHECK(ok == 99);
+}
+
+TEST_CASE("Supervision: slow evaluations queued behind each other never get their worker killed") {
+  auto o = base_options();
+  o.timeout = 400ms;
+  o.grace = 100ms;
+  auto host = start(o);
+  // Each takes ~60 ms of CPU; twenty of them queue for ~1.2 s, far past T+G from submission.
+  constexpr int kN = 20;
+  std::vector<Script> slow;
+  for (int i = 0; i < kN; ++i)
+    slow.push_back(reg(*host, "slow" + std::to_string(i),
+                       "local t = os.clock() while os.clock() - t < 0.06 do end return " + std::to_string(i)));
+  Collector c(kN);
+  for (int i = 0; i < kN; ++i) host->evaluate(slow[i], {}, c.at(i));
+  REQUIRE(c.wait_all());
+  for (int i = 0; i < kN; ++i) {
+    CHECK(c.results[i].status == Status::ok);
+    CHECK(c.results[i].value == Value(i));
+  }
+  CHECK(host->shard_stats(0).deaths == 0);
+}
+
+TEST_CASE("Supervision: a stopped (SIGSTOP) worker is killed for silence; its evaluations are retried") {
+  auto o = base_options();
+  o.heartbeat_interval = 50ms;
+  o.silence_limit = 400ms;
+  o.timeout = 5000ms;  // the deadline must not be what catches it
+  auto host = start(o);
+  Script s = reg(*host, "s", "return inputs.x");
+  CHECK(host->evaluate(s, {{"x", 1}}).get().status == Status::ok);
+  const int pid = host->worker_pids()[0];
+  REQUIRE(kill(pid, SIGSTOP) == 0);
+  auto f = host->evaluate(s, {{"x", 2}});  // sits in the stopped worker's socket
+  Result r = f.get();
+  CHECK(r.status == Status::ok);  // retried on the restarted worker
+  CHECK(r.value == Value(2));
+  const ShardStats st = host->shard_stats(0);
+  CHECK(st.killed_silence == 1);
+  CHECK(st.last_death.find("silent") != std::string::npos);
+  CHECK(host->worker_pids()[0] != pid);
+  CHECK(eventually([&] { return process_gone(pid); }));
+}
+
+TEST_CASE("Supervision: a crash-looping worker makes its shard unavailable with a reason, then recovers") {
+  TempDir dir;
+  const auto marker = dir.path / "crash";
+  const std::string wrapper =
+      dir.script("worker", "[ -e '" + marker.string() + "' ] && exit 3\nexec '" OUTRUN_TEST_WORKER "' \"$@\"");
+  auto o = base_options();
+  o.worker_path = wrapper;
+  o.restart_delay = 5ms;
+  o.crash_loop_starts = 3;
+  o.crash_loop_window = 5000ms;
+  o.crash_loop_cooldown = 500ms;
+  auto host = start(o);
+  Script s = reg(*host, "s", "return 1");
+  CHECK(host->evaluate(s, {}).get().status == Status::ok);
+  std::ofstream(marker) << "1";
+  REQUIRE(!host->kill_shard(0));
+  REQUIRE(eventually([&] { return host->shard_stats(0).state == "crash_loop"; }));
+  Result r = host->evaluate(s, {}).get();
+  CHECK(r.status == Status::unavailable);
+  CHECK(r.error.find("crash loop") != std::string::npos);
+  CHECK(r.error.find("code 3") != std::string::npos);
+  std::filesystem::remove(marker);
+  REQUIRE(eventually([&] { return host->shard_stats(0).state == "running"; }));
+  CHECK(host->evaluate(s, {}).get().status == Status::ok);
+  CHECK(host->shard_stats(0).exited >= 2);  // starts 2 and 3 exited: the limit of 3 starts hit
+}
+
+TEST_CASE("Supervision: evaluations submitted while a shard restarts wait and then run") {
+  auto o = base_options();
+  o.restart_delay = 200ms;
+  auto host = start(o);
+  std::vector<Script> scripts;
+  for (int i = 0; i < 20; ++i) scripts.push_back(reg(*host, "w" + std::to_string(i), "return inputs.x"));
+  const int pid = host->worker_pids()[0];
+  REQUIRE(!host->kill_shard(0));
+  (void)pid;  // submitted at once: they land while the shard is down or just back
+  Collector c(20);
+  for (int i = 0; i < 20; ++i) host->evaluate(scripts[i], {{"x", i}}, c.at(i));
+  REQUIRE(c.wait_all());
+  for (int i = 0; i < 20; ++i) CHECK(c.results[i].value == Value(i));
+}
+
+TEST_CASE("Supervision: kill_shard and restart_shard lose nothing") {
+  auto o = base_options();
+  o.shards = 2;
+  o.single_flight = SingleFlight::off;
+  auto host = start(o);
+  Script s = reg(*host, "k", "local t = os.clock() while os.clock() - t < 0.001 do end return inputs.x");
+  constexpr int kN = 400;
+  Collector c(kN);
+  for (int i = 0; i < kN; ++i) {
+    host->evaluate(s, {{"x", i}}, c.at(i));
+    if (i == 100) REQUIRE(!host->kill_shard(static_cast<int>(s.shard())));
+    if (i == 250) REQUIRE(!host->restart_shard(static_cast<int>(s.shard())));
+  }
+  REQUIRE(c.wait_all());
+  for (int i = 0; i < kN; ++i) {
+    CHECK(c.calls[i] == 1);
+    CHECK(c.results[i].status == Status::ok);
+  }
+  CHECK(host->kill_shard(7).status == Status::invalid_argument);
+}
+
+TEST_CASE("Supervision: a caller that awaits and resubmits is never refused by itself") {
+  auto host = start(base_options());  // single flight: refuse
+  Script s = reg(*host, "tag", "return inputs.x")
+  ;
+  for (int i = 0; i < 10000; ++i) {
+    Result r = host->evaluate(s, {{"x", i}}).get();
+    REQUIRE(r.status == Status::ok);
+  }
+  // The same through callbacks: resubmit from inside the callback.
+  std::mutex mu;
+  std::condition_variable cv;
+  int left = 2000, refused = 0;
+  std::function<void(Result)> again = [&](Result r) {
+    std::lock_guard lock(mu);
+    if (r.status != Status::ok) ++refused;
+    if (--left > 0) host->evaluate(s, {{"x", left}}, again);
+    else cv.notify_all();
+  };
+  host->evaluate(s, {{"x", 0}}, again);
+  std::unique_lock lock(mu);
+  REQUIRE(cv.wait_for(lock, 60s, [&] { return left == 0; }));
+  CHECK(refused == 0);
+}
+
+TEST_CASE("Supervision: single flight refuses a second evaluation of a key; coalesce-latest replaces") {
+  // Generous T: the point is the flight, not the clock (CPU-time loops stretch on a busy machine).
+  {
+    auto o = base_options();
+    o.timeout = 5000ms;
+    auto host = start(o);
+    Script slow = reg(*host, "tag", "local t = os.clock() while os.clock() - t < 0.05 do end return inputs.x");
+    auto first = host->evaluate(slow, {{"x", 1}});
+    Result second = host->evaluate(slow, {{"x", 2}}).get();
+    CHECK(second.status == Status::busy);
+    CHECK(second.error.find("'tag'") != std::string::npos);
+    CHECK(first.get().value == Value(1));
+    // Another key is not affected, and a new source under the same key shares the flight.
+    Script other = reg(*host, "tag2", "return 2");
+    CHECK(host->evaluate(other, {}).get().status == Status::ok);
+  }
+  {
+    auto o = base_options();
+    o.timeout = 5000ms;
+    o.single_flight = SingleFlight::coalesce_latest;
+    auto host = start(o);
+    Script slow = reg(*host, "tag", "local t = os.clock() while os.clock() - t < 0.05 do end return inputs.x");
+    auto a = host->evaluate(slow, {{"x", 1}});
+    auto b = host->evaluate(slow, {{"x", 2}});
+    auto c = host->evaluate(slow, {{"x", 3}});
+    CHECK(a.get().value == Value(1));
+    Result rb = b.get();
+    CHECK(rb.status == Status::busy);
+    CHECK(rb.error.find("replaced") != std::string::npos);
+    CHECK(c.get().value == Value(3));  // the latest runs after the one in flight
+  }
+}
+
+TEST_CASE("Supervision: a callback that blocks for seconds delays only its own shard") {
+  auto o = base_options();
+  o.shards = 2;
+  o.heartbeat_interval = 50ms;
+  o.silence_limit = 500ms;
+  auto host = start(o);
+  // Find two keys on different shards.
+  Script a, b;
+  for (int i = 0; !a.valid() || !b.valid(); ++i) {
+    Script s = reg(*host, "key" + std::to_string(i), "return inputs.x");
+    if (s.shard() == 0 && !a.valid()) a = s;
+    if (s.shard() == 1 && !b.valid()) b = s;
+  }
+  std::atomic<bool> sleeping_done{false};
+  std::atomic<int> other_done_while_sleeping{0};
+  host->evaluate(a, {{"x", 1}}, [&](Result) {
+    std::this_thread::sleep_for(3s);
+    sleeping_done = true;
+  });
+  std::this_thread::sleep_for(50ms);
+  for (int i = 0; i < 50; ++i) {
+    std::promise<void> p;
+    host->evaluate(b, {{"x", i}}, [&](Result r) {
+      if (r.status == Status::ok && !sleeping_done) ++other_done_while_sleeping;
+      p.set_value();
+    });
+    p.get_future().wait();
+  }
+  CHECK(other_done_while_sleeping == 50);
+  // Shard 0's reads, timers and heartbeats went on: its futures still complete meanwhile.
+  CHECK(host->evaluate(a, {{"x", 5}}).get().value == Value(5));
+  std::this_thread::sleep_for(1s);  // well past silence_limit while the callback still sleeps
+  CHECK(host->shard_stats(0).deaths == 0);
+  CHECK(host->shard_stats(1).deaths == 0);
+}
+
+TEST_CASE("Supervision: the group kill takes a worker's children with it") {
+  TempDir dir;
+  const auto pidfile = dir.path / "child.pid";
+  const std::string wrapper = dir.script(
+      "worker", "sleep 1000 &\necho $! > '" + pidfile.string() + "'\nexec '" OUTRUN_TEST_WORKER "' \"$@\"");
+  auto o = base_options();
+  o.worker_path = wrapper;
+  auto host = start(o);
+  int child = 0;
+  std::ifstream(pidfile) >> child;
+  REQUIRE(child > 0);
+  REQUIRE(!process_gone(child));
+  Script stuck = reg(*host, "stuck", kStuckInC);
+  CHECK(host->evaluate(stuck, {}).get().status == Status::killed);
+  CHECK(eventually([&] { return process_gone(child); }, 5s));
+}
+
+TEST_CASE("Supervision: killing the host with SIGKILL leaves no worker behind") {
+  // The CLI is a host; its worker must die with it (PR_SET_PDEATHSIG).
+  const pid_t cli = fork();
+  if (cli == 0) {
+    setenv("OUTRUN_WORKER", OUTRUN_TEST_WORKER, 1);
+    execl(OUTRUN_TEST_CLI, "outrun", "eval", "--timeout", "600000", "--grace", "600000", "-e", "while true do end",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int worker = 0;
+  REQUIRE(eventually([&] {
+    for (const auto& t : std::filesystem::directory_iterator("/proc/" + std::to_string(cli) + "/task")) {
+      std::ifstream c(t.path() / "children");
+      if (c >> worker) return true;
+    }
+    return false;
+  }));
+  REQUIRE(worker > 0);
+  kill(cli, SIGKILL);
+  waitpid(cli, nullptr, 0);
+  CHECK(eventually([&] { return process_gone(worker); }, 5s));
+}
