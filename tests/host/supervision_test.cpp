@@ -1,5 +1,6 @@
 // Supervision through the public API, with real workers: deadlines, kills, heartbeats,
 // restarts, crash loops, single flight, dispatchers.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include <doctest/doctest.h>
@@ -50,6 +52,12 @@ Script reg(Runner& r, const std::string& key, const std::string& src) {
 // cannot interrupt. Only the hard kill at T+G ends it.
 const char* kStuckInC = "local s = string.rep('a', 200000) return s:find('.-.-.-.-.-.-.-.-.-b')";
 
+// A result, or a test failure (not a hang) when it does not come.
+Result get(std::future<Result> f, std::chrono::seconds limit = 30s) {
+  REQUIRE(f.wait_for(limit) == std::future_status::ready);
+  return f.get();
+}
+
 bool process_gone(int pid) {
   if (kill(pid, 0) != 0) return true;
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
@@ -57,6 +65,21 @@ bool process_gone(int pid) {
   std::getline(stat, line);
   const auto p = line.rfind(')');
   return p != std::string::npos && p + 2 < line.size() && line[p + 2] == 'Z';  // a zombie is dead
+}
+
+// utime + stime of a process, in clock ticks.
+long cpu_ticks(int pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const auto p = line.rfind(')');
+  if (p == std::string::npos) return 0;
+  std::istringstream in(line.substr(p + 2));
+  std::string f;
+  long ticks = 0;
+  for (int i = 3; i <= 15 && in >> f; ++i)
+    if (i == 14 || i == 15) ticks += std::stol(f);
+  return ticks;
 }
 
 bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds limit = 10s) {
@@ -142,7 +165,7 @@ TEST_CASE("Supervision: a script stuck in one C call is killed at T+G and the sh
   const int pid = host->worker_pids()[0];
   Script stuck = reg(*host, "stuck", kStuckInC);
   Script ok = reg(*host, "ok", "return inputs.x + 1");
-  Result r = host->evaluate(stuck, {}).get();
+  Result r = get(host->evaluate(stuck, {}));
   CHECK(r.status == Status::killed);
   CHECK(r.error.find("100 ms") != std::string::npos);
   CHECK(process_gone(pid));
@@ -212,8 +235,7 @@ TEST_CASE("Supervision: a stopped (SIGSTOP) worker is killed for silence; its ev
   CHECK(host->evaluate(s, {{"x", 1}}).get().status == Status::ok);
   const int pid = host->worker_pids()[0];
   REQUIRE(kill(pid, SIGSTOP) == 0);
-  auto f = host->evaluate(s, {{"x", 2}});  // sits in the stopped worker's socket
-  Result r = f.get();
+  Result r = get(host->evaluate(s, {{"x", 2}}));  // sits in the stopped worker's socket
   CHECK(r.status == Status::ok);  // retried on the restarted worker
   CHECK(r.value == Value(2));
   const ShardStats st = host->shard_stats(0);
@@ -383,7 +405,7 @@ TEST_CASE("Supervision: the group kill takes a worker's children with it") {
   TempDir dir;
   const auto pidfile = dir.path / "child.pid";
   const std::string wrapper = dir.script(
-      "worker", "sleep 1000 &\necho $! > '" + pidfile.string() + "'\nexec '" OUTRUN_TEST_WORKER "' \"$@\"");
+      "worker", "sleep 1000 >/dev/null 2>&1 &\necho $! > '" + pidfile.string() + "'\nexec '" OUTRUN_TEST_WORKER "' \"$@\"");
   auto o = base_options();
   o.worker_path = wrapper;
   auto host = start(o);
@@ -392,14 +414,20 @@ TEST_CASE("Supervision: the group kill takes a worker's children with it") {
   REQUIRE(child > 0);
   REQUIRE(!process_gone(child));
   Script stuck = reg(*host, "stuck", kStuckInC);
-  CHECK(host->evaluate(stuck, {}).get().status == Status::killed);
-  CHECK(eventually([&] { return process_gone(child); }, 5s));
+  CHECK(get(host->evaluate(stuck, {})).status == Status::killed);
+  const bool gone = eventually([&] { return process_gone(child); }, 5s);
+  CHECK(gone);
+  if (!gone) kill(child, SIGKILL);
 }
 
 TEST_CASE("Supervision: killing the host with SIGKILL leaves no worker behind") {
   // The CLI is a host; its worker must die with it (PR_SET_PDEATHSIG).
   const pid_t cli = fork();
   if (cli == 0) {
+    // Keep the test's output pipe out of the host and worker: an orphan must not hold it open.
+    const int devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 1);
+    dup2(devnull, 2);
     setenv("OUTRUN_WORKER", OUTRUN_TEST_WORKER, 1);
     execl(OUTRUN_TEST_CLI, "outrun", "eval", "--timeout", "600000", "--grace", "600000", "-e", "while true do end",
           static_cast<char*>(nullptr));
@@ -414,7 +442,12 @@ TEST_CASE("Supervision: killing the host with SIGKILL leaves no worker behind") 
     return false;
   }));
   REQUIRE(worker > 0);
+  // Wait until the worker runs the script (not merely started): then only its parent's death
+  // can end it, not the end of its pipe.
+  REQUIRE(eventually([&] { return cpu_ticks(worker) >= 10; }));
   kill(cli, SIGKILL);
   waitpid(cli, nullptr, 0);
-  CHECK(eventually([&] { return process_gone(worker); }, 5s));
+  const bool gone = eventually([&] { return process_gone(worker); }, 5s);
+  CHECK(gone);
+  if (!gone) kill(worker, SIGKILL);
 }
