@@ -186,6 +186,63 @@ ThroughputRow closed_loop(Runner& r, const Script& s, double seconds, const Host
   return row;
 }
 
+struct SupervisionRows {
+  perf::Histogram kill_after_deadline;   // result `killed` minus (submit + T + G)
+  perf::Histogram shard_kill_to_ok;      // kill_shard(i) until an evaluation on it is ok
+  double idle_host_cpu_pct = 0;          // host process CPU while idle, % of one core
+  double idle_worker_cpu_pct = 0;        // all workers together
+  int wrong = 0;
+};
+
+// Supervision figures: kill latency after T+G, recovery after a shard kill, idle cost.
+SupervisionRows supervision(int shards, int rounds, double idle_seconds) {
+  SupervisionRows out;
+  HostOptions o;
+  o.shards = shards;
+  o.timeout = std::chrono::milliseconds(50);
+  o.grace = std::chrono::milliseconds(50);
+  std::unique_ptr<Host> host;
+  if (Host::create(o, &host)) return out;
+  Script stuck, ok;
+  host->register_script("perf.stuck", "local s = string.rep('a', 200000) return s:find('.-.-.-.-.-.-.-.-.-b')", &stuck);
+  host->register_script("perf.ok", "return inputs.x", &ok);
+  const int64_t tg = std::chrono::duration_cast<std::chrono::nanoseconds>(o.timeout + o.grace).count();
+  for (int i = 0; i < rounds; ++i) {
+    host->evaluate(ok, {{"x", i}}).get();  // the shard is up and warm
+    const auto t0 = Clock::now();
+    Result r = host->evaluate(stuck, {}).get();
+    if (r.status != Status::killed) {
+      ++out.wrong;
+      std::fprintf(stderr, "outrun-perf: runaway ended %s: %s\n", std::string(to_string(r.status)).c_str(), r.error.c_str());
+    }
+    out.kill_after_deadline.record(ns_since(t0) - tg);
+  }
+  const int shard = static_cast<int>(ok.shard());
+  for (int i = 0; i < rounds; ++i) {
+    host->evaluate(ok, {{"x", i}}).get();
+    const uint64_t starts = host->shard_stats(shard).starts;
+    const auto t0 = Clock::now();
+    host->kill_shard(shard);
+    // The next evaluation submitted once the old worker is gone (a new one has been started):
+    // it goes to the new worker, with its source, as soon as that one is up.
+    while (host->shard_stats(shard).starts == starts) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    Result r = host->evaluate(ok, {{"x", i}}).get();
+    if (r.status != Status::ok) {
+      ++out.wrong;
+      std::fprintf(stderr, "outrun-perf: after kill_shard: %s: %s\n", std::string(to_string(r.status)).c_str(), r.error.c_str());
+    }
+    out.shard_kill_to_ok.record(ns_since(t0));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const int64_t cpu0 = self_cpu_ns(), w0 = workers_cpu_ns(*host);
+  const auto t0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(idle_seconds));
+  const double wall = static_cast<double>(ns_since(t0));
+  out.idle_host_cpu_pct = 100.0 * static_cast<double>(self_cpu_ns() - cpu0) / wall;
+  out.idle_worker_cpu_pct = 100.0 * static_cast<double>(workers_cpu_ns(*host) - w0) / wall;
+  return out;
+}
+
 std::string us(int64_t ns) {
   char b[32];
   std::snprintf(b, sizeof b, "%.1f µs", static_cast<double>(ns) / 1000.0);
@@ -250,6 +307,8 @@ int main(int argc, char** argv) {
   const LatencyRow lat_in = idle_latency(inproc, is, iterations, &wrong_latency);
   const ThroughputRow tp_out = closed_loop(*host, hs, duration, host.get());
   const ThroughputRow tp_in = closed_loop(inproc, is, duration, nullptr);
+  host.reset();  // measure supervision on a host of its own, with nothing else running
+  const SupervisionRows sup = supervision(shards, quick ? 5 : 20, quick ? 2.0 : 5.0);
 
   std::printf("outrun-perf (%s run, K=%d, script: %s)\n\n", quick ? "quick" : "full", shards, kScript);
   std::printf("%-42s %16s %16s %16s\n", "row", "out-of-process", "InProcess", "floor / note");
@@ -266,6 +325,17 @@ int main(int argc, char** argv) {
   std::printf("%-42s %13.2f µs %16s %16s\n", "worker on-CPU per evaluation (closed loop)", tp_out.worker_cpu_us_per_eval,
               "-", "sum of workers");
   std::printf("%-42s %13ld KB %16s %16s\n", "worker RSS, idle (1 script)", idle_rss, "-", "largest worker");
+  auto ms = [](int64_t ns) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.2f ms", static_cast<double>(ns) / 1e6);
+    return std::string(b);
+  };
+  std::printf("%-42s %16s %16s %16s\n", "kill latency after T+G, p50 / max", ms(sup.kill_after_deadline.quantile(0.5)).c_str(),
+              ms(sup.kill_after_deadline.max()).c_str(), "T=50, G=50 ms");
+  std::printf("%-42s %16s %16s %16s\n", "kill_shard -> its next ok, p50 / max", ms(sup.shard_kill_to_ok.quantile(0.5)).c_str(),
+              ms(sup.shard_kill_to_ok.max()).c_str(), "warm, 1 script");
+  std::printf("%-42s %15.3f%% %15.3f%% %16s\n", "idle CPU, host / all workers (% of a core)", sup.idle_host_cpu_pct,
+              sup.idle_worker_cpu_pct, "heartbeats");
 
   if (!json_path.empty()) {
     nlohmann::json j{
@@ -282,10 +352,13 @@ int main(int argc, char** argv) {
                                          {"host_cpu_us_per_eval", tp_in.host_cpu_us_per_eval},
                                          {"wrong", tp_in.wrong}}}}},
         {"worker_rss_idle_kb", idle_rss},
+        {"kill_latency_after_deadline_ns", {{"p50", sup.kill_after_deadline.quantile(0.5)}, {"max", sup.kill_after_deadline.max()}}},
+        {"shard_kill_to_next_ok_ns", {{"p50", sup.shard_kill_to_ok.quantile(0.5)}, {"max", sup.shard_kill_to_ok.max()}}},
+        {"idle_cpu_pct", {{"host", sup.idle_host_cpu_pct}, {"workers", sup.idle_worker_cpu_pct}}},
     };
     std::ofstream(json_path) << j.dump(2) << "\n";
   }
-  const bool all_correct = tp_out.wrong == 0 && tp_in.wrong == 0 && wrong_latency == 0;
+  const bool all_correct = tp_out.wrong == 0 && tp_in.wrong == 0 && wrong_latency == 0 && sup.wrong == 0;
   if (!all_correct) std::fprintf(stderr, "outrun-perf: some results were wrong\n");
   return all_correct ? 0 : 1;
 }

@@ -103,7 +103,7 @@ Error Host::create(const HostOptions& options, std::unique_ptr<Host>* out) {
   if (options.heartbeat_interval.count() <= 0 || options.silence_limit <= options.heartbeat_interval)
     return {Status::invalid_argument, "heartbeat_interval must be positive and below silence_limit"};
   if (options.retries < 0 || options.retries > 10) return {Status::invalid_argument, "retries must be 0..10"};
-  if (options.crash_loop_starts < 1) return {Status::invalid_argument, "crash_loop_starts must be at least 1"};
+  if (options.crash_loop_limit < 1) return {Status::invalid_argument, "crash_loop_limit must be at least 1"};
   auto impl = std::make_unique<Impl>(options);
   if (Error err = impl->start()) {
     impl->shutdown();

@@ -100,7 +100,9 @@ struct Host::Impl {
   // supervise.cpp (loop thread)
   void arm_watchdog(detail::Shard& sh, int64_t now_ns);
   static void on_watchdog(uv_timer_t* t);
-  void schedule_restart(detail::Shard& sh, detail::DeathCause cause, bool immediate);
+  // The one place that decides restarts: when, and whether the shard is in a crash loop.
+  void schedule_restart(detail::Shard& sh, detail::DeathCause cause, bool immediate,
+                        std::chrono::steady_clock::duration uptime);
   static void on_restart(uv_timer_t* t);
   void enter_crash_loop(detail::Shard& sh, const std::string& why);
   static void on_wakeup(uv_async_t* a);

@@ -110,8 +110,8 @@ struct Shard {
   WorkerProcess* worker = nullptr;
   uv_timer_t restart_timer{};
   uv_timer_t watchdog{};  // heartbeat age and the running evaluation's T+G deadline
-  std::deque<std::chrono::steady_clock::time_point> recent_starts;  // crash-loop window
-  int quick_deaths = 0;  // consecutive deaths of workers that lived < kHealthyUptime
+  std::deque<std::chrono::steady_clock::time_point> recent_crashes;  // crash-loop window
+  int quick_crashes = 0;  // consecutive crashes of workers that lived < kHealthyUptime
   std::vector<Delivery> to_dispatch;  // scratch: results of one read
   std::atomic<bool> write_blocked{false};  // a producer handed the rest of a write to the loop
 

@@ -91,29 +91,35 @@ void Host::Impl::on_watchdog(uv_timer_t* t) {
   self->arm_watchdog(*sh, now);
 }
 
-void Host::Impl::schedule_restart(Shard& sh, DeathCause cause, bool immediate) {
+void Host::Impl::schedule_restart(Shard& sh, DeathCause cause, bool immediate,
+                                  std::chrono::steady_clock::duration uptime) {
   const auto now = std::chrono::steady_clock::now();
-  while (!sh.recent_starts.empty() && now - sh.recent_starts.front() > opts.crash_loop_window)
-    sh.recent_starts.pop_front();
-  const bool on_request = cause == DeathCause::kRequested || immediate;
-  if (!on_request && static_cast<int>(sh.recent_starts.size()) >= opts.crash_loop_starts) {
-    std::string last;
-    {
-      std::lock_guard lock(sh.stats_mu);
-      last = sh.last_death;
-    }
-    enter_crash_loop(sh, "shard " + std::to_string(sh.index) + " is in a crash loop: its worker was started " +
-                             std::to_string(sh.recent_starts.size()) + " times in " +
-                             std::to_string(opts.crash_loop_window.count()) + " ms and " + last +
-                             "; next start in " + std::to_string(opts.crash_loop_cooldown.count()) + " ms");
-    return;
-  }
+  // Only the worker's own failures count toward the crash loop and the backoff; kills the host
+  // decided (overrun, silence, drills) restart at once.
+  const bool crash = !immediate && (cause == DeathCause::kCrash || cause == DeathCause::kExit ||
+                                    cause == DeathCause::kProtocol);
   std::chrono::milliseconds delay{0};
-  if (!on_request) {
-    const bool quick = !sh.recent_starts.empty() && now - sh.recent_starts.back() < kHealthyUptime;
-    sh.quick_deaths = quick ? sh.quick_deaths + 1 : 0;
-    delay = opts.restart_delay * (1 << std::min(sh.quick_deaths, 12));
+  if (crash) {
+    sh.recent_crashes.push_back(now);
+    while (!sh.recent_crashes.empty() && now - sh.recent_crashes.front() > opts.crash_loop_window)
+      sh.recent_crashes.pop_front();
+    if (static_cast<int>(sh.recent_crashes.size()) >= opts.crash_loop_limit) {
+      std::string last;
+      {
+        std::lock_guard lock(sh.stats_mu);
+        last = sh.last_death;
+      }
+      enter_crash_loop(sh, "shard " + std::to_string(sh.index) + " is in a crash loop: its worker crashed " +
+                               std::to_string(sh.recent_crashes.size()) + " times in " +
+                               std::to_string(opts.crash_loop_window.count()) + " ms (last: " + last +
+                               "); next start in " + std::to_string(opts.crash_loop_cooldown.count()) + " ms");
+      return;
+    }
+    sh.quick_crashes = uptime < kHealthyUptime ? sh.quick_crashes + 1 : 0;
+    delay = opts.restart_delay * (1 << std::min(sh.quick_crashes, 12));
     if (delay > kMaxRestartDelay) delay = kMaxRestartDelay;
+  } else if (!immediate && cause != DeathCause::kRequested) {
+    delay = opts.restart_delay;
   }
   sh.restart_timer.data = &sh;
   uv_timer_start(&sh.restart_timer, &Impl::on_restart, static_cast<uint64_t>(delay.count()), 0);
@@ -132,8 +138,8 @@ void Host::Impl::enter_crash_loop(Shard& sh, const std::string& why) {
     place_promoted(sh, promoted, &ended);
   }
   deliver_all(sh, ended);
-  sh.recent_starts.clear();
-  sh.quick_deaths = 0;
+  sh.recent_crashes.clear();
+  sh.quick_crashes = 0;
   sh.restart_timer.data = &sh;
   uv_timer_start(&sh.restart_timer, &Impl::on_restart, static_cast<uint64_t>(opts.crash_loop_cooldown.count()), 0);
 }
@@ -148,8 +154,7 @@ void Host::Impl::on_restart(uv_timer_t* t) {
       std::lock_guard lock(sh->stats_mu);
       sh->last_death = "could not be started: " + err.message;
     }
-    sh->recent_starts.push_back(std::chrono::steady_clock::now());  // a failed start counts
-    self->schedule_restart(*sh, DeathCause::kExit, false);
+    self->schedule_restart(*sh, DeathCause::kExit, false, {});  // a failed start is a crash
   }
 }
 
@@ -186,7 +191,7 @@ void Host::Impl::run_commands() {
     if (!w || w->dead) {
       if (sh.state == ShardState::kCrashLoop || sh.state == ShardState::kDown) {
         uv_timer_stop(&sh.restart_timer);
-        sh.recent_starts.clear();
+        sh.recent_crashes.clear();
         on_restart(&sh.restart_timer);
       }
       continue;

@@ -139,7 +139,6 @@ Error Host::Impl::spawn(Shard& sh) {
   sh.worker = w;
   sh.pid.store(w->pid, std::memory_order_relaxed);
   sh.starts.fetch_add(1, std::memory_order_relaxed);
-  sh.recent_starts.push_back(w->started_at);
   {
     std::lock_guard lock(sh.stats_mu);
     sh.stats_page = w->page_region;
@@ -456,7 +455,7 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
     if (start_error.empty()) start_error = "worker " + std::to_string(w->pid) + " " + why + " before its hello";
     start_cv.notify_all();
   }
-  if (!stop) schedule_restart(sh, cause, w->restart_requested);
+  if (!stop) schedule_restart(sh, cause, w->restart_requested, std::chrono::steady_clock::now() - w->started_at);
 }
 
 }  // namespace outrun

@@ -73,10 +73,13 @@ struct HostOptions {
   // The evaluation a worker was running when it crashed is never retried (it may be the cause).
   int retries = 1;
 
-  // Crash loop: when a shard's worker has been started `crash_loop_starts` times within
-  // `crash_loop_window` and dies again, the shard stops restarting: its evaluations end
-  // `unavailable` at once, with the reason, until `crash_loop_cooldown` has passed.
-  int crash_loop_starts = 5;
+  // Crash loop: when a shard's worker has crashed (died of a signal the host did not send,
+  // exited with an error, violated the protocol, or could not be started) `crash_loop_limit`
+  // times within `crash_loop_window`, the shard stops restarting: its evaluations end
+  // `unavailable` at once, with the reason, until `crash_loop_cooldown` has passed. Kills the host
+  // decided (T+G overruns, silence, drills) do not count: a runaway script must not take its
+  // shard's other scripts down with it.
+  int crash_loop_limit = 5;
   std::chrono::milliseconds crash_loop_window{10000};
   std::chrono::milliseconds crash_loop_cooldown{30000};
 };
