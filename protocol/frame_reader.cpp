@@ -47,8 +47,9 @@ void FrameReader::compact_and_reserve(std::size_t need) {
   auto* buf = reinterpret_cast<uint8_t*>(storage_.get());
   const std::size_t live = end_ - begin_;
   std::size_t want = live + need;
-  if (want > capacity_ || (capacity_ > initial_capacity_ && want <= initial_capacity_ && live == 0)) {
-    // Grow for a large frame, or give the memory of a past large frame back once it is consumed.
+  if (want > capacity_ || (capacity_ > initial_capacity_ && want <= initial_capacity_)) {
+    // Grow for a large frame, or give the memory of a past large frame back once it is consumed
+    // (what is left of the buffer then fits in the initial capacity; it is copied over).
     const std::size_t cap = want > capacity_ ? round8(want) : initial_capacity_;
     std::unique_ptr<uint64_t[]> bigger(new uint64_t[cap / 8]);
     if (live) std::memcpy(bigger.get(), buf + begin_, live);
@@ -62,8 +63,8 @@ void FrameReader::compact_and_reserve(std::size_t need) {
 }
 
 long FrameReader::read_from(int fd) {
-  // Make room for at least what the partial frame at the front still needs, and never less
-  // than the initial capacity, so one read takes every frame that has arrived.
+  // Room for what the partial frame at the front still needs, and at least half the initial
+  // capacity, so one read takes every frame that has arrived in the common case.
   std::size_t need = initial_capacity_ / 2;
   const std::size_t live = end_ - begin_;
   if (live >= kLengthPrefixSize && error_ == FrameError::kNone) {
@@ -71,7 +72,11 @@ long FrameReader::read_from(int fd) {
     const uint32_t len = load_le32(buf + begin_);
     if (len <= max_frame_ && kLengthPrefixSize + len > live) need = std::max(need, kLengthPrefixSize + len - live);
   }
-  if (capacity_ - end_ < need || begin_ != 0) compact_and_reserve(need);
+  // A grown buffer is always revisited: next() resets an emptied buffer to offset 0, so
+  // without the capacity test the shrink in compact_and_reserve() would never be reached.
+  if (capacity_ - end_ < need || begin_ != 0 || capacity_ > initial_capacity_) {
+    compact_and_reserve(need);
+  }
   auto* buf = reinterpret_cast<uint8_t*>(storage_.get());
   for (;;) {
     const ssize_t n = ::read(fd, buf + end_, capacity_ - end_);
@@ -86,7 +91,9 @@ long FrameReader::read_from(int fd) {
 }
 
 void FrameReader::append(std::span<const uint8_t> bytes) {
-  if (capacity_ - end_ < bytes.size() || begin_ != 0) compact_and_reserve(bytes.size());
+  if (capacity_ - end_ < bytes.size() || begin_ != 0 || capacity_ > initial_capacity_) {
+    compact_and_reserve(bytes.size());
+  }
   std::memcpy(reinterpret_cast<uint8_t*>(storage_.get()) + end_, bytes.data(), bytes.size());
   end_ += bytes.size();
 }

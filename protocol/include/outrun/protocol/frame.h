@@ -60,9 +60,11 @@ struct FrameView {
   std::span<const uint8_t> bytes;  // the whole frame: length prefix and FlatBuffer
 };
 
-// Buffered frame reader. One read_from() takes every byte that has arrived (up to the free
-// space, which is at least one maximum frame); next() then hands out complete, verified frames
-// one at a time, reassembling frames split across any number of reads.
+// Buffered frame reader. One read_from() takes every byte that has arrived, up to the free space
+// (at least half the initial capacity, and always room for the rest of a frame whose length has
+// arrived); next() then hands out complete, verified frames one at a time, reassembling frames
+// split across any number of reads. After a large frame the buffer shrinks back to its initial
+// capacity.
 //
 // Not thread-safe: owned by one thread (the host's loop thread, or the worker's main thread).
 class FrameReader {
