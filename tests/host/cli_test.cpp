@@ -58,7 +58,7 @@ TEST_CASE("CLI: failures print STATUS: message and exit non-zero") {
   r = run_cli("eval -e 'local x = nil\nreturn x.y'");
   CHECK(r.code == 1);
   CHECK(r.out.find("runtime_error: cli:2:") != std::string::npos);
-  r = run_cli("eval --timeout 20 -e 'while true do end'");
+  r = run_cli("eval --timeout 20 --grace 5000 -e 'while true do end'");
   CHECK(r.code == 1);
   CHECK(r.out.find("timeout: ") != std::string::npos);
   r = run_cli("eval --json -e 'error(\"boom\")'");

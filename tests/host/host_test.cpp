@@ -28,6 +28,7 @@ std::unique_ptr<Host> make_host(int shards = 2, std::chrono::milliseconds timeou
   HostOptions o;
   o.shards = shards;
   o.timeout = timeout;
+  o.grace = 5000ms;  // these tests are about results, not kills: never kill on a loaded machine
   o.single_flight = single_flight;
   o.worker_path = OUTRUN_TEST_WORKER;
   std::unique_ptr<Host> host;
