@@ -16,6 +16,7 @@
 
 #include "outrun/host.h"
 #include "outrun/in_process.h"
+#include "host/host_support.h"
 #include "test_support.h"
 
 using namespace outrun;
@@ -31,39 +32,11 @@ std::unique_ptr<Host> make_host(int shards = 2, std::chrono::milliseconds timeou
   o.grace = 5000ms;  // these tests are about results, not kills: never kill on a loaded machine
   o.single_flight = single_flight;
   o.worker_path = OUTRUN_TEST_WORKER;
-  std::unique_ptr<Host> host;
-  Error err = Host::create(o, &host);
-  REQUIRE_MESSAGE(!err, err.message);
-  return host;
+  return test::start_host(o);
 }
 
-Script reg(Runner& r, const std::string& key, const std::string& src) {
-  Script s;
-  Error err = r.register_script(key, src, &s);
-  REQUIRE_MESSAGE(!err, err.message);
-  return s;
-}
-
-// Waits for N callbacks, each counted once per index.
-struct Tally {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<int> calls;
-  std::vector<Result> results;
-  std::size_t done = 0;
-  explicit Tally(std::size_t n) : calls(n, 0), results(n) {}
-  void record(std::size_t i, Result r) {
-    std::lock_guard lock(mu);
-    ++calls[i];
-    results[i] = std::move(r);
-    ++done;
-    cv.notify_all();
-  }
-  bool wait(std::size_t n, std::chrono::milliseconds limit = 60s) {
-    std::unique_lock lock(mu);
-    return cv.wait_for(lock, limit, [&] { return done >= n; });
-  }
-};
+using test::reg;
+using Tally = test::Collector;
 
 // The corpus used for the out-of-process / InProcess comparison: results, errors, values.
 std::string corpus_source(int i) {

@@ -18,6 +18,7 @@
 #include <doctest/doctest.h>
 
 #include "outrun/host.h"
+#include "host/host_support.h"
 #include "test_support.h"
 
 using namespace outrun;
@@ -34,19 +35,9 @@ HostOptions base_options() {
   return o;
 }
 
-std::unique_ptr<Host> start(const HostOptions& o) {
-  std::unique_ptr<Host> host;
-  Error err = Host::create(o, &host);
-  REQUIRE_MESSAGE(!err, err.message);
-  return host;
-}
-
-Script reg(Runner& r, const std::string& key, const std::string& src) {
-  Script s;
-  Error err = r.register_script(key, src, &s);
-  REQUIRE_MESSAGE(!err, err.message);
-  return s;
-}
+std::unique_ptr<Host> start(const HostOptions& o) { return test::start_host(o); }
+using test::Collector;
+using test::reg;
 
 // A script stuck inside one C call: Lua's pattern matcher backtracking, which the count hook
 // cannot interrupt. Only the hard kill at T+G ends it.
@@ -104,28 +95,6 @@ struct TempDir {
     std::ofstream(p) << "#!/bin/sh\n" << body << "\n";
     chmod(p.c_str(), 0755);
     return p.string();
-  }
-};
-
-struct Collector {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<int> calls;
-  std::vector<Result> results;
-  std::size_t done = 0;
-  explicit Collector(std::size_t n) : calls(n), results(n) {}
-  Callback at(std::size_t i) {
-    return [this, i](Result r) {
-      std::lock_guard lock(mu);
-      ++calls[i];
-      results[i] = std::move(r);
-      ++done;
-      cv.notify_all();
-    };
-  }
-  bool wait_all(std::chrono::milliseconds limit = 30s) {
-    std::unique_lock lock(mu);
-    return cv.wait_for(lock, limit, [&] { return done >= calls.size(); });
   }
 };
 
