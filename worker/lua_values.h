@@ -20,8 +20,14 @@
 namespace outrun::sandbox {
 
 inline constexpr int kMaxResultDepth = 32;                 // == outrun::kMaxValueDepth
-inline constexpr std::size_t kMaxResultBytes = 8u << 20;    // strings + keys, fits a frame
+// Bytes of strings and keys plus kValueWireOverhead per value and per key: an upper bound of the
+// result's encoded size, so that it fits a frame (kMaxFrameSize 16 MiB) beside the worker's
+// pending results (up to kFlushBytes 4 MiB).
+inline constexpr std::size_t kMaxResultBytes = 8u << 20;
 inline constexpr std::size_t kMaxResultElements = 1u << 20;
+// Encoded bytes of one value or key besides its string bytes, rounded up: a wire::Value table
+// and its offset in the parent vector, a string's length prefix, NUL and padding (at most 28).
+inline constexpr std::size_t kValueWireOverhead = 32;
 
 bool is_valid_utf8(const char* s, std::size_t n);
 
@@ -49,9 +55,16 @@ class ResultConverter {
 
   bool value(int idx, int depth, Ref* out) {
     switch (lua_type(L_, idx)) {
-      case LUA_TNIL: *out = b_.nil(); return true;
-      case LUA_TBOOLEAN: *out = b_.boolean(lua_toboolean(L_, idx) != 0); return true;
+      case LUA_TNIL:
+        if (!charge(0)) return false;
+        *out = b_.nil();
+        return true;
+      case LUA_TBOOLEAN:
+        if (!charge(0)) return false;
+        *out = b_.boolean(lua_toboolean(L_, idx) != 0);
+        return true;
       case LUA_TNUMBER:
+        if (!charge(0)) return false;
         if (lua_isinteger(L_, idx)) *out = b_.integer(static_cast<int64_t>(lua_tointeger(L_, idx)));
         else *out = b_.number(static_cast<double>(lua_tonumber(L_, idx)));
         return true;
@@ -70,10 +83,10 @@ class ResultConverter {
   }
 
   bool charge(std::size_t bytes) {
-    bytes_ += bytes;
+    bytes_ += bytes + kValueWireOverhead;
     if (++elements_ > kMaxResultElements || bytes_ > kMaxResultBytes)
       return fail("result is too large (more than " + std::to_string(kMaxResultElements) + " values or " +
-                  std::to_string(kMaxResultBytes) + " bytes)");
+                  std::to_string(kMaxResultBytes) + " bytes encoded)");
     return true;
   }
 

@@ -63,6 +63,42 @@ void count_hook(lua_State* L, lua_Debug*) {
 
 int noop(lua_State*) { return 0; }
 
+// xpcall's message handler runs while the error is being raised. When that error is the
+// timeout, it is raised inside count_hook, where Lua has hooks switched off: a handler that
+// loops would never be interrupted. Every handler is therefore called through this guard, which
+// skips it once the deadline has passed and passes the error object through unchanged.
+int guarded_handler(lua_State* L) {
+  auto* ctx = *static_cast<RunContext**>(lua_getextraspace(L));
+  if (ctx->timed_out) return 1;
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, lua_gettop(L) - 1, 1);
+  return 1;
+}
+
+int finish_xpcall(lua_State* L, int status, lua_KContext extra) {
+  if (status != LUA_OK && status != LUA_YIELD) {
+    lua_pushboolean(L, 0);
+    lua_pushvalue(L, -2);
+    return 2;
+  }
+  return lua_gettop(L) - static_cast<int>(extra);
+}
+
+// luaB_xpcall with the handler wrapped in guarded_handler (and yieldable like the original).
+int safe_xpcall(lua_State* L) {
+  const int n = lua_gettop(L);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  lua_pushvalue(L, 2);
+  lua_pushcclosure(L, guarded_handler, 1);
+  lua_replace(L, 2);
+  lua_pushboolean(L, 1);  // first result
+  lua_pushvalue(L, 1);    // function
+  lua_rotate(L, 3, 2);    // both below the function's arguments
+  const int status = lua_pcallk(L, n - 2, LUA_MULTRET, 2, 2, finish_xpcall);
+  return finish_xpcall(L, status, 2);
+}
+
 // load(chunk [, name [, mode [, env]]]) with mode forced to "t": binary chunks can crash the VM.
 int safe_load(lua_State* L) {
   const int n = lua_gettop(L);
@@ -179,6 +215,8 @@ int setup_sandbox(lua_State* L) {
   lua_setglobal(L, "print");
   lua_pushcfunction(L, safe_collectgarbage);
   lua_setglobal(L, "collectgarbage");
+  lua_pushcfunction(L, safe_xpcall);
+  lua_setglobal(L, "xpcall");
   wrap_global(L, "load", safe_load);
   wrap_global(L, "setmetatable", safe_setmetatable);
   wrap_global(L, "rawset", safe_rawset);

@@ -3,17 +3,22 @@
 // outrun::sandbox::ScriptState directly for fault injection. BRIEF §4 has the rules.
 //
 // Every assertion is about behaviour (status and message), never about wall-clock time. Timeout
-// tests use a 50 ms soft timeout; a test that hangs here means the soft timeout was swallowed.
+// tests use a 50 ms soft timeout; should a runaway swallow it, a watchdog names the script and
+// aborts the binary instead of letting it hang.
+#include "sandbox.h"
+
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstdint>
 #include <cstring>
 #include <limits>
+#include <lua.hpp>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,11 +28,8 @@
 #include <utility>
 #include <vector>
 
-#include <lua.hpp>
-
 #include "lua_values.h"
 #include "outrun/in_process.h"
-#include "sandbox.h"
 
 using namespace std::chrono_literals;
 using outrun::Array;
@@ -47,7 +49,8 @@ namespace {
 constexpr std::size_t kMiB = 1u << 20;
 
 // Tests that are not about the timeout get a long one, so a loaded machine cannot fail them.
-InProcessOptions options(std::size_t memory_limit = 16 * kMiB, std::chrono::milliseconds timeout = 10'000ms) {
+InProcessOptions options(std::size_t memory_limit = 16 * kMiB,
+                         std::chrono::milliseconds timeout = 10'000ms) {
   InProcessOptions o;
   o.timeout = timeout;
   o.memory_limit = memory_limit;
@@ -70,29 +73,29 @@ bool contains(const std::string& haystack, std::string_view needle) {
 }
 
 // Each macro evaluates its Result expression once.
-#define CHECK_STATUS(r, st)                                           \
-  do {                                                                \
-    const Result& r_ = (r);                                           \
-    CHECK_MESSAGE(r_.status == (st), describe(r_));                   \
+#define CHECK_STATUS(r, st)                         \
+  do {                                              \
+    const Result& r_ = (r);                         \
+    CHECK_MESSAGE(r_.status == (st), describe(r_)); \
   } while (0)
-#define REQUIRE_STATUS(r, st)                                         \
-  do {                                                                \
-    const Result& r_ = (r);                                           \
-    REQUIRE_MESSAGE(r_.status == (st), describe(r_));                 \
+#define REQUIRE_STATUS(r, st)                         \
+  do {                                                \
+    const Result& r_ = (r);                           \
+    REQUIRE_MESSAGE(r_.status == (st), describe(r_)); \
   } while (0)
 #define CHECK_OK(r) CHECK_STATUS(r, Status::ok)
 #define REQUIRE_OK(r) REQUIRE_STATUS(r, Status::ok)
-#define CHECK_VALUE(r, ...)                                            \
-  do {                                                                \
-    const Result& r_ = (r);                                           \
-    CHECK_MESSAGE(r_.status == Status::ok, describe(r_));             \
-    CHECK_MESSAGE(r_.value == Value(__VA_ARGS__), describe(r_));         \
+#define CHECK_VALUE(r, ...)                                      \
+  do {                                                           \
+    const Result& r_ = (r);                                      \
+    CHECK_MESSAGE(r_.status == Status::ok, describe(r_));        \
+    CHECK_MESSAGE(r_.value == Value(__VA_ARGS__), describe(r_)); \
   } while (0)
-#define CHECK_ERROR(r, st, sub)                                       \
-  do {                                                                \
-    const Result& r_ = (r);                                           \
-    CHECK_MESSAGE(r_.status == (st), describe(r_));                   \
-    CHECK_MESSAGE(contains(r_.error, sub), describe(r_));             \
+#define CHECK_ERROR(r, st, sub)                           \
+  do {                                                    \
+    const Result& r_ = (r);                               \
+    CHECK_MESSAGE(r_.status == (st), describe(r_));       \
+    CHECK_MESSAGE(contains(r_.error, sub), describe(r_)); \
   } while (0)
 
 // A runner plus helpers: every eval() registers its source under a key (unique unless given).
@@ -172,7 +175,9 @@ std::string binary_chunk() {
 
 namespace sb = outrun::sandbox;
 
-bool no_inputs(lua_State*, const void*) { return true; }
+bool no_inputs(lua_State*, const void*) {
+  return true;
+}
 
 struct TestBuilder {
   using Ref = Value;
@@ -180,7 +185,9 @@ struct TestBuilder {
   Ref boolean(bool b) { return Value(b); }
   Ref integer(int64_t i) { return Value(i); }
   Ref number(double d) { return Value(d); }
-  Ref string(std::string_view s, bool utf8) { return utf8 ? Value(std::string(s)) : Value(Bytes{std::string(s)}); }
+  Ref string(std::string_view s, bool utf8) {
+    return utf8 ? Value(std::string(s)) : Value(Bytes{std::string(s)});
+  }
   Ref array(std::vector<Ref>& items) { return Value(Array(items.begin(), items.end())); }
   Ref map(std::vector<std::pair<std::string_view, Ref>>& entries) {
     Map m;
@@ -189,7 +196,8 @@ struct TestBuilder {
   }
 };
 
-std::unique_ptr<sb::ScriptState> compiled_state(std::string_view source, std::size_t limit = 16 * kMiB) {
+std::unique_ptr<sb::ScriptState> compiled_state(std::string_view source,
+                                                std::size_t limit = 16 * kMiB) {
   std::string err;
   auto s = sb::ScriptState::create(limit, &err);
   REQUIRE_MESSAGE(s != nullptr, err);
@@ -340,14 +348,16 @@ TEST_CASE("sandbox values: string results are String when UTF-8 and Bytes otherw
   CHECK_VALUE(r.eval("return utf8.char(233, 8364, 0x1F600, 0x10FFFF)"),
               "\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80\xF4\x8F\xBF\xBF");
   CHECK_VALUE(r.eval(R"(return "\xff")"), Bytes{"\xFF"});
-  CHECK_VALUE(r.eval(R"(return "\xed\xa0\x80")"), Bytes{"\xED\xA0\x80"});   // a surrogate
-  CHECK_VALUE(r.eval(R"(return "\xc0\x80")"), Bytes{"\xC0\x80"});           // overlong NUL
-  CHECK_VALUE(r.eval(R"(return "\xe2\x82")"), Bytes{"\xE2\x82"});           // truncated
+  CHECK_VALUE(r.eval(R"(return "\xed\xa0\x80")"), Bytes{"\xED\xA0\x80"});        // a surrogate
+  CHECK_VALUE(r.eval(R"(return "\xc0\x80")"), Bytes{"\xC0\x80"});                // overlong NUL
+  CHECK_VALUE(r.eval(R"(return "\xe2\x82")"), Bytes{"\xE2\x82"});                // truncated
   CHECK_VALUE(r.eval("return utf8.char(0x110000)"), Bytes{"\xF4\x90\x80\x80"});  // past U+10FFFF
   CHECK_VALUE(r.eval(R"(return string.char(0, 255, 1))"), Bytes{std::string("\0\xFF\x01", 3)});
 }
 
-TEST_CASE("sandbox values: Bytes and String inputs are both Lua strings; the result kind follows the content") {
+TEST_CASE(
+    "sandbox values: Bytes and String inputs are both Lua strings; the result kind follows the "
+    "content") {
   // Documented behaviour: the Bytes/String distinction is not kept through a script, since Lua
   // has one string type. Valid UTF-8 bytes come back as String, invalid UTF-8 "strings" as Bytes.
   Runner r;
@@ -361,9 +371,13 @@ TEST_CASE("sandbox values: arrays and maps round-trip, nested") {
   Runner r;
   const Script echo = r.add("return inputs.v");
   const Value v(Array{
-      Value(1), Value("two"), Value(3.5), Value(true),
+      Value(1),
+      Value("two"),
+      Value(3.5),
+      Value(true),
       Value(Array{Value(Array{Value(1)}), Value(Map{{"k", Value("v")}})}),
-      Value(Map{{"a", Value(Array{Value(1), Value(2)})}, {"b", Value(Map{{"c", Value(Bytes{"\xFF"})}})}}),
+      Value(Map{{"a", Value(Array{Value(1), Value(2)})},
+                {"b", Value(Map{{"c", Value(Bytes{"\xFF"})}})}}),
   });
   CHECK_VALUE(r.run(echo, {{"v", v}}), v);
   // And results built by the script.
@@ -375,11 +389,14 @@ TEST_CASE("sandbox values: arrays and maps round-trip, nested") {
 
 TEST_CASE("sandbox values: returned map keys come back sorted") {
   Runner r;
-  const Result res = r.eval("return {zeta = 1, alpha = 2, mid = 3, [''] = 4, Zed = 5, ['\\xff'] = 6, a = 7}");
+  const Result res =
+      r.eval("return {zeta = 1, alpha = 2, mid = 3, [''] = 4, Zed = 5, ['\\xff'] = 6, a = 7}");
   REQUIRE_OK(res);
-  CHECK(keys_of(res.value) == std::vector<std::string>{"", "Zed", "a", "alpha", "mid", "zeta", "\xFF"});
+  CHECK(keys_of(res.value) ==
+        std::vector<std::string>{"", "Zed", "a", "alpha", "mid", "zeta", "\xFF"});
   // An input map in any order comes back sorted too.
-  const Result echo = r.eval("return inputs.m", {{"m", Value(Map{{"z", Value(1)}, {"a", Value(2)}, {"m", Value(3)}})}});
+  const Result echo = r.eval(
+      "return inputs.m", {{"m", Value(Map{{"z", Value(1)}, {"a", Value(2)}, {"m", Value(3)}})}});
   REQUIRE_OK(echo);
   CHECK(echo.value == Value(Map{{"a", Value(2)}, {"m", Value(3)}, {"z", Value(1)}}));
 }
@@ -392,9 +409,11 @@ TEST_CASE("sandbox values: what Lua tables cannot carry (empty arrays, nil holes
   CHECK_VALUE(r.eval("return {}"), Map{});
   CHECK_VALUE(r.run(echo, {{"v", Value(Array{})}}), Map{});
   CHECK_VALUE(r.run(echo, {{"v", Value(Array{Value(1), Value()})}}), Array{Value(1)});
-  CHECK_ERROR(r.run(echo, {{"v", Value(Array{Value(1), Value(), Value(3)})}}), Status::runtime_error, "mixed");
+  CHECK_ERROR(r.run(echo, {{"v", Value(Array{Value(1), Value(), Value(3)})}}),
+              Status::runtime_error, "mixed");
   // A nil map value is simply absent.
-  CHECK_VALUE(r.run(echo, {{"v", Value(Map{{"a", Value()}, {"b", Value(1)}})}}), Map{{"b", Value(1)}});
+  CHECK_VALUE(r.run(echo, {{"v", Value(Map{{"a", Value()}, {"b", Value(1)}})}}),
+              Map{{"b", Value(1)}});
 }
 
 TEST_CASE("sandbox values: results nest up to the depth limit, deeper is a runtime_error") {
@@ -407,7 +426,8 @@ TEST_CASE("sandbox values: results nest up to the depth limit, deeper is a runti
     const Result ok = r.run(s, {{"n", Value(outrun::kMaxValueDepth)}});
     REQUIRE_OK(ok);
     CHECK(depth_of(ok.value) == outrun::kMaxValueDepth);
-    CHECK_ERROR(r.run(s, {{"n", Value(outrun::kMaxValueDepth + 1)}}), Status::runtime_error, "nested deeper than 32");
+    CHECK_ERROR(r.run(s, {{"n", Value(outrun::kMaxValueDepth + 1)}}), Status::runtime_error,
+                "nested deeper than 32");
     CHECK_ERROR(r.run(s, {{"n", Value(1000)}}), Status::runtime_error, "nested deeper than 32");
   }
 }
@@ -437,7 +457,8 @@ TEST_CASE("sandbox values: the inputs table") {
               2);  // a nil input is absent
   CHECK_VALUE(r.eval("return (inputs.a + inputs.b) / 2", {{"a", Value(1)}, {"b", Value(2)}}), 1.5);
   Inputs many;
-  for (std::size_t i = 0; i <= outrun::kMaxInputs; ++i) many.push_back({"i" + std::to_string(i), Value(1)});
+  for (std::size_t i = 0; i <= outrun::kMaxInputs; ++i)
+    many.push_back({"i" + std::to_string(i), Value(1)});
   CHECK_STATUS(r.eval("return 1", many), Status::invalid_argument);
   many.pop_back();
   CHECK_VALUE(r.eval("local n = 0 for _ in pairs(inputs) do n = n + 1 end return n", many),
@@ -475,11 +496,12 @@ TEST_CASE("sandbox errors: runtime errors carry the line") {
   CHECK_ERROR(r.eval("local x = 1\nlocal t = nil\nreturn t.x\n", {}, "rt"), Status::runtime_error,
               "rt:3: attempt to index a nil value");
   CHECK_ERROR(r.eval("\n\n\nerror('boom')", {}, "rt2"), Status::runtime_error, "rt2:4: boom");
-  CHECK_ERROR(r.eval("local function f()\n  return 1 + {}\nend\nreturn f()", {}, "rt3"), Status::runtime_error,
-              "rt3:2: attempt to perform arithmetic");
+  CHECK_ERROR(r.eval("local function f()\n  return 1 + {}\nend\nreturn f()", {}, "rt3"),
+              Status::runtime_error, "rt3:2: attempt to perform arithmetic");
   // error(msg, 2) blames the caller's line.
-  CHECK_ERROR(r.eval("local function check(v)\n  error('bad value', 2)\nend\n\ncheck(1)", {}, "rt4"),
-              Status::runtime_error, "rt4:5: bad value");
+  CHECK_ERROR(
+      r.eval("local function check(v)\n  error('bad value', 2)\nend\n\ncheck(1)", {}, "rt4"),
+      Status::runtime_error, "rt4:5: bad value");
   // Errors raised in a coroutine keep the line of the coroutine's code.
   CHECK_ERROR(r.eval("local f = coroutine.wrap(function()\n  error('in co')\nend)\nf()", {}, "rt5"),
               Status::runtime_error, "rt5:2: in co");
@@ -533,7 +555,8 @@ class Watchdog {
       : what_(std::move(what)), thread_([this, grace] {
           std::unique_lock lock(mu_);
           if (!cv_.wait_for(lock, grace, [this] { return done_; })) {
-            std::fprintf(stderr, "\nWATCHDOG: not stopped by the soft timeout: %s\n", what_.c_str());
+            std::fprintf(stderr, "\nWATCHDOG: not stopped by the soft timeout: %s\n",
+                         what_.c_str());
             std::abort();
           }
         }) {}
@@ -566,7 +589,8 @@ void check_runaway(const char* body) {
   const Result res = r.run(s, {{"loop", Value(true)}});
   CHECK_ERROR(res, Status::timeout, "timeout of 50 ms");
   CHECK_VALUE(r.run(s, {{"loop", Value(false)}}), "fine");
-  // (Fewer instructions than the hook interval: this one cannot time out, however loaded the machine.)
+  // (Fewer instructions than the hook interval: this one cannot time out, however loaded the
+  // machine.)
   CHECK_VALUE(r.eval("local n = 0 for i = 1, 100 do n = n + i end return n"), 5050);
   // And it times out again, the same way.
   CHECK_STATUS(r.run(s, {{"loop", Value(true)}}), Status::timeout);
@@ -592,21 +616,29 @@ TEST_CASE("sandbox timeout: pcall cannot swallow it") {
 
 TEST_CASE("sandbox timeout: xpcall and its message handler cannot swallow it") {
   check_runaway("xpcall(function() while true do end end, function(e) return e end)");
-  check_runaway("while true do xpcall(function() while true do end end, function(e) return e end) end");
+  check_runaway(
+      "while true do xpcall(function() while true do end end, function(e) return e end) end");
   // The message handler itself loops: once when the body times out, once when the body raised an
   // ordinary error before the deadline (the timeout then arrives inside the handler).
   check_runaway("xpcall(function() while true do end end, function(e) while true do end end)");
-  check_runaway("while true do xpcall(function() while true do end end, function(e) while true do end end) end");
+  check_runaway(
+      "while true do xpcall(function() while true do end end, function(e) while true do end end) "
+      "end");
   check_runaway("xpcall(function() error('x') end, function(e) while true do end end)");
   check_runaway("while true do xpcall(error, function(e) while true do end end) end");
   // A handler that calls back into a protected call.
-  check_runaway("xpcall(function() while true do end end, function(e) pcall(function() while true do end end) while true do end end)");
-  check_runaway("xpcall(error, function(e) return select(2, xpcall(error, function() while true do end end)) end)");
+  check_runaway(
+      "xpcall(function() while true do end end, function(e) pcall(function() while true do end "
+      "end) while true do end end)");
+  check_runaway(
+      "xpcall(error, function(e) return select(2, xpcall(error, function() while true do end end)) "
+      "end)");
 }
 
 TEST_CASE("sandbox timeout: coroutines cannot swallow it") {
   check_runaway("coroutine.resume(coroutine.create(function() while true do end end))");
-  check_runaway("while true do coroutine.resume(coroutine.create(function() while true do end end)) end");
+  check_runaway(
+      "while true do coroutine.resume(coroutine.create(function() while true do end end)) end");
   check_runaway("while true do pcall(coroutine.wrap(function() while true do end end)) end");
   check_runaway(R"(
     local co = coroutine.wrap(function() while true do coroutine.yield() end end)
@@ -651,16 +683,18 @@ TEST_CASE("sandbox timeout: __close handlers cannot swallow it") {
 TEST_CASE("sandbox timeout: Lua callbacks from library functions cannot swallow it") {
   check_runaway("table.sort({3, 2, 1, 5, 4}, function(a, b) while true do end end)");
   check_runaway("string.gsub('aaa', 'a', function() while true do end end)");
-  check_runaway("load(function() while true do end end)");                       // chunk reader
+  check_runaway("load(function() while true do end end)");  // chunk reader
   check_runaway("while true do load(function() while true do end end) end");
   check_runaway("tostring(setmetatable({}, {__tostring = function() while true do end end}))");
-  check_runaway("local t = setmetatable({}, {__index = function(t, k) while true do end end}) return t[1]");
+  check_runaway(
+      "local t = setmetatable({}, {__index = function(t, k) while true do end end}) return t[1]");
 }
 
 TEST_CASE("sandbox timeout: globals written before the timeout stay (documented)") {
   // A timed-out evaluation is not rolled back: the script's globals keep what it wrote.
   Runner r(options(16 * kMiB, 50ms));
-  const Script s = r.add("runs = (runs or 0) + 1\nif inputs.loop then while true do end end\nreturn runs");
+  const Script s =
+      r.add("runs = (runs or 0) + 1\nif inputs.loop then while true do end end\nreturn runs");
   CHECK_STATUS(r.run(s, {{"loop", Value(true)}}), Status::timeout);
   CHECK_VALUE(r.run(s), 2);
 }
@@ -679,9 +713,12 @@ void check_bomb(const char* body, Status expected = Status::memory_limit) {
   const Script s = r.add(source, "bomb");
   const Result res = r.run(s, {{"bomb", Value(true)}});
   CHECK_STATUS(res, expected);
-  if (expected == Status::memory_limit) CHECK(res.error == "script exceeded its memory limit of 2097152 bytes");
+  if (expected == Status::memory_limit)
+    CHECK(res.error == "script exceeded its memory limit of 2097152 bytes");
   CHECK_VALUE(r.run(s), "fine");
-  CHECK_VALUE(r.eval("local t = {} for i = 1, 1000 do t[i] = tostring(i) end return #table.concat(t)"), 2893);
+  CHECK_VALUE(
+      r.eval("local t = {} for i = 1, 1000 do t[i] = tostring(i) end return #table.concat(t)"),
+      2893);
   CHECK_STATUS(r.run(s, {{"bomb", Value(true)}}), expected);
   CHECK_VALUE(r.run(s), "fine");
 }
@@ -698,7 +735,8 @@ TEST_CASE("sandbox memory: table growth, string growth and string.rep end with m
   check_bomb("local s = string.rep('x', 1 << 29, ',')");
   check_bomb("local t = {} for i = 1, 1e6 do t[i] = 'abcdefgh' end local s = table.concat(t)");
   check_bomb("local s = string.format('%s%s', string.rep('x', 1500000), string.rep('y', 1500000))");
-  check_bomb("local f = coroutine.wrap(function() local t = {} while true do t[#t + 1] = {} end end) f()");
+  check_bomb(
+      "local f = coroutine.wrap(function() local t = {} while true do t[#t + 1] = {} end end) f()");
   check_bomb("local function f() return 1 + f() end f()");  // deep recursion: the Lua stack grows
 }
 
@@ -829,14 +867,16 @@ TEST_CASE("sandbox memory: fail_at at every allocation of a run ends cleanly") {
     CHECK_MESSAGE(o2.status == sb::Status::Ok, o2.error);
     CHECK(again == expected);
   }
-  MESSAGE("fail_at over " << m << " allocation points (" << reached << " reached): ok=" << seen[sb::Status::Ok]
+  MESSAGE("fail_at over " << m << " allocation points (" << reached
+                          << " reached): ok=" << seen[sb::Status::Ok]
                           << " memory_limit=" << seen[sb::Status::MemoryLimit]
                           << " runtime_error=" << seen[sb::Status::RuntimeError]);
   // The sweep covered the whole run: most fault points fell inside it.
   CHECK(reached >= static_cast<int>(per_run * 9 / 10));
 }
 
-TEST_CASE("sandbox memory: failing an allocation and its retry at every point of a run ends cleanly") {
+TEST_CASE(
+    "sandbox memory: failing an allocation and its retry at every point of a run ends cleanly") {
   auto s = compiled_state(kRepresentativeScript);
   Value expected;
   REQUIRE(run_direct(*s, &expected).status == sb::Status::Ok);
@@ -865,7 +905,8 @@ TEST_CASE("sandbox memory: failing an allocation and its retry at every point of
     CHECK(again == expected);
   }
   f.uninstall(s->L());
-  MESSAGE("burst failures over " << per_run + 20 << " allocation points: ok=" << seen[sb::Status::Ok]
+  MESSAGE("burst failures over " << per_run + 20
+                                 << " allocation points: ok=" << seen[sb::Status::Ok]
                                  << " memory_limit=" << seen[sb::Status::MemoryLimit]
                                  << " runtime_error=" << seen[sb::Status::RuntimeError]);
   CHECK(seen[sb::Status::MemoryLimit] > static_cast<int>(per_run / 2));
@@ -967,7 +1008,8 @@ TEST_CASE("sandbox memory: every memory limit between idle and peak ends cleanly
 // 5. The sandbox's globals
 // =============================================================================================
 
-TEST_CASE("sandbox globals: no io, os.execute, os.getenv, package, require, debug, dofile, loadfile") {
+TEST_CASE(
+    "sandbox globals: no io, os.execute, os.getenv, package, require, debug, dofile, loadfile") {
   Runner r;
   const Result res = r.eval(R"(
     return {
@@ -1032,7 +1074,8 @@ TEST_CASE("sandbox globals: load accepts text and refuses binary chunks in every
   CHECK_VALUE(r.eval("return load('return 1')()"), 1);
   CHECK_VALUE(r.eval("return load('return ...', 'n')(5)"), 5);
   CHECK_VALUE(r.eval("return load('return x', 'n', 't', {x = 7})()"), 7);
-  CHECK_VALUE(r.eval("return load('return 1', 'n', 'b')()"), 1);  // "b" is overridden: text still loads
+  CHECK_VALUE(r.eval("return load('return 1', 'n', 'b')()"),
+              1);  // "b" is overridden: text still loads
   // An explicit nil environment is kept (differs from none): _ENV is nil inside.
   CHECK_ERROR(r.eval("return load('return x', 'n', 't', nil)()"), Status::runtime_error, "_ENV");
   // A reader function works.
@@ -1040,7 +1083,8 @@ TEST_CASE("sandbox globals: load accepts text and refuses binary chunks in every
                      "return load(function() i = i + 1 return parts[i] end)()"),
               42);
   // A compile error inside load is returned, not raised; the chunk name is the script's choice.
-  CHECK_VALUE(r.eval("local f, e = load('x = = 1', '=inner') return e"), "inner:1: unexpected symbol near '='");
+  CHECK_VALUE(r.eval("local f, e = load('x = = 1', '=inner') return e"),
+              "inner:1: unexpected symbol near '='");
 
   // A real binary chunk (from an unsandboxed Lua), handed in as an input.
   const std::string chunk = binary_chunk();
@@ -1103,13 +1147,26 @@ TEST_CASE("sandbox globals: xpcall behaves like Lua's (its handler is guarded fo
 TEST_CASE("sandbox globals: library tables are read-only") {
   Runner r;
   for (const char* attempt : {
-           "string.x = 1", "string.rep = nil", "table.insert = nil", "math.pi = 3", "coroutine.wrap = print",
-           "utf8.char = nil", "os.time = nil", "os.execute = print", "rawset(string, 'x', 1)",
-           "rawset(math, 'pi', 3)", "rawset(table, 'insert', print)", "rawset(os, 'getenv', print)",
-           "string['dump'] = function() end", "local s = string; s.len = nil",
+           "string.x = 1",
+           "string.rep = nil",
+           "table.insert = nil",
+           "math.pi = 3",
+           "coroutine.wrap = print",
+           "utf8.char = nil",
+           "os.time = nil",
+           "os.execute = print",
+           "rawset(string, 'x', 1)",
+           "rawset(math, 'pi', 3)",
+           "rawset(table, 'insert', print)",
+           "rawset(os, 'getenv', print)",
+           "string['dump'] = function() end",
+           "local s = string; s.len = nil",
            // Library functions that write into tables go through __newindex as well.
-           "table.insert(string, 'x')", "table.move({1, 2}, 1, 2, 1, math)", "table.insert(table, 1)",
-           "load('x = 1', 'n', 't', string)()", "load('rep = nil', 'n', 't', string)()",
+           "table.insert(string, 'x')",
+           "table.move({1, 2}, 1, 2, 1, math)",
+           "table.insert(table, 1)",
+           "load('x = 1', 'n', 't', string)()",
+           "load('rep = nil', 'n', 't', string)()",
        }) {
     const std::string tampering(attempt);
     CAPTURE(tampering);
@@ -1121,7 +1178,9 @@ TEST_CASE("sandbox globals: library tables are read-only") {
   CHECK_ERROR(r.eval("setmetatable(string, {})"), Status::runtime_error, "protected metatable");
   CHECK_ERROR(r.eval("setmetatable(table, nil)"), Status::runtime_error, "protected metatable");
   // The libraries still work after the attempts; reading goes through.
-  CHECK_VALUE(r.eval("pcall(function() math.pi = 3 end) return math.pi > 3.14 and string.rep('a', 2)"), "aa");
+  CHECK_VALUE(
+      r.eval("pcall(function() math.pi = 3 end) return math.pi > 3.14 and string.rep('a', 2)"),
+      "aa");
   // A script may replace the global name with its own table (its own globals, see isolation).
   CHECK_VALUE(r.eval("string = {x = 1} return string.x"), 1);
 }
@@ -1142,9 +1201,12 @@ TEST_CASE("sandbox globals: the string metatable is hidden and fixed") {
   Runner r;
   CHECK_VALUE(r.eval("return getmetatable('')"), false);
   CHECK_VALUE(r.eval("return getmetatable('abc') == getmetatable(string)"), true);  // both false
-  CHECK_ERROR(r.eval("getmetatable('').__index = {}"), Status::runtime_error, "attempt to index a boolean value");
-  CHECK_ERROR(r.eval("getmetatable('').__index.rep = nil"), Status::runtime_error, "attempt to index a boolean value");
-  // ("").x reads the real string library (the __index of the string metatable) and cannot change it.
+  CHECK_ERROR(r.eval("getmetatable('').__index = {}"), Status::runtime_error,
+              "attempt to index a boolean value");
+  CHECK_ERROR(r.eval("getmetatable('').__index.rep = nil"), Status::runtime_error,
+              "attempt to index a boolean value");
+  // ("").x reads the real string library (the __index of the string metatable) and cannot change
+  // it.
   CHECK_VALUE(r.eval("return ('x'):rep(3)"), "xxx");
   CHECK_VALUE(r.eval("return ('').__index"), Nil{});
   CHECK_VALUE(r.eval("return (''):len() + ('abc').len('ab')"), 2);
@@ -1156,10 +1218,12 @@ TEST_CASE("sandbox globals: setmetatable refuses __gc, also a placeholder") {
   CHECK_ERROR(r.eval("setmetatable({}, {__gc = function() end})"), Status::runtime_error, "__gc");
   CHECK_ERROR(r.eval("setmetatable({}, {__gc = false})"), Status::runtime_error, "__gc");
   CHECK_ERROR(r.eval("setmetatable({}, {__gc = 0})"), Status::runtime_error, "__gc");
-  CHECK_ERROR(r.eval("\nlocal mt = {}\nrawset(mt, '__gc', print)\nsetmetatable({}, mt)", {}, "gc"), Status::runtime_error,
-              "gc:4: setmetatable: __gc metamethods are not allowed");
+  CHECK_ERROR(r.eval("\nlocal mt = {}\nrawset(mt, '__gc', print)\nsetmetatable({}, mt)", {}, "gc"),
+              Status::runtime_error, "gc:4: setmetatable: __gc metamethods are not allowed");
   CHECK_VALUE(r.eval("return getmetatable(setmetatable({}, {__gc = nil, x = 1})).x"), 1);
-  CHECK_VALUE(r.eval("local t = setmetatable({}, {__index = function() return 5 end}) return t.anything"), 5);
+  CHECK_VALUE(
+      r.eval("local t = setmetatable({}, {__index = function() return 5 end}) return t.anything"),
+      5);
   CHECK_VALUE(r.eval("return select('#', setmetatable({}, nil))"), 1);
 
   // A __gc added to the metatable after setmetatable never runs: Lua marks objects for
@@ -1180,11 +1244,12 @@ TEST_CASE("sandbox globals: setmetatable refuses __gc, also a placeholder") {
 
 TEST_CASE("sandbox globals: collectgarbage only counts") {
   Runner r;
-  for (const char* opt : {"", "'collect'", "'stop'", "'restart'", "'step'", "'isrunning'", "'incremental'",
-                          "'generational'", "'setpause'", "nil"}) {
+  for (const char* opt : {"", "'collect'", "'stop'", "'restart'", "'step'", "'isrunning'",
+                          "'incremental'", "'generational'", "'setpause'", "nil"}) {
     const std::string option(opt);
     CAPTURE(option);
-    CHECK_ERROR(r.eval(std::string("collectgarbage(") + opt + ")"), Status::runtime_error, "only \"count\"");
+    CHECK_ERROR(r.eval(std::string("collectgarbage(") + opt + ")"), Status::runtime_error,
+                "only \"count\"");
   }
   const Result kb = r.eval("return collectgarbage('count')");
   REQUIRE_OK(kb);
@@ -1198,7 +1263,8 @@ TEST_CASE("sandbox globals: print exists and does nothing") {
   CHECK_VALUE(r.eval("return type(print)"), "function");
   CHECK_VALUE(r.eval("return select('#', print('hello', 1, {}, nil))"), 0);
   // print does not call __tostring (it prints nothing at all).
-  CHECK_VALUE(r.eval("local ran = false print(setmetatable({}, {__tostring = function() ran = true return '' end})) return ran"),
+  CHECK_VALUE(r.eval("local ran = false print(setmetatable({}, {__tostring = function() ran = true "
+                     "return '' end})) return ran"),
               false);
 }
 
@@ -1217,7 +1283,8 @@ TEST_CASE("sandbox isolation: one script's tampering is invisible to another") {
     setmetatable(_G, {__index = function() return "hijacked" end, __newindex = function() end})
     inputs = "replaced"
     return "tampered"
-  )", {}, "A");
+  )",
+                          {}, "A");
   CHECK_VALUE(a, "tampered");
   const Result b = r.eval(R"(
     return {
@@ -1225,7 +1292,8 @@ TEST_CASE("sandbox isolation: one script's tampering is invisible to another") {
       upper2 = string.upper("b"), g_mt = getmetatable(_G) == nil, unknown = undefined_name == nil,
       inputs = type(inputs),
     }
-  )", {}, "B");
+  )",
+                          {}, "B");
   REQUIRE_OK(b);
   CHECK(b.value == Value(Map{{"g_mt", Value(true)},
                              {"inputs", Value("table")},
@@ -1250,7 +1318,8 @@ TEST_CASE("sandbox isolation: a script keeps its own globals across evaluations 
     seen.inputs = seen.inputs or inputs
     return {n = n, same_inputs = not first and seen.inputs == inputs, a = inputs.a}
   )");
-  CHECK_VALUE(r.run(counter, {{"a", Value(1)}}), Map({{"a", Value(1)}, {"n", Value(1)}, {"same_inputs", Value(false)}}));
+  CHECK_VALUE(r.run(counter, {{"a", Value(1)}}),
+              Map({{"a", Value(1)}, {"n", Value(1)}, {"same_inputs", Value(false)}}));
   CHECK_VALUE(r.run(counter), Map({{"n", Value(2)}, {"same_inputs", Value(false)}}));  // a is gone
   CHECK_ERROR(r.run(counter, {{"fail", Value(true)}}), Status::runtime_error, "failing run 3");
   CHECK_VALUE(r.run(counter), Map({{"n", Value(4)}, {"same_inputs", Value(false)}}));
@@ -1282,12 +1351,17 @@ TEST_CASE("sandbox isolation: states belong to registrations, not to source text
 
 TEST_CASE("sandbox results: functions, coroutines and other non-values are runtime errors") {
   Runner r;
-  CHECK_ERROR(r.eval("return function() end"), Status::runtime_error, "cannot return a function value");
+  CHECK_ERROR(r.eval("return function() end"), Status::runtime_error,
+              "cannot return a function value");
   CHECK_ERROR(r.eval("return print"), Status::runtime_error, "cannot return a function value");
-  CHECK_ERROR(r.eval("return coroutine.create(print)"), Status::runtime_error, "cannot return a thread value");
-  CHECK_ERROR(r.eval("return coroutine.running()"), Status::runtime_error, "cannot return a thread value");
-  CHECK_ERROR(r.eval("return {1, 2, print}"), Status::runtime_error, "cannot return a function value");
-  CHECK_ERROR(r.eval("return {a = {b = coroutine.create(print)}}"), Status::runtime_error, "thread");
+  CHECK_ERROR(r.eval("return coroutine.create(print)"), Status::runtime_error,
+              "cannot return a thread value");
+  CHECK_ERROR(r.eval("return coroutine.running()"), Status::runtime_error,
+              "cannot return a thread value");
+  CHECK_ERROR(r.eval("return {1, 2, print}"), Status::runtime_error,
+              "cannot return a function value");
+  CHECK_ERROR(r.eval("return {a = {b = coroutine.create(print)}}"), Status::runtime_error,
+              "thread");
   const Result res = r.eval("return function() end");
   CHECK(contains(res.error, "results are nil, booleans, numbers, strings and tables"));
 }
@@ -1296,17 +1370,20 @@ TEST_CASE("sandbox results: cyclic tables are runtime errors, shared ones are fi
   Runner r;
   CHECK_ERROR(r.eval("local t = {} t.self = t return t"), Status::runtime_error, "cyclic");
   CHECK_ERROR(r.eval("local t = {} t[1] = t return t"), Status::runtime_error, "cyclic");
-  CHECK_ERROR(r.eval("local a, b = {}, {} a.b = b b.c = {a} return a"), Status::runtime_error, "cyclic");
+  CHECK_ERROR(r.eval("local a, b = {}, {} a.b = b b.c = {a} return a"), Status::runtime_error,
+              "cyclic");
   // The same table twice (not on one path) is not a cycle: it is converted twice.
   CHECK_VALUE(r.eval("local s = {1} return {s, s, {s}}"),
-              Array({Value(Array{Value(1)}), Value(Array{Value(1)}), Value(Array{Value(Array{Value(1)})})}));
+              Array({Value(Array{Value(1)}), Value(Array{Value(1)}),
+                     Value(Array{Value(Array{Value(1)})})}));
 }
 
 TEST_CASE("sandbox results: tables with mixed or unsupported keys are runtime errors") {
   Runner r;
-  for (const char* src : {"return {1, 2, x = 3}", "return {[1.5] = 1}", "return {[0] = 1}", "return {[-1] = 1}",
-                          "return {[true] = 1}", "return {[{}] = 1}", "return {[1] = 1, [3] = 3}",
-                          "return {[print] = 1}", "return {{1, a = 1}}"}) {
+  for (const char* src :
+       {"return {1, 2, x = 3}", "return {[1.5] = 1}", "return {[0] = 1}", "return {[-1] = 1}",
+        "return {[true] = 1}", "return {[{}] = 1}", "return {[1] = 1, [3] = 3}",
+        "return {[print] = 1}", "return {{1, a = 1}}"}) {
     const std::string source(src);
     CAPTURE(source);
     CHECK_ERROR(r.eval(src), Status::runtime_error, "mixed or non-string keys");
@@ -1321,6 +1398,7 @@ TEST_CASE("sandbox results: huge results are runtime errors, without a crash") {
   // value and per key, so that any result fits a frame (see lua_values.h).
   constexpr std::size_t budget = sb::kMaxResultBytes;
   constexpr std::size_t per_value = sb::kValueWireOverhead;
+  REQUIRE(per_value > 0);
   Runner r(options(256 * kMiB));
   const Script array = r.add("local t = {} for i = 1, inputs.n do t[i] = inputs.v end return t");
   // Every value counts, scalars too; the table itself is one of the values.
@@ -1330,28 +1408,33 @@ TEST_CASE("sandbox results: huge results are runtime errors, without a crash") {
     const Result fits = r.run(array, {{"n", Value(most)}, {"v", v}});
     REQUIRE_OK(fits);
     CHECK(fits.value.as<Array>().size() == static_cast<std::size_t>(most));
-    CHECK_ERROR(r.run(array, {{"n", Value(most + 1)}, {"v", v}}), Status::runtime_error, "result is too large");
+    CHECK_ERROR(r.run(array, {{"n", Value(most + 1)}, {"v", v}}), Status::runtime_error,
+                "result is too large");
   }
   // Far more values than the limits.
-  CHECK_ERROR(r.eval("local t = {} for i = 1, (1 << 20) + 1 do t[i] = i end return t"), Status::runtime_error,
-              "too large");
+  CHECK_ERROR(r.eval("local t = {} for i = 1, (1 << 20) + 1 do t[i] = i end return t"),
+              Status::runtime_error, "too large");
   // String bytes: one string just fits, one byte more does not.
   const Script rep = r.add("return string.rep('x', inputs.n)");
   const Result big = r.run(rep, {{"n", Value(static_cast<int64_t>(budget - per_value))}});
   REQUIRE_OK(big);
   CHECK(big.value.as<std::string>().size() == budget - per_value);
-  CHECK_ERROR(r.run(rep, {{"n", Value(static_cast<int64_t>(budget - per_value + 1))}}), Status::runtime_error,
-              "too large");
+  CHECK_ERROR(r.run(rep, {{"n", Value(static_cast<int64_t>(budget - per_value + 1))}}),
+              Status::runtime_error, "too large");
   // One shared string many times counts every time.
-  CHECK_ERROR(r.eval("local s = string.rep('x', 1 << 20) local t = {} for i = 1, 9 do t[i] = s end return t"),
-              Status::runtime_error, "too large");
+  CHECK_ERROR(
+      r.eval(
+          "local s = string.rep('x', 1 << 20) local t = {} for i = 1, 9 do t[i] = s end return t"),
+      Status::runtime_error, "too large");
   // Key bytes count too.
-  CHECK_ERROR(r.eval("local t = {} for i = 1, 9 do t[string.rep('k', 1 << 20) .. i] = 1 end return t"),
+  CHECK_ERROR(
+      r.eval("local t = {} for i = 1, 9 do t[string.rep('k', 1 << 20) .. i] = 1 end return t"),
+      Status::runtime_error, "too large");
+  CHECK_ERROR(r.eval("local t = {} for i = 1, 200000 do t['k' .. i] = true end return t"),
               Status::runtime_error, "too large");
-  CHECK_ERROR(r.eval("local t = {} for i = 1, 200000 do t['k' .. i] = true end return t"), Status::runtime_error,
-              "too large");
   // A small DAG that expands to 2^30 leaves stops at the limit.
-  CHECK_ERROR(r.eval("local t = 'x' for i = 1, 30 do t = {t, t} end return t"), Status::runtime_error, "too large");
+  CHECK_ERROR(r.eval("local t = 'x' for i = 1, 30 do t = {t, t} end return t"),
+              Status::runtime_error, "too large");
   // The runner is fine afterwards.
   CHECK_VALUE(r.eval("local t = {} for i = 1, 1000 do t[i] = true end return #t"), 1000);
 }
@@ -1366,10 +1449,13 @@ TEST_CASE("sandbox results: metamethods of returned tables are not invoked") {
     local inner = setmetatable({1, 2}, mt)
     return setmetatable({a = inner, b = setmetatable({}, mt), c = setmetatable({x = 1}, mt)}, mt)
   )");
-  CHECK_VALUE(r.run(s), Map({{"a", Value(Array{Value(1), Value(2)})}, {"b", Value(Map{})}, {"c", Value(Map{{"x", Value(1)}})}}));
+  CHECK_VALUE(r.run(s), Map({{"a", Value(Array{Value(1), Value(2)})},
+                             {"b", Value(Map{})},
+                             {"c", Value(Map{{"x", Value(1)}})}}));
   CHECK_VALUE(r.run(s, {{"check", Value(true)}}), true);
   // A metatable with __metatable protection does not matter either.
-  CHECK_VALUE(r.eval("return setmetatable({1}, {__metatable = 'locked', __index = function() error('no') end})"),
+  CHECK_VALUE(r.eval("return setmetatable({1}, {__metatable = 'locked', __index = function() "
+                     "error('no') end})"),
               Array{Value(1)});
 }
 
@@ -1416,9 +1502,11 @@ TEST_CASE("sandbox runner: callback, future and batch give the same results") {
   CHECK_VALUE(results[3], 10);
 }
 
-TEST_CASE("sandbox runner: one script's evaluations are serialised, different scripts run side by side") {
+TEST_CASE(
+    "sandbox runner: one script's evaluations are serialised, different scripts run side by side") {
   Runner r;
-  const Script counter = r.add("n = (n or 0) + 1 local x = 0 for i = 1, 200 do x = x + i end return n");
+  const Script counter =
+      r.add("n = (n or 0) + 1 local x = 0 for i = 1, 200 do x = x + i end return n");
   std::vector<Script> own;
   for (int t = 0; t < 4; ++t) own.push_back(r.add("m = (m or 0) + 1 return m"));
   std::vector<std::thread> threads;
@@ -1438,7 +1526,8 @@ TEST_CASE("sandbox runner: one script's evaluations are serialised, different sc
 }
 
 TEST_CASE("sandbox state: only the compiled chunk stays on the stack between runs") {
-  auto s = compiled_state("if inputs then end local t = {} for i = 1, 100 do t[i] = i end return t");
+  auto s =
+      compiled_state("if inputs then end local t = {} for i = 1, 100 do t[i] = i end return t");
   for (int i = 0; i < 3; ++i) {
     Value v;
     REQUIRE(run_direct(*s, &v).status == sb::Status::Ok);
