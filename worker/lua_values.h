@@ -24,7 +24,8 @@ inline constexpr int kMaxResultDepth = 32;                 // == outrun::kMaxVal
 // result's encoded size, so that it fits a frame (kMaxFrameSize 16 MiB) beside the worker's
 // pending results (up to kFlushBytes 4 MiB).
 inline constexpr std::size_t kMaxResultBytes = 8u << 20;
-inline constexpr std::size_t kMaxResultElements = 1u << 20;
+// With kValueWireOverhead per value, the byte budget allows at most 8 MiB / 32 = 262,144 values.
+inline constexpr std::size_t kMaxResultElements = 1u << 18;
 // Encoded bytes of one value or key besides its string bytes, rounded up: a wire::Value table
 // and its offset in the parent vector, a string's length prefix, NUL and padding (at most 28).
 inline constexpr std::size_t kValueWireOverhead = 32;

@@ -29,7 +29,8 @@ struct MemoryAccount {
   std::size_t used = 0;
   std::size_t peak = 0;
   std::size_t limit = 0;
-  // Fault injection for tests: fail the Nth allocation from now (0 = never).
+  // Fault injection for tests: fail the allocation whose running number (`allocations`, counted
+  // from the state's creation) is `fail_at` (0 = never).
   uint64_t fail_at = 0;
   uint64_t allocations = 0;
 };

@@ -8,14 +8,16 @@ namespace {
 
 struct Budget {
   std::size_t bytes = 0;
+  // `depth` counts containers: 32 nested arrays may hold a scalar, as in the worker and InProcess.
   bool ok(const Value& v, int depth) {
-    if (depth > kMaxValueDepth) return false;
     if (auto* s = std::get_if<std::string>(&v.v)) bytes += s->size();
     else if (auto* b = std::get_if<Bytes>(&v.v)) bytes += b->data.size();
     else if (auto* a = std::get_if<Array>(&v.v)) {
+      if (depth > kMaxValueDepth) return false;
       for (const auto& x : *a)
         if (!ok(x, depth + 1)) return false;
     } else if (auto* m = std::get_if<Map>(&v.v)) {
+      if (depth > kMaxValueDepth) return false;
       for (const auto& e : *m) {
         bytes += e.key.size();
         if (!ok(e.value, depth + 1)) return false;

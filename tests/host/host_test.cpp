@@ -312,3 +312,18 @@ TEST_CASE("Host: workers survive the exit of the thread that created the host") 
   CHECK(host->worker_pids() == pids);
   for (int i = 0; i < host->shards(); ++i) CHECK(host->shard_stats(i).starts == 1);
 }
+
+TEST_CASE("Host: the deepest inputs and results allowed pass, like InProcess") {
+  auto host = make_host(1);
+  InProcess inproc;
+  const std::string echo = "return inputs.v";
+  Script hs = reg(*host, "echo", echo), is = reg(inproc, "echo", echo);
+  Value v = Value(1);
+  for (int i = 0; i < kMaxValueDepth; ++i) v = Value(Array{v});  // 32 containers around a scalar
+  Result out = host->evaluate(hs, {{"v", v}}).get();
+  Result in = inproc.run(is, {{"v", v}});
+  CHECK(out.status == Status::ok);
+  CHECK(out.value == v);
+  CHECK(in.status == Status::ok);
+  CHECK(in.value == v);
+}
