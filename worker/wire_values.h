@@ -9,6 +9,7 @@
 #include <flatbuffers/flatbuffers.h>
 
 #include "outrun/protocol/outrun_generated.h"
+#include "outrun/protocol/wire_value.h"
 
 struct lua_State;
 
@@ -18,21 +19,7 @@ namespace outrun::sandbox {
 // Fills the table on the top of the stack. Runs inside a protected call.
 bool push_wire_inputs(lua_State* L, const void* inputs);
 
-// Builder (see lua_values.h) that writes a wire::Value into a FlatBufferBuilder.
-class WireValueBuilder {
- public:
-  using Ref = flatbuffers::Offset<wire::Value>;
-  explicit WireValueBuilder(flatbuffers::FlatBufferBuilder& fbb) : f_(fbb) {}
-  Ref nil();
-  Ref boolean(bool b);
-  Ref integer(int64_t i);
-  Ref number(double d);
-  Ref string(std::string_view s, bool utf8);
-  Ref array(std::vector<Ref>& items);
-  Ref map(std::vector<std::pair<std::string_view, Ref>>& entries);
-
- private:
-  flatbuffers::FlatBufferBuilder& f_;
-};
+// The Builder (see lua_values.h) for results is protocol::WireValueBuilder.
+using protocol::WireValueBuilder;
 
 }  // namespace outrun::sandbox

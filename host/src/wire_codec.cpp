@@ -1,5 +1,7 @@
 #include "wire_codec.h"
 
+#include "outrun/protocol/wire_value.h"
+
 #include <vector>
 
 namespace outrun::detail {
@@ -78,70 +80,31 @@ bool decode(const wire::Value* in, Value* out, int depth) {
 }  // namespace
 
 flatbuffers::Offset<wire::Value> encode_value(flatbuffers::FlatBufferBuilder& f, const Value& v) {
+  protocol::WireValueBuilder b(f);
   struct Visitor {
     flatbuffers::FlatBufferBuilder& f;
-    flatbuffers::Offset<wire::Value> operator()(const Nil&) { return wire::CreateValue(f); }
-    flatbuffers::Offset<wire::Value> operator()(bool b) {
-      wire::ValueBuilder vb(f);
-      vb.add_kind(wire::ValueKind::Boolean);
-      vb.add_bool_value(b);
-      return vb.Finish();
-    }
-    flatbuffers::Offset<wire::Value> operator()(int64_t i) {
-      wire::ValueBuilder vb(f);
-      vb.add_kind(wire::ValueKind::Int);
-      vb.add_int_value(i);
-      return vb.Finish();
-    }
-    flatbuffers::Offset<wire::Value> operator()(double d) {
-      wire::ValueBuilder vb(f);
-      vb.add_kind(wire::ValueKind::Double);
-      vb.add_double_value(d);
-      return vb.Finish();
-    }
-    flatbuffers::Offset<wire::Value> operator()(const std::string& s) {
-      auto str = f.CreateString(s);
-      wire::ValueBuilder vb(f);
-      vb.add_kind(wire::ValueKind::String);
-      vb.add_string_value(str);
-      return vb.Finish();
-    }
-    flatbuffers::Offset<wire::Value> operator()(const Bytes& b) {
-      auto vec = f.CreateVector(reinterpret_cast<const uint8_t*>(b.data.data()), b.data.size());
-      wire::ValueBuilder vb(f);
-      vb.add_kind(wire::ValueKind::Bytes);
-      vb.add_bytes_value(vec);
-      return vb.Finish();
-    }
-    flatbuffers::Offset<wire::Value> operator()(const Array& a) {
-      std::vector<flatbuffers::Offset<wire::Value>> items;
+    protocol::WireValueBuilder& b;
+    using Ref = protocol::WireValueBuilder::Ref;
+    Ref operator()(const Nil&) { return b.nil(); }
+    Ref operator()(bool x) { return b.boolean(x); }
+    Ref operator()(int64_t x) { return b.integer(x); }
+    Ref operator()(double x) { return b.number(x); }
+    Ref operator()(const std::string& s) { return b.string(s, true); }
+    Ref operator()(const Bytes& x) { return b.string(x.data, false); }
+    Ref operator()(const Array& a) {
+      std::vector<Ref> items;
       items.reserve(a.size());
       for (const auto& x : a) items.push_back(encode_value(f, x));
-      auto vec = f.CreateVector(items);
-      wire::ValueBuilder vb(f);
-      vb.add_kind(wire::ValueKind::Array);
-      vb.add_items(vec);
-      return vb.Finish();
+      return b.array(items);
     }
-    flatbuffers::Offset<wire::Value> operator()(const Map& m) {
-      std::vector<flatbuffers::Offset<flatbuffers::String>> keys;
-      std::vector<flatbuffers::Offset<wire::Value>> items;
-      keys.reserve(m.size());
-      items.reserve(m.size());
-      for (const auto& e : m) {
-        keys.push_back(f.CreateString(e.key));
-        items.push_back(encode_value(f, e.value));
-      }
-      auto kv = f.CreateVector(keys);
-      auto iv = f.CreateVector(items);
-      wire::ValueBuilder vb(f);
-      vb.add_kind(wire::ValueKind::Map);
-      vb.add_items(iv);
-      vb.add_keys(kv);
-      return vb.Finish();
+    Ref operator()(const Map& m) {
+      std::vector<std::pair<std::string_view, Ref>> entries;
+      entries.reserve(m.size());
+      for (const auto& e : m) entries.emplace_back(e.key, encode_value(f, e.value));
+      return b.map(entries);
     }
   };
-  return std::visit(Visitor{f}, v.v);
+  return std::visit(Visitor{f, b}, v.v);
 }
 
 bool encode_inputs(flatbuffers::FlatBufferBuilder& fbb, const Inputs& inputs, InputsOffset* out, std::string* error) {
