@@ -243,6 +243,59 @@ SupervisionRows supervision(int shards, int rounds, double idle_seconds) {
   return out;
 }
 
+struct ScriptsRows {
+  long rss_after_kb = 0;       // largest worker after compiling its share of the scripts
+  int64_t cold_all_ns = 0;     // first evaluation of every script (compiles)
+  int64_t kill_all_ns = 0;     // kill every shard -> every script's next result ok
+  int wrong = 0;
+};
+
+// Many scripts: RSS after compiling them, and recovery of all of them after every shard is
+// killed (their sources go to the new workers with their next evaluations).
+ScriptsRows many_scripts(int shards, int count) {
+  ScriptsRows out;
+  HostOptions o;
+  o.shards = shards;
+  std::unique_ptr<Host> host;
+  if (Host::create(o, &host)) return out;
+  std::vector<Script> scripts(static_cast<std::size_t>(count));
+  for (int i = 0; i < count; ++i) {
+    // A 40-line script, as the brief's compile figure assumes.
+    std::string src = "local a, b = inputs.a, inputs.b\n";
+    for (int l = 0; l < 38; ++l) src += "if a > " + std::to_string(l * 7 + i) + " then b = b + " + std::to_string(l) + " end\n";
+    src += "return b";
+    host->register_script("tag." + std::to_string(i), src, &scripts[static_cast<std::size_t>(i)]);
+  }
+  auto run_all = [&](int round) {
+    std::vector<Request> reqs;
+    for (int i = 0; i < count; ++i) reqs.push_back({scripts[static_cast<std::size_t>(i)], {{"a", round}, {"b", 0}}});
+    std::mutex mu;
+    std::condition_variable cv;
+    int left = count;
+    host->evaluate_batch(std::move(reqs), [&](std::size_t, Result r) {
+      std::lock_guard lock(mu);
+      if (r.status != Status::ok) ++out.wrong;
+      if (--left == 0) cv.notify_one();
+    });
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return left == 0; });
+  };
+  auto t0 = Clock::now();
+  run_all(1);
+  out.cold_all_ns = ns_since(t0);
+  for (int pid : host->worker_pids()) out.rss_after_kb = std::max(out.rss_after_kb, rss_kb(pid));
+  std::vector<uint64_t> starts;
+  for (int i = 0; i < shards; ++i) starts.push_back(host->shard_stats(i).starts);
+  t0 = Clock::now();
+  for (int i = 0; i < shards; ++i) host->kill_shard(i);
+  for (int i = 0; i < shards; ++i)
+    while (host->shard_stats(i).starts == starts[static_cast<std::size_t>(i)])
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+  run_all(2);
+  out.kill_all_ns = ns_since(t0);
+  return out;
+}
+
 std::string us(int64_t ns) {
   char b[32];
   std::snprintf(b, sizeof b, "%.1f µs", static_cast<double>(ns) / 1000.0);
@@ -309,6 +362,7 @@ int main(int argc, char** argv) {
   const ThroughputRow tp_in = closed_loop(inproc, is, duration, nullptr);
   host.reset();  // measure supervision on a host of its own, with nothing else running
   const SupervisionRows sup = supervision(shards, quick ? 5 : 20, quick ? 2.0 : 5.0);
+  const ScriptsRows many = many_scripts(shards, 1000);
 
   std::printf("outrun-perf (%s run, K=%d, script: %s)\n\n", quick ? "quick" : "full", shards, kScript);
   std::printf("%-42s %16s %16s %16s\n", "row", "out-of-process", "InProcess", "floor / note");
@@ -336,6 +390,10 @@ int main(int argc, char** argv) {
               ms(sup.shard_kill_to_ok.max()).c_str(), "warm, 1 script");
   std::printf("%-42s %15.3f%% %15.3f%% %16s\n", "idle CPU, host / all workers (% of a core)", sup.idle_host_cpu_pct,
               sup.idle_worker_cpu_pct, "heartbeats");
+  std::printf("%-42s %13ld KB %16s %16s\n", "worker RSS after compiling 1,000 scripts", many.rss_after_kb, "-",
+              "largest worker");
+  std::printf("%-42s %16s %16s %16s\n", "1,000 scripts: first run / after kill-all", ms(many.cold_all_ns).c_str(),
+              ms(many.kill_all_ns).c_str(), "every result ok");
 
   if (!json_path.empty()) {
     nlohmann::json j{
@@ -355,10 +413,13 @@ int main(int argc, char** argv) {
         {"kill_latency_after_deadline_ns", {{"p50", sup.kill_after_deadline.quantile(0.5)}, {"max", sup.kill_after_deadline.max()}}},
         {"shard_kill_to_next_ok_ns", {{"p50", sup.shard_kill_to_ok.quantile(0.5)}, {"max", sup.shard_kill_to_ok.max()}}},
         {"idle_cpu_pct", {{"host", sup.idle_host_cpu_pct}, {"workers", sup.idle_worker_cpu_pct}}},
+        {"worker_rss_after_1000_scripts_kb", many.rss_after_kb},
+        {"scripts_1000_first_run_ns", many.cold_all_ns},
+        {"kill_all_shards_to_every_next_ok_ns", many.kill_all_ns},
     };
     std::ofstream(json_path) << j.dump(2) << "\n";
   }
-  const bool all_correct = tp_out.wrong == 0 && tp_in.wrong == 0 && wrong_latency == 0 && sup.wrong == 0;
+  const bool all_correct = tp_out.wrong == 0 && tp_in.wrong == 0 && wrong_latency == 0 && sup.wrong == 0 && many.wrong == 0;
   if (!all_correct) std::fprintf(stderr, "outrun-perf: some results were wrong\n");
   return all_correct ? 0 : 1;
 }
