@@ -81,12 +81,15 @@ FrameWriter::State FrameWriter::run_passes() {
         return State::kHandedOff;
       }
       case Io::kClosed: {
-        std::lock_guard lock(mu_);
-        closed_ = true;
-        busy_ = false;
-        pending_.clear();
-        inflight_.clear();
-        offset_ = 0;
+        {
+          std::lock_guard lock(mu_);
+          closed_ = true;
+          busy_ = false;
+          pending_.clear();
+          inflight_.clear();
+          offset_ = 0;
+        }
+        if (on_blocked_) on_blocked_();  // the loop must learn that the stream failed
         return State::kClosed;
       }
     }

@@ -23,20 +23,28 @@ void Completion::deliver(Result&& r) {
 
 Dispatcher::Dispatcher() : thread_([this] { run(); }) {}
 
-Dispatcher::~Dispatcher() {
+Dispatcher::~Dispatcher() { stop_and_join(); }
+
+void Dispatcher::stop_and_join() {
   {
     std::lock_guard lock(mu_);
     stop_ = true;
   }
   cv_.notify_one();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void Dispatcher::post(std::vector<Delivery>& batch) {
   if (batch.empty()) return;
   bool was_empty;
   {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
+    if (exited_) {
+      lock.unlock();
+      for (auto& d : batch) d.done.deliver(std::move(d.result));
+      batch.clear();
+      return;
+    }
     was_empty = queue_.empty();
     if (was_empty) {
       queue_.swap(batch);
@@ -52,7 +60,12 @@ void Dispatcher::post(std::vector<Delivery>& batch) {
 void Dispatcher::post(Delivery&& d) {
   bool was_empty;
   {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
+    if (exited_) {
+      lock.unlock();
+      d.done.deliver(std::move(d.result));
+      return;
+    }
     was_empty = queue_.empty();
     queue_.push_back(std::move(d));
   }
@@ -65,7 +78,10 @@ void Dispatcher::run() {
     {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] { return !queue_.empty() || stop_; });
-      if (queue_.empty()) return;  // stop_ and nothing left
+      if (queue_.empty()) {  // stop_ and nothing left; decided under the lock, so no post is lost
+        exited_ = true;
+        return;
+      }
       local.swap(queue_);
     }
     for (auto& d : local) d.done.deliver(std::move(d.result));

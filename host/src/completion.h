@@ -46,7 +46,11 @@ struct Delivery {
 class Dispatcher {
  public:
   Dispatcher();
-  ~Dispatcher();  // runs what is queued, then joins
+  ~Dispatcher();  // stop_and_join()
+
+  // Runs what is queued, then joins. Deliveries posted after that run inline on the poster's
+  // thread (during ~Host, a callback of one shard may submit to another whose thread is gone).
+  void stop_and_join();
   Dispatcher(const Dispatcher&) = delete;
   Dispatcher& operator=(const Dispatcher&) = delete;
 
@@ -56,10 +60,11 @@ class Dispatcher {
 
  private:
   void run();
-  std::mutex mu_;  // guards queue_, stop_
+  std::mutex mu_;  // guards queue_, stop_, exited_
   std::condition_variable cv_;
   std::vector<Delivery> queue_;
   bool stop_ = false;
+  bool exited_ = false;  // run() returned: post() delivers inline
   std::thread thread_;
 };
 

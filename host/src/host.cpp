@@ -49,6 +49,10 @@ Error Host::Impl::start() {
   loop.data = this;
   uv_async_init(&loop, &wakeup, &Impl::on_wakeup);
   wakeup.data = this;
+  {
+    std::lock_guard lock(wakeup_mu);
+    wakeup_open = true;
+  }
   uv_timer_init(&loop, &shutdown_timer);
   for (int i = 0; i < opts.shards; ++i) {
     auto sh = std::make_unique<Shard>();
@@ -86,10 +90,13 @@ void Host::Impl::shutdown() {
     return;
   }
   stopping.store(true);
-  uv_async_send(&wakeup);
+  wake();
   loop_thread.join();
   if (int rc = uv_loop_close(&loop); rc != 0) spdlog::error("outrun: loop closed with handles open: {}", uv_strerror(rc));
-  shards.clear();  // dispatchers run what is queued, then join
+  // Every dispatcher runs what is queued and joins before any shard is destroyed: a last
+  // callback may still submit (it gets `cancelled`) to any shard.
+  for (auto& sh : shards) sh->dispatcher->stop_and_join();
+  shards.clear();
 }
 
 
@@ -174,25 +181,27 @@ ShardStats Host::shard_stats(int i) const {
   return s;
 }
 
-Error Host::kill_shard(int shard) {
-  if (shard < 0 || shard >= shards()) return {Status::invalid_argument, "no shard " + std::to_string(shard)};
-  {
-    std::lock_guard lock(impl_->commands_mu);
-    impl_->commands.emplace_back(Impl::CommandKind::kKill, shard);
-  }
-  uv_async_send(&impl_->wakeup);
-  return {};
+void Host::Impl::wake() {
+  std::lock_guard lock(wakeup_mu);
+  if (wakeup_open) uv_async_send(&wakeup);
 }
 
-Error Host::restart_shard(int shard) {
-  if (shard < 0 || shard >= shards()) return {Status::invalid_argument, "no shard " + std::to_string(shard)};
+namespace {
+Error post_command(Host::Impl& impl, int shards, Host::Impl::CommandKind kind, int shard) {
+  if (shard < 0 || shard >= shards) return {Status::invalid_argument, "no shard " + std::to_string(shard)};
+  if (impl.stopping.load()) return {Status::cancelled, "the host is shutting down"};
   {
-    std::lock_guard lock(impl_->commands_mu);
-    impl_->commands.emplace_back(Impl::CommandKind::kRestart, shard);
+    std::lock_guard lock(impl.commands_mu);
+    impl.commands.emplace_back(kind, shard);
   }
-  uv_async_send(&impl_->wakeup);
+  impl.wake();
   return {};
 }
+}  // namespace
+
+Error Host::kill_shard(int shard) { return post_command(*impl_, shards(), Impl::CommandKind::kKill, shard); }
+
+Error Host::restart_shard(int shard) { return post_command(*impl_, shards(), Impl::CommandKind::kRestart, shard); }
 
 std::vector<int> Host::worker_pids() const {
   std::vector<int> pids;

@@ -46,6 +46,9 @@ struct Host::Impl {
   flatbuffers::FlatBufferBuilder loop_fbb{4096};  // loop thread only
 
   std::atomic<bool> stopping{false};
+  std::mutex wakeup_mu;     // guards wakeup_open: uv_async_send on a closed handle aborts
+  bool wakeup_open = false;
+  void wake();              // any thread: run on_wakeup on the loop (no-op once closed)
   bool shutdown_started = false;  // loop thread only
   int live_workers = 0;           // loop thread only: WorkerProcess objects not yet freed
 
@@ -95,6 +98,7 @@ struct Host::Impl {
   static void on_exit(uv_process_t* p, int64_t status, int term_signal);
   static void on_poll(uv_poll_t* h, int status, int events);
   static void on_linger_expired(uv_timer_t* t);
+  static void on_restart_overdue(uv_timer_t* t);
   static void on_handle_closed(uv_handle_t* h);
 
   // supervise.cpp (loop thread)

@@ -45,6 +45,7 @@ struct Slot {
   uint32_t generation = 1;
   SlotPlace place = SlotPlace::kFree;
   uint8_t retries = 0;
+  bool source_resent = false;  // NeedSource answered once for this evaluation (a second is a violation)
   Script script;
   Inputs inputs;  // kept to re-send after NeedSource or a restart
   Completion done;

@@ -36,6 +36,7 @@ uint32_t Host::Impl::alloc_slot(Shard& sh) {  // sh.mu held
     sh.slots.emplace_back();
   }
   sh.slots[idx].retries = 0;
+  sh.slots[idx].source_resent = false;
   return idx;
 }
 

@@ -180,6 +180,7 @@ void Host::Impl::run_commands() {
     std::lock_guard lock(commands_mu);
     todo.swap(commands);
   }
+  if (shutdown_started) return;  // shutdown ends every worker anyway
   for (auto [kind, i] : todo) {
     Shard& sh = *shards[static_cast<std::size_t>(i)];
     WorkerProcess* w = sh.worker;
@@ -197,6 +198,9 @@ void Host::Impl::run_commands() {
       continue;
     }
     w->restart_requested = true;
+    // It must exit by itself within shutdown_timeout, or it is killed: what waits for its
+    // successor must not wait forever.
+    uv_timer_start(&w->linger, &Impl::on_restart_overdue, static_cast<uint64_t>(opts.shutdown_timeout.count()), 0);
     flatbuffers::FlatBufferBuilder f(64);
     f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Shutdown, wire::CreateShutdown(f).Union()));
     std::shared_ptr<protocol::FrameWriter> writer;
@@ -208,6 +212,12 @@ void Host::Impl::run_commands() {
     }
     if (writer) writer->write_pending();
   }
+}
+
+void Host::Impl::on_restart_overdue(uv_timer_t* t) {
+  auto* w = static_cast<WorkerProcess*>(t->data);
+  Impl* self = static_cast<Impl*>(t->loop->data);
+  self->kill_worker(w, DeathCause::kRequested, "did not stop after restart_shard and was killed");
 }
 
 void Host::Impl::begin_shutdown() {
@@ -247,6 +257,10 @@ void Host::Impl::maybe_finish_shutdown() {
   if (!shutdown_started || live_workers > 0) return;
   uv_timer_stop(&shutdown_timer);
   uv_close(reinterpret_cast<uv_handle_t*>(&shutdown_timer), nullptr);
+  {
+    std::lock_guard lock(wakeup_mu);
+    wakeup_open = false;
+  }
   uv_close(reinterpret_cast<uv_handle_t*>(&wakeup), nullptr);
   for (auto& sh : shards) {
     uv_close(reinterpret_cast<uv_handle_t*>(&sh->restart_timer), nullptr);

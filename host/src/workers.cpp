@@ -130,7 +130,7 @@ Error Host::Impl::spawn(Shard& sh) {
       new FrameWriter(fd,
                       [self, shp] {
                         shp->write_blocked.store(true, std::memory_order_release);
-                        uv_async_send(&self->wakeup);
+                        self->wake();
                       }),
       [fd](FrameWriter* p) {
         delete p;
@@ -208,8 +208,12 @@ void Host::Impl::on_poll(uv_poll_t* h, int status, int events) {
 void Host::Impl::flush_writer(WorkerProcess* w) {
   switch (w->writer->flush_from_loop()) {
     case FrameWriter::Flush::kMore: return;
-    case FrameWriter::Flush::kDone:
     case FrameWriter::Flush::kClosed:
+      // A send failed (EPIPE, ECONNRESET, ...): the worker is dying or broke its socket. Wait
+      // for its exit status like at end-of-stream; a worker still running after that is killed.
+      stream_ended(w);
+      return;
+    case FrameWriter::Flush::kDone:
       if (w->poll_writable && !w->dead && !w->stream_ended) {
         w->poll_writable = false;
         uv_poll_start(&w->poll, UV_READABLE, &Impl::on_poll);
@@ -288,11 +292,12 @@ void Host::Impl::handle_results(WorkerProcess* w, const wire::Results* results, 
       }
       Slot& slot = sh.slots[idx];
       if (r->status() == wire::Status::NeedSource) {
-        const uint32_t sid = slot.script.record()->id;
-        if (sid < sh.known.size() && !sh.known[sid]) {
-          *violation = "asked twice for the source of script " + std::to_string(sid);
+        if (slot.source_resent) {
+          *violation = "asked twice for the source of evaluation " + std::to_string(id);
           break;
         }
+        slot.source_resent = true;
+        const uint32_t sid = slot.script.record()->id;
         if (sid < sh.known.size()) sh.known[sid] = 0;
         slot.place = SlotPlace::kWaiting;
         resend.push_back(idx);
@@ -319,7 +324,9 @@ void Host::Impl::handle_results(WorkerProcess* w, const wire::Results* results, 
       free_slot(sh, idx);
     }
     if (violation->empty()) {
-      if (!resend.empty()) send_slots(sh, resend);
+      // Re-sends go where promotions go: to the worker if the shard runs, else they wait for
+      // the next one (restart_shard window, a dying worker being drained).
+      promoted.insert(promoted.begin(), resend.begin(), resend.end());
       place_promoted(sh, promoted, &ended);
     } else {
       for (uint32_t idx : resend) sh.slots[idx].place = SlotPlace::kSent;  // ended with the worker
@@ -352,7 +359,8 @@ void Host::Impl::handle_results(WorkerProcess* w, const wire::Results* results, 
 // A dead worker's last words: results it wrote before it exited are still in the socket.
 void Host::Impl::drain(WorkerProcess* w) {
   std::string violation;
-  for (int i = 0; i < 64 && violation.empty(); ++i) {
+  // Bounded only as a guard: a killed or exited process cannot keep writing.
+  for (int i = 0; i < 100000 && violation.empty(); ++i) {
     if (w->reader.read_from(w->fd) <= 0) break;
     process_frames(w, &violation);
   }
@@ -379,6 +387,13 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
   int64_t since = 0;
   if (w->page) protocol::read_running(*w->page, &running, &since);
   if (!w->exited) kill(-w->pid, SIGKILL);  // not yet reaped, so the group id is still ours
+  {
+    // Nothing more goes to this worker: what draining promotes or re-sends waits for the next.
+    std::lock_guard lock(sh.mu);
+    if (sh.writer) sh.writer->close();
+    sh.writer.reset();
+    set_state(sh, stop ? ShardState::kStopped : ShardState::kDown);
+  }
   if (cause != DeathCause::kProtocol && w->poll_started && w->reader.error() == protocol::FrameError::kNone) drain(w);
   if (w->poll_started) {
     uv_poll_stop(&w->poll);

@@ -22,7 +22,9 @@ namespace outrun::protocol {
 // meanwhile are queued behind the rest, so order is kept.
 //
 // send(2) uses MSG_NOSIGNAL: a peer that went away is reported as kClosed (never SIGPIPE), and
-// everything queued is dropped; the read side sees end-of-stream and ends what was in flight.
+// everything queued is dropped. A send that fails on a producing thread also runs `on_blocked`,
+// so the loop learns of it (its flush_from_loop() then returns kClosed) even when the peer is
+// still alive and the read side sees nothing.
 //
 // Thread-safe: write() from any thread; flush_from_loop() from the loop thread only.
 class FrameWriter {
