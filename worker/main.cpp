@@ -102,6 +102,12 @@ int main(int argc, char** argv) {
     }).detach();
   }
 
+  if (const char* fault = std::getenv("OUTRUN_TEST_FAULT")) {
+    if (std::strcmp(fault, "forget-scripts") == 0) opts.fault = TestFault::kForgetScripts;
+    else if (std::strcmp(fault, "need-source-loop") == 0) opts.fault = TestFault::kNeedSourceLoop;
+    if (opts.fault != TestFault::kNone) spdlog::warn("test fault '{}' is enabled", fault);
+  }
+
   Worker worker(opts);
   const int rc = worker.run();
   std::fflush(stderr);

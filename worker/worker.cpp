@@ -66,6 +66,7 @@ int Worker::run() {
     }
     if (!flush()) return kExitIo;
     if (shutdown_) return kExitOk;
+    if (opts_.fault == TestFault::kForgetScripts) scripts_.clear();
   }
 }
 
@@ -129,6 +130,10 @@ void Worker::add_result(uint64_t id, wire::Status status, flatbuffers::Offset<wi
 
 void Worker::evaluate(const wire::Evaluation* e) {
   protocol::StatusPage* page = opts_.page;
+  if (opts_.fault == TestFault::kNeedSourceLoop) {
+    add_result(e->id(), wire::Status::NeedSource, 0, {});
+    return;
+  }
   Script* s = script_for(e);
   if (!s) {
     add_result(e->id(), e->script_id() >= kMaxScriptId ? wire::Status::InvalidArgument : wire::Status::NeedSource, 0,

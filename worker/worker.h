@@ -16,8 +16,18 @@
 
 namespace outrun::worker {
 
+// Test-only misbehaviour, enabled by OUTRUN_TEST_FAULT in the worker's environment (never set in
+// production; the host does not set it). Lets tests drive the host's recovery paths with a real
+// worker.
+enum class TestFault : uint8_t {
+  kNone,
+  kForgetScripts,    // "forget-scripts": drop every compiled script after each batch -> NeedSource
+  kNeedSourceLoop,   // "need-source-loop": answer NeedSource to every evaluation, even with source
+};
+
 struct WorkerOptions {
   int fd = 3;                          // the stream socket to the host (blocking)
+  TestFault fault = TestFault::kNone;
   std::size_t memory_limit = 16u << 20;  // per script state
   protocol::StatusPage* page = nullptr;  // shared with the host; may be null (tests)
 };

@@ -422,3 +422,70 @@ TEST_CASE("Supervision: killing the host with SIGKILL leaves no worker behind") 
   CHECK(gone);
   if (!gone) kill(worker, SIGKILL);
 }
+
+namespace {
+// Sets OUTRUN_TEST_FAULT for workers started while it lives (they inherit the environment).
+struct FaultEnv {
+  explicit FaultEnv(const char* fault) { setenv("OUTRUN_TEST_FAULT", fault, 1); }
+  ~FaultEnv() { unsetenv("OUTRUN_TEST_FAULT"); }
+};
+}  // namespace
+
+TEST_CASE("Supervision: a worker that lost its scripts gets their sources again (NeedSource)") {
+  FaultEnv fault("forget-scripts");
+  auto host = start(base_options());
+  std::vector<Script> scripts;
+  for (int i = 0; i < 5; ++i) scripts.push_back(reg(*host, "ns" + std::to_string(i), "return inputs.x + " + std::to_string(i)));
+  for (int round = 0; round < 20; ++round) {
+    for (int i = 0; i < 5; ++i) {
+      Result r = get(host->evaluate(scripts[i], {{"x", round}}));
+      REQUIRE(r.status == Status::ok);
+      CHECK(r.value == Value(round + i));
+    }
+  }
+  CHECK(host->shard_stats(0).deaths == 0);
+}
+
+TEST_CASE("Supervision: a worker that asks for a source again and again is a protocol violation") {
+  auto o = base_options();
+  o.retries = 0;
+  std::unique_ptr<Host> host;
+  {
+    FaultEnv fault("need-source-loop");
+    host = start(o);
+  }
+  Script s = reg(*host, "loop", "return 1");
+  Result r = get(host->evaluate(s, {}));
+  CHECK(r.status == Status::worker_lost);
+  CHECK(r.error.find("asked twice for the source") != std::string::npos);
+  CHECK(host->shard_stats(0).protocol_violations == 1);
+  // Its successor (started without the fault) serves normally.
+  CHECK(get(host->evaluate(s, {})).status == Status::ok);
+}
+
+TEST_CASE("Supervision: callbacks that submit and drill while the host is destroyed end cleanly") {
+  auto o = base_options();
+  o.shards = 2;
+  o.single_flight = SingleFlight::off;
+  std::atomic<int> outer{0}, inner{0};
+  {
+    auto host = start(o);
+    Script a, b;
+    for (int i = 0; !a.valid() || !b.valid(); ++i) {
+      Script s = reg(*host, "d" + std::to_string(i), "return 1");
+      if (s.shard() == 0 && !a.valid()) a = s;
+      if (s.shard() == 1 && !b.valid()) b = s;
+    }
+    Host* h = host.get();
+    for (int i = 0; i < 200; ++i) {
+      h->evaluate(b, {}, [h, a, &outer, &inner](Result) {
+        ++outer;
+        h->kill_shard(0);
+        h->restart_shard(1);
+        h->evaluate(a, {}, [&inner](Result) { ++inner; });
+      });
+    }
+  }  // ~Host while callbacks still run and submit to the other shard
+  CHECK(outer == 200);
+  CHECK(inner == 200);  // every inner evaluation ended (ok, cancelled or retried), exactly once
+}
