@@ -8,6 +8,7 @@
 #include "lua_values.h"
 #include "sandbox.h"
 #include "script_registry.h"
+#include "value_builder.h"
 
 namespace outrun {
 
@@ -55,23 +56,6 @@ bool push_inputs(lua_State* L, const void* p) {
   return true;
 }
 
-struct ValueBuilder {
-  using Ref = Value;
-  Ref nil() { return Value(); }
-  Ref boolean(bool b) { return Value(b); }
-  Ref integer(int64_t i) { return Value(i); }
-  Ref number(double d) { return Value(d); }
-  Ref string(std::string_view s, bool utf8) {
-    return utf8 ? Value(std::string(s)) : Value(Bytes{std::string(s)});
-  }
-  Ref array(std::vector<Ref>& items) { return Value(Array(std::make_move_iterator(items.begin()), std::make_move_iterator(items.end()))); }
-  Ref map(std::vector<std::pair<std::string_view, Ref>>& entries) {
-    Map m;
-    m.reserve(entries.size());
-    for (auto& [k, v] : entries) m.push_back(MapEntry{std::string(k), std::move(v)});
-    return Value(std::move(m));
-  }
-};
 
 // One registered script's engine: compiled on first use, serialised by its mutex.
 struct Engine {
@@ -119,7 +103,7 @@ Result InProcess::run(const Script& script, const Inputs& inputs) {
   auto outcome = e->state->run(push_inputs, &inputs, timeout_ns);
   if (outcome.status != wire::Status::Ok) return {static_cast<Status>(outcome.status), {}, std::move(outcome.error), -1};
   lua_State* L = e->state->L();
-  ValueBuilder builder;
+  detail::ValueBuilder builder;
   sandbox::ResultConverter conv(L, builder);
   Result res;
   const bool ok = conv.convert(lua_gettop(L), &res.value);

@@ -175,13 +175,13 @@ void Host::Impl::on_wakeup(uv_async_t* a) {
 }
 
 void Host::Impl::run_commands() {
-  std::vector<std::pair<CommandKind, int>> todo;
+  std::vector<std::pair<CommandKind, int>> requested;
   {
     std::lock_guard lock(commands_mu);
-    todo.swap(commands);
+    requested.swap(commands);
   }
   if (shutdown_started) return;  // shutdown ends every worker anyway
-  for (auto [kind, i] : todo) {
+  for (auto [kind, i] : requested) {
     Shard& sh = *shards[static_cast<std::size_t>(i)];
     WorkerProcess* w = sh.worker;
     if (kind == CommandKind::kKill) {

@@ -6,6 +6,7 @@
 // tests use a 50 ms soft timeout; should a runaway swallow it, a watchdog names the script and
 // aborts the binary instead of letting it hang.
 #include "sandbox.h"
+#include "value_builder.h"
 
 #include <doctest/doctest.h>
 
@@ -179,22 +180,7 @@ bool no_inputs(lua_State*, const void*) {
   return true;
 }
 
-struct TestBuilder {
-  using Ref = Value;
-  Ref nil() { return Value(); }
-  Ref boolean(bool b) { return Value(b); }
-  Ref integer(int64_t i) { return Value(i); }
-  Ref number(double d) { return Value(d); }
-  Ref string(std::string_view s, bool utf8) {
-    return utf8 ? Value(std::string(s)) : Value(Bytes{std::string(s)});
-  }
-  Ref array(std::vector<Ref>& items) { return Value(Array(items.begin(), items.end())); }
-  Ref map(std::vector<std::pair<std::string_view, Ref>>& entries) {
-    Map m;
-    for (auto& [k, v] : entries) m.push_back({std::string(k), v});
-    return Value(std::move(m));
-  }
-};
+using TestBuilder = outrun::detail::ValueBuilder;
 
 std::unique_ptr<sb::ScriptState> compiled_state(std::string_view source,
                                                 std::size_t limit = 16 * kMiB) {
