@@ -347,14 +347,14 @@ Outcome ScriptState::compile(std::string_view source, const std::string& chunk_n
   return out;
 }
 
-Outcome ScriptState::run(PushInputsFn push_inputs, const void* inputs, int64_t timeout_ns) {
+Outcome ScriptState::run(PushInputsFn push_inputs, const void* inputs, int64_t timeout_ns, int64_t start_ns) {
   lua_settop(L_, 1);
   RunArgs args{push_inputs, inputs, true};
   lua_pushcfunction(L_, run_trampoline);
   lua_pushlightuserdata(L_, &args);
   lua_pushvalue(L_, 1);
   ctx_->timed_out = false;
-  ctx_->deadline_ns = monotonic_ns() + timeout_ns;
+  ctx_->deadline_ns = (start_ns != 0 ? start_ns : monotonic_ns()) + timeout_ns;
   const int status = lua_pcall(L_, 2, 1, 0);
   const bool timed_out = ctx_->timed_out;
   if (lua_gethookcount(L_) != kHookInterval) lua_sethook(L_, count_hook, LUA_MASKCOUNT, kHookInterval);

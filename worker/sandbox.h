@@ -67,8 +67,9 @@ class ScriptState {
 
   // Runs the compiled chunk with `inputs` (via push_inputs) as the global `inputs`. On Ok the
   // returned value is on the top of the stack until the next call; convert it with
-  // lua_values.h. T starts now.
-  Outcome run(PushInputsFn push_inputs, const void* inputs, int64_t timeout_ns);
+  // lua_values.h. T starts at `start_ns` (CLOCK_MONOTONIC; 0: now), so a caller that already
+  // read the clock for this evaluation does not read it again.
+  Outcome run(PushInputsFn push_inputs, const void* inputs, int64_t timeout_ns, int64_t start_ns = 0);
 
   lua_State* L() const { return L_; }
   const MemoryAccount& memory() const { return *account_; }

@@ -76,10 +76,13 @@ void Worker::handle(const wire::Frame* frame) {
       const auto* items = frame->body_as_Evaluate()->items();
       if (!items) return;
       for (const wire::Evaluation* e : *items) {
-        evaluate(e);
-        if (!results_.empty() &&
-            (out_.GetSize() > kFlushBytes || sandbox::monotonic_ns() - first_result_ns_ > kMaxResultHoldNs))
+        // One clock read per evaluation serves the batch-hold check, its start time (T counts
+        // from it) and the status page. Checking before the next evaluation bounds a frame at
+        // kFlushBytes + one result (< kMaxFrameSize); the batch's last results go out below.
+        now_ns_ = sandbox::monotonic_ns();
+        if (!results_.empty() && (out_.GetSize() > kFlushBytes || now_ns_ - first_result_ns_ > kMaxResultHoldNs))
           flush();
+        evaluate(e);
       }
       return;
     }
@@ -124,7 +127,7 @@ void Worker::add_result(uint64_t id, wire::Status status, flatbuffers::Offset<wi
                         std::string_view error) {
   flatbuffers::Offset<flatbuffers::String> err;
   if (!error.empty()) err = out_.CreateString(error.data(), error.size());
-  if (results_.empty()) first_result_ns_ = sandbox::monotonic_ns();
+  if (results_.empty()) first_result_ns_ = now_ns_;
   results_.push_back(wire::CreateResult(out_, id, status, value, err));
 }
 
@@ -149,10 +152,11 @@ void Worker::evaluate(const wire::Evaluation* e) {
     return;
   }
   if (page) {  // T counts from here, for the worker's soft deadline and the host's hard one
-    page->running_since_ns.store(sandbox::monotonic_ns(), std::memory_order_relaxed);
+    page->running_since_ns.store(now_ns_, std::memory_order_relaxed);
     page->running_id.store(e->id(), std::memory_order_release);
   }
-  const auto outcome = s->state->run(sandbox::push_wire_inputs, e->inputs(), static_cast<int64_t>(e->timeout_us()) * 1000);
+  const auto outcome =
+      s->state->run(sandbox::push_wire_inputs, e->inputs(), static_cast<int64_t>(e->timeout_us()) * 1000, now_ns_);
   if (page) {
     page->running_id.store(0, std::memory_order_release);
     page->evaluations.fetch_add(1, std::memory_order_relaxed);

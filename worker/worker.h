@@ -70,6 +70,7 @@ class Worker {
   flatbuffers::FlatBufferBuilder out_{64 * 1024};
   std::vector<flatbuffers::Offset<wire::Result>> results_;
   int64_t first_result_ns_ = 0;
+  int64_t now_ns_ = 0;  // read once per evaluation: its start (T), the batch hold, the page
   std::vector<std::unique_ptr<Script>> scripts_;  // by script_id
   bool shutdown_ = false;
   bool io_failed_ = false;

@@ -173,10 +173,8 @@ ShardStats Host::shard_stats(int i) const {
     s.worker_compiles = rd(p->compiles);
     s.worker_scripts = rd(p->scripts);
     s.worker_peak_script_bytes = rd(p->peak_script_bytes);
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
     const int64_t beat = p->heartbeat_ns.load(std::memory_order_relaxed);
-    if (beat > 0) s.heartbeat_age_ms = (int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec - beat) / 1'000'000;
+    if (beat > 0) s.heartbeat_age_ms = (monotonic_ns() - beat) / 1'000'000;
   }
   return s;
 }

@@ -7,6 +7,8 @@
 //  - one dispatcher thread per shard: runs callbacks.
 #pragma once
 
+#include <time.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <memory>
@@ -120,6 +122,12 @@ struct Host::Impl {
   Error start();
   void shutdown();
 };
+
+inline int64_t monotonic_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
 
 // Backoff and crash-loop constants (see HostOptions for the configurable ones).
 inline constexpr auto kMaxRestartDelay = std::chrono::milliseconds(5000);

@@ -17,12 +17,6 @@ using detail::WorkerProcess;
 
 namespace {
 
-int64_t monotonic_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
 uint64_t ceil_ms(int64_t ns) { return ns <= 0 ? 0 : static_cast<uint64_t>((ns + 999'999) / 1'000'000); }
 
 }  // namespace

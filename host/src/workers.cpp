@@ -27,12 +27,6 @@ namespace bip = boost::interprocess;
 
 namespace {
 
-int64_t monotonic_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
 std::string describe_exit(int64_t status, int signal) {
   if (signal != 0) return "was killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
   switch (status) {
