@@ -27,6 +27,18 @@ inline Script reg(Runner& r, const std::string& key, const std::string& src) {
   return s;
 }
 
+// Registers `prefix0`, `prefix1`, ... until one script lands on shard 0 and one on shard 1.
+inline std::pair<Script, Script> scripts_on_shards_0_and_1(Runner& r, const std::string& prefix,
+                                                           const std::string& src) {
+  Script a, b;
+  for (int i = 0; !a.valid() || !b.valid(); ++i) {
+    Script s = reg(r, prefix + std::to_string(i), src);
+    if (s.shard() == 0 && !a.valid()) a = s;
+    if (s.shard() == 1 && !b.valid()) b = s;
+  }
+  return {a, b};
+}
+
 // Collects one result per index and counts how often each index was answered.
 struct Collector {
   std::mutex mu;

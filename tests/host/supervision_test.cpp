@@ -37,6 +37,7 @@ HostOptions base_options() {
 
 std::unique_ptr<Host> start(const HostOptions& o) { return test::start_host(o); }
 using test::Collector;
+using test::scripts_on_shards_0_and_1;
 using test::reg;
 
 // A script stuck inside one C call: Lua's pattern matcher backtracking, which the count hook
@@ -342,13 +343,7 @@ TEST_CASE("Supervision: a callback that blocks for seconds delays only its own s
   o.heartbeat_interval = 50ms;
   o.silence_limit = 500ms;
   auto host = start(o);
-  // Find two keys on different shards.
-  Script a, b;
-  for (int i = 0; !a.valid() || !b.valid(); ++i) {
-    Script s = reg(*host, "key" + std::to_string(i), "return inputs.x");
-    if (s.shard() == 0 && !a.valid()) a = s;
-    if (s.shard() == 1 && !b.valid()) b = s;
-  }
+  auto [a, b] = scripts_on_shards_0_and_1(*host, "key", "return inputs.x");
   std::atomic<bool> sleeping_done{false};
   std::atomic<int> other_done_while_sleeping{0};
   host->evaluate(a, {{"x", 1}}, [&](Result) {
@@ -470,12 +465,7 @@ TEST_CASE("Supervision: callbacks that submit and drill while the host is destro
   std::atomic<int> outer{0}, inner{0};
   {
     auto host = start(o);
-    Script a, b;
-    for (int i = 0; !a.valid() || !b.valid(); ++i) {
-      Script s = reg(*host, "d" + std::to_string(i), "return 1");
-      if (s.shard() == 0 && !a.valid()) a = s;
-      if (s.shard() == 1 && !b.valid()) b = s;
-    }
+    auto [a, b] = scripts_on_shards_0_and_1(*host, "d", "return 1");
     Host* h = host.get();
     for (int i = 0; i < 200; ++i) {
       h->evaluate(b, {}, [h, a, &outer, &inner](Result) {
