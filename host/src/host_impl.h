@@ -82,6 +82,9 @@ struct Host::Impl {
   // Ending slots (sh.mu held). end_slot releases the key's flight and queues the coalesced
   // successor in `promoted`; place_promoted sends or parks them (loop thread).
   void end_slot(detail::Shard& sh, uint32_t idx, Result&& r, Ended* out, std::vector<uint32_t>* promoted);
+  // The one way a slot ends: frees it, releases its key's flight (queueing the coalesced
+  // successor in `promoted`) and hands back its completion. sh.mu held.
+  detail::Completion release_slot(detail::Shard& sh, uint32_t idx, std::vector<uint32_t>* promoted);
   void place_promoted(detail::Shard& sh, std::vector<uint32_t>& promoted, Ended* out);
   void send_slots(detail::Shard& sh, const std::vector<uint32_t>& idxs);
   void deliver_from_loop(detail::Shard& sh, detail::Completion&& done, Result&& r);

@@ -81,6 +81,7 @@ struct WorkerProcess {
   bool dead = false;          // first sign of death seen: group killed, evaluations ended
   bool exited = false;        // libuv reaped it: never signal its pid again
   bool restart_requested = false;  // restart_shard: start the next one at once
+  bool exited_cleanly = false;     // exit code 0, no signal (after Shutdown): not a death to report
   std::chrono::steady_clock::time_point started_at{};
   int64_t started_ns = 0;            // CLOCK_MONOTONIC, for heartbeat age before the first beat
   std::shared_ptr<protocol::FrameWriter> writer;  // also referenced by producers

@@ -250,7 +250,7 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
   }
 }
 
-void Host::Impl::end_slot(Shard& sh, uint32_t idx, Result&& r, Ended* out, std::vector<uint32_t>* promoted) {
+Completion Host::Impl::release_slot(Shard& sh, uint32_t idx, std::vector<uint32_t>* promoted) {
   Slot& s = sh.slots[idx];
   const uint32_t kid = s.script.record()->key_id;
   if (kid < sh.flight.size()) {
@@ -265,8 +265,13 @@ void Host::Impl::end_slot(Shard& sh, uint32_t idx, Result&& r, Ended* out, std::
       }
     }
   }
-  out->emplace_back(std::move(s.done), std::move(r));
+  Completion done = std::move(s.done);
   free_slot(sh, idx);
+  return done;
+}
+
+void Host::Impl::end_slot(Shard& sh, uint32_t idx, Result&& r, Ended* out, std::vector<uint32_t>* promoted) {
+  out->emplace_back(release_slot(sh, idx, promoted), std::move(r));
 }
 
 // Sends (or parks) evaluations that just took their key's flight. sh.mu held, loop thread.

@@ -165,6 +165,7 @@ void Host::Impl::on_exit(uv_process_t* p, int64_t status, int term_signal) {
   auto* w = static_cast<WorkerProcess*>(p->data);
   Impl* self = static_cast<Impl*>(p->loop->data);
   w->exited = true;  // reaped: its pid may be reused from now on, never signal it again
+  w->exited_cleanly = status == 0 && term_signal == 0;
   const DeathCause cause = term_signal != 0 ? DeathCause::kCrash : DeathCause::kExit;
   self->worker_died(w, cause, describe_exit(status, term_signal));
   uv_close(reinterpret_cast<uv_handle_t*>(p), &Impl::on_handle_closed);
@@ -305,17 +306,7 @@ void Host::Impl::handle_results(WorkerProcess* w, const wire::Results* results, 
       }
       // Release the slot (and the key's flight) now: a caller that awaited this result and
       // submits again must never be refused by its own finished evaluation.
-      const uint32_t kid = slot.script.record()->key_id;
-      if (kid < sh.flight.size() && sh.flight[kid] == idx + 1) {
-        sh.flight[kid] = 0;
-        if (const uint32_t next = sh.pending[kid]) {
-          sh.pending[kid] = 0;
-          sh.flight[kid] = next;
-          promoted.push_back(next - 1);
-        }
-      }
-      done.emplace_back(std::move(slot.done), r);
-      free_slot(sh, idx);
+      done.emplace_back(release_slot(sh, idx, &promoted), r);
     }
     if (violation->empty()) {
       // Re-sends go where promotions go: to the worker if the shard runs, else they wait for
@@ -398,7 +389,7 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
   if (!w->hello) bip::shared_memory_object::remove(w->page_name.c_str());
   uv_timer_stop(&sh.watchdog);
 
-  const bool clean_exit = cause == DeathCause::kExit && why == "exited";
+  const bool clean_exit = cause == DeathCause::kExit && w->exited_cleanly;
   if (!stop && !clean_exit) spdlog::warn("outrun: shard {} worker {} {}", sh.index, w->pid, why);
   sh.deaths.fetch_add(1, std::memory_order_relaxed);
   if (!clean_exit) sh.by_cause[static_cast<int>(cause)].fetch_add(1, std::memory_order_relaxed);
