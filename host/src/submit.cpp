@@ -132,8 +132,8 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
         refusal = {Status::busy, {}, busy_message(r), sh.index};
       } else {  // coalesce-latest: wait behind the one in flight, replacing any that waits
         if (const uint32_t old = sh.pending[r->key_id]) {
-          replaced = std::move(sh.slots[old - 1].done);
-          free_slot(sh, old - 1);
+          std::vector<uint32_t> none;  // a pending evaluation has no successor to promote
+          replaced = release_slot(sh, old - 1, &none);
         }
         const uint32_t idx = alloc_slot(sh);
         Slot& slot = sh.slots[idx];
