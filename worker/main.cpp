@@ -2,24 +2,69 @@
 // group) with its end of a socketpair as fd 3; not meant to be run by hand.
 //
 //   outrun-worker --fd 3 --host-pid PID [--memory-limit BYTES] [--status-page NAME]
-//                 [--heartbeat-ms MS]
+//                 [--heartbeat-ms MS] [--address-space-limit BYTES] [--profile FILE]
+//
+// Start-up order: die-with-host, close stray fds, map the status page, start the heartbeat
+// thread, (optionally) start the CPU profiler, then confine (confine.h) -- and only then read
+// the first frame. A worker that cannot confine itself exits without serving.
+#include <dlfcn.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <boost/interprocess/mapped_region.hpp>
+#include <boost/interprocess/shared_memory_object.hpp>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
 
-#include <boost/interprocess/mapped_region.hpp>
-#include <boost/interprocess/shared_memory_object.hpp>
-#include <spdlog/sinks/stdout_sinks.h>
-#include <spdlog/spdlog.h>
-
+#include "confine.h"
 #include "worker.h"
 
 namespace {
+
+// --profile PREFIX: gperftools' CPU profiler, written to PREFIX.<pid>.prof,, loaded with dlopen so
+// production workers carry no profiler. The profile file is opened before confinement; samples are
+// recorded only between SIGUSR1 (start) and SIGUSR2 (stop), so outrun-perf profiles exactly its
+// measured window. The file is complete when the worker exits cleanly (Shutdown).
+std::atomic<int> g_profile_recording{0};
+struct ProfilerOptionsAbi {  // gperftools/profiler.h: struct ProfilerOptions
+  int (*filter_in_thread)(void* arg);
+  void* filter_in_thread_arg;
+};
+using ProfilerStartFn = int (*)(const char*, const ProfilerOptionsAbi*);
+using ProfilerStopFn = void (*)();
+ProfilerStopFn g_profiler_stop = nullptr;
+
+bool start_profiler(const std::string& file) {
+  void* lib = dlopen("libprofiler.so.0", RTLD_NOW | RTLD_GLOBAL);
+  if (!lib) {
+    spdlog::error("--profile: cannot load libprofiler.so.0 (Debian: libgoogle-perftools4): {}",
+                  dlerror());
+    return false;
+  }
+  auto start = reinterpret_cast<ProfilerStartFn>(dlsym(lib, "ProfilerStartWithOptions"));
+  g_profiler_stop = reinterpret_cast<ProfilerStopFn>(dlsym(lib, "ProfilerStop"));
+  if (!start || !g_profiler_stop) return false;
+  struct sigaction sa {};
+  sa.sa_handler = [](int sig) {
+    g_profile_recording.store(sig == SIGUSR1 ? 1 : 0, std::memory_order_relaxed);
+  };
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGUSR1, &sa, nullptr);
+  sigaction(SIGUSR2, &sa, nullptr);
+  static const ProfilerOptionsAbi options{
+      [](void*) { return g_profile_recording.load(std::memory_order_relaxed); }, nullptr};
+  if (!start(file.c_str(), &options)) {
+    spdlog::error("--profile: cannot write '{}'", file);
+    return false;
+  }
+  return true;
+}
 
 bool parse_u64(const char* s, unsigned long long* out) {
   if (!s || !*s) return false;
@@ -43,6 +88,8 @@ int main(int argc, char** argv) {
   unsigned long long host_pid = 0;
   unsigned long long heartbeat_ms = 100;
   std::string page_name;
+  std::string profile_file;
+  unsigned long long address_space_limit = 0;
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -57,8 +104,14 @@ int main(int argc, char** argv) {
       page_name = v;
     } else if (std::strcmp(a, "--heartbeat-ms") == 0 && parse_u64(v, &n) && n > 0 && n <= 60000) {
       heartbeat_ms = n;
+    } else if (std::strcmp(a, "--address-space-limit") == 0 && parse_u64(v, &n)) {
+      address_space_limit = n;
+    } else if (std::strcmp(a, "--profile") == 0 && v && *v) {
+      profile_file = v;
     } else {
-      spdlog::error("usage: outrun-worker --fd N --host-pid PID [--memory-limit BYTES] (bad argument '{}')", a);
+      spdlog::error(
+          "usage: outrun-worker --fd N --host-pid PID [--memory-limit BYTES] (bad argument '{}')",
+          a);
       return kExitUsage;
     }
     ++i;
@@ -80,7 +133,8 @@ int main(int argc, char** argv) {
     try {
       namespace bip = boost::interprocess;
       bip::shared_memory_object shm(bip::open_only, page_name.c_str(), bip::read_write);
-      region = std::make_unique<bip::mapped_region>(shm, bip::read_write, 0, outrun::protocol::kStatusPageSize);
+      region = std::make_unique<bip::mapped_region>(shm, bip::read_write, 0,
+                                                    outrun::protocol::kStatusPageSize);
     } catch (const std::exception& e) {
       spdlog::error("cannot map status page '{}': {}", page_name, e.what());
       return kExitStatusPage;
@@ -94,22 +148,57 @@ int main(int argc, char** argv) {
     // results to a slow host is alive; a stopped (SIGSTOP) or frozen process is not.
     auto* page = opts.page;
     page->heartbeat_ns.store(outrun::sandbox::monotonic_ns(), std::memory_order_relaxed);
+    // The thread must be running before confinement: a starting thread makes system calls of
+    // its own (rseq, set_robust_list) that the filter does not allow.
+    static std::atomic<bool> started{false};  // static: notify_one may run after the wait returned
     std::thread([page, heartbeat_ms] {
+      auto publish_memory = [page] {
+        // Peak, not current, resident set: the current figure needs /proc, which a confined
+        // worker cannot open (the host reads /proc/PID/statm for it).
+        rusage ru{};
+        if (getrusage(RUSAGE_SELF, &ru) == 0)
+          page->peak_rss_bytes.store(static_cast<uint64_t>(ru.ru_maxrss) * 1024,
+                                     std::memory_order_relaxed);
+      };
+      publish_memory();
+      started.store(true);
+      started.notify_one();
       for (;;) {
         std::this_thread::sleep_for(std::chrono::milliseconds(heartbeat_ms));
         page->heartbeat_ns.store(outrun::sandbox::monotonic_ns(), std::memory_order_relaxed);
+        publish_memory();
       }
     }).detach();
+    started.wait(false);
   }
 
   if (const char* fault = std::getenv("OUTRUN_TEST_FAULT")) {
-    if (std::strcmp(fault, "forget-scripts") == 0) opts.fault = TestFault::kForgetScripts;
-    else if (std::strcmp(fault, "need-source-loop") == 0) opts.fault = TestFault::kNeedSourceLoop;
+    if (std::strcmp(fault, "forget-scripts") == 0)
+      opts.fault = TestFault::kForgetScripts;
+    else if (std::strcmp(fault, "need-source-loop") == 0)
+      opts.fault = TestFault::kNeedSourceLoop;
+    else if (std::strcmp(fault, "escape") == 0)
+      opts.fault = TestFault::kEscape;
     if (opts.fault != TestFault::kNone) spdlog::warn("test fault '{}' is enabled", fault);
+  }
+
+  // From here on the heartbeat thread runs: leave with _exit, never through static destructors.
+  if (!profile_file.empty() &&
+      !start_profiler(profile_file + "." + std::to_string(getpid()) + ".prof"))
+    _exit(kExitUsage);
+  ConfineOptions confine_options;
+  confine_options.socket_fd = opts.fd;
+  confine_options.address_space_limit = static_cast<std::size_t>(address_space_limit);
+  confine_options.profiling = !profile_file.empty();
+  if (const std::string err = confine(confine_options); !err.empty()) {
+    spdlog::error("cannot confine the worker: {}", err);
+    std::fflush(stderr);
+    _exit(kExitConfine);
   }
 
   Worker worker(opts);
   const int rc = worker.run();
+  if (g_profiler_stop) g_profiler_stop();
   std::fflush(stderr);
   _exit(rc);  // the heartbeat thread is detached; do not run static destructors under it
 }

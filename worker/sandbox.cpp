@@ -1,12 +1,12 @@
 #include "sandbox.h"
 
-#include "lua_values.h"
+#include <mimalloc.h>
 
 #include <cstring>
 #include <ctime>
-
 #include <lua.hpp>
-#include <mimalloc.h>
+
+#include "lua_values.h"
 
 namespace outrun::sandbox {
 
@@ -37,7 +37,10 @@ void* counting_alloc(void* ud, void* ptr, size_t osize, size_t nsize) {
     if (acc->used - old + nsize > acc->limit) return nullptr;
   }
   void* p = mi_realloc(ptr, nsize);
-  if (!p) return nullptr;
+  if (!p) {
+    acc->system_refused = true;  // the process is out of memory (its backstop), not the script
+    return nullptr;
+  }
   acc->used = acc->used - old + nsize;
   if (acc->used > acc->peak) acc->peak = acc->used;
   return p;
@@ -52,7 +55,8 @@ void count_hook(lua_State* L, lua_Debug*) {
   if (!ctx->timed_out) {
     if (monotonic_ns() < ctx->deadline_ns) {
       // A coroutine left at interval 1 by an earlier timeout goes back to normal.
-      if (lua_gethookcount(L) != kHookInterval) lua_sethook(L, count_hook, LUA_MASKCOUNT, kHookInterval);
+      if (lua_gethookcount(L) != kHookInterval)
+        lua_sethook(L, count_hook, LUA_MASKCOUNT, kHookInterval);
       return;
     }
     ctx->timed_out = true;
@@ -61,7 +65,9 @@ void count_hook(lua_State* L, lua_Debug*) {
   luaL_error(L, "timeout");
 }
 
-int noop(lua_State*) { return 0; }
+int noop(lua_State*) {
+  return 0;
+}
 
 // xpcall's message handler runs while the error is being raised. When that error is the
 // timeout, it is raised inside count_hook, where Lua has hooks switched off: a handler that
@@ -101,6 +107,10 @@ int safe_xpcall(lua_State* L) {
 
 // load(chunk [, name [, mode [, env]]]) with mode forced to "t": binary chunks can crash the VM.
 int safe_load(lua_State* L) {
+  // The original's argument errors, raised below where it is called from C, would name neither
+  // the script's line nor 'load' ("bad argument #1 to '?'"): check its arguments here.
+  if (!lua_isstring(L, 1)) luaL_checktype(L, 1, LUA_TFUNCTION);
+  luaL_optstring(L, 2, nullptr);
   const int n = lua_gettop(L);
   lua_settop(L, 4);
   lua_pushvalue(L, lua_upvalueindex(1));
@@ -119,9 +129,18 @@ int safe_load(lua_State* L) {
 // setmetatable without finalizers: __gc handlers run with hooks off, so the soft timeout could
 // not stop them. Any non-nil __gc is refused (a placeholder would arm finalization for later).
 int safe_setmetatable(lua_State* L) {
+  // Every check of the original is made here, where an error names the script's line and
+  // 'setmetatable'; the original, called from C below, would name neither ("cannot change a
+  // protected metatable" without a line, "bad argument #1 to '?'").
+  luaL_checktype(L, 1, LUA_TTABLE);
+  luaL_argexpected(L, lua_type(L, 2) == LUA_TNIL || lua_type(L, 2) == LUA_TTABLE, 2,
+                   "nil or table");
+  if (luaL_getmetafield(L, 1, "__metatable") != LUA_TNIL)
+    return luaL_error(L, "cannot change a protected metatable");
   if (lua_type(L, 2) == LUA_TTABLE) {
     lua_pushliteral(L, "__gc");
-    if (lua_rawget(L, 2) != LUA_TNIL) return luaL_error(L, "setmetatable: __gc metamethods are not allowed");
+    if (lua_rawget(L, 2) != LUA_TNIL)
+      return luaL_error(L, "setmetatable: __gc metamethods are not allowed");
     lua_pop(L, 1);
   }
   lua_settop(L, 2);
@@ -149,11 +168,14 @@ int safe_rawset(lua_State* L) {
   return 1;
 }
 
-int read_only_newindex(lua_State* L) { return luaL_error(L, "library tables are read-only"); }
+int read_only_newindex(lua_State* L) {
+  return luaL_error(L, "library tables are read-only");
+}
 
 int safe_collectgarbage(lua_State* L) {
   const char* opt = luaL_optstring(L, 1, "collect");
-  if (std::strcmp(opt, "count") != 0) return luaL_error(L, "collectgarbage: only \"count\" is allowed");
+  if (std::strcmp(opt, "count") != 0)
+    return luaL_error(L, "collectgarbage: only \"count\" is allowed");
   lua_pushnumber(L, lua_gc(L, LUA_GCCOUNT, 0) + lua_gc(L, LUA_GCCOUNTB, 0) / 1024.0);
   return 1;
 }
@@ -162,9 +184,9 @@ int safe_collectgarbage(lua_State* L) {
 // writes raise, and the metatable is hidden (__metatable), so the library cannot be reached or
 // changed through it.
 void make_read_only(lua_State* L, const char* name) {
-  lua_getglobal(L, name);         // lib
-  lua_newtable(L);                // lib proxy
-  lua_createtable(L, 0, 4);       // lib proxy mt
+  lua_getglobal(L, name);    // lib
+  lua_newtable(L);           // lib proxy
+  lua_createtable(L, 0, 4);  // lib proxy mt
   lua_pushvalue(L, -3);
   lua_setfield(L, -2, "__index");
   lua_pushcfunction(L, read_only_newindex);
@@ -173,8 +195,8 @@ void make_read_only(lua_State* L, const char* name) {
   lua_setfield(L, -2, "__metatable");
   lua_pushboolean(L, 1);
   lua_rawsetp(L, -2, &kReadOnlyKey);
-  lua_setmetatable(L, -2);        // lib proxy
-  lua_setglobal(L, name);         // lib
+  lua_setmetatable(L, -2);  // lib proxy
+  lua_setglobal(L, name);   // lib
   lua_pop(L, 1);
 }
 
@@ -186,9 +208,10 @@ void wrap_global(lua_State* L, const char* name, lua_CFunction fn) {
 
 // Builds the sandbox's globals. Runs inside lua_pcall (allocation may fail).
 int setup_sandbox(lua_State* L) {
-  static const luaL_Reg libs[] = {{LUA_GNAME, luaopen_base},         {LUA_COLIBNAME, luaopen_coroutine},
-                                  {LUA_TABLIBNAME, luaopen_table},   {LUA_STRLIBNAME, luaopen_string},
-                                  {LUA_MATHLIBNAME, luaopen_math},   {LUA_UTF8LIBNAME, luaopen_utf8}};
+  static const luaL_Reg libs[] = {
+      {LUA_GNAME, luaopen_base},       {LUA_COLIBNAME, luaopen_coroutine},
+      {LUA_TABLIBNAME, luaopen_table}, {LUA_STRLIBNAME, luaopen_string},
+      {LUA_MATHLIBNAME, luaopen_math}, {LUA_UTF8LIBNAME, luaopen_utf8}};
   for (const auto& lib : libs) {
     luaL_requiref(L, lib.name, lib.func, 1);
     lua_pop(L, 1);
@@ -232,8 +255,8 @@ int setup_sandbox(lua_State* L) {
   lua_setfield(L, -2, "__metatable");
   lua_pop(L, 2);
 
-  for (const char* name : {LUA_COLIBNAME, LUA_TABLIBNAME, LUA_STRLIBNAME, LUA_MATHLIBNAME, LUA_UTF8LIBNAME,
-                           LUA_OSLIBNAME}) {
+  for (const char* name : {LUA_COLIBNAME, LUA_TABLIBNAME, LUA_STRLIBNAME, LUA_MATHLIBNAME,
+                           LUA_UTF8LIBNAME, LUA_OSLIBNAME}) {
     make_read_only(L, name);
   }
   return 0;
@@ -272,13 +295,25 @@ int run_trampoline(lua_State* L) {
   return 1;
 }
 
+// Longest error message passed on. A script can raise a string as large as its memory limit
+// allows (`error(string.rep("x", 20 * 2^20))`); uncut, such a message made the worker write a
+// frame past kMaxFrameSize, and the host killed it as a protocol violation (found by the sandbox
+// corpus, tests/host/sandbox_corpus_test.cpp). Messages are for people: the start, which has the
+// script's name and line, is kept.
+constexpr size_t kMaxErrorMessageBytes = 64u << 10;
+
 // A message for the error object at `idx`, without running any metamethod of it.
 std::string error_message(lua_State* L, int idx) {
   switch (lua_type(L, idx)) {
     case LUA_TSTRING: {
       size_t n = 0;
       const char* s = lua_tolstring(L, idx, &n);
-      return std::string(s, n);
+      if (n <= kMaxErrorMessageBytes) return std::string(s, n);
+      size_t keep = kMaxErrorMessageBytes;
+      while (keep > 0 && (static_cast<unsigned char>(s[keep]) & 0xC0) == 0x80)
+        --keep;  // whole UTF-8 characters
+      return std::string(s, keep) + "... (error message cut, " + std::to_string(n) +
+             " bytes in all)";
     }
     case LUA_TNUMBER: {
       char buf[64];
@@ -293,8 +328,13 @@ std::string error_message(lua_State* L, int idx) {
   }
 }
 
-std::string memory_message(size_t limit) {
-  return "script exceeded its memory limit of " + std::to_string(limit) + " bytes";
+std::string memory_message(const MemoryAccount& acc) {
+  if (acc.system_refused)
+    return "the worker is out of memory (its process-wide backstop refused an allocation of the "
+           "script, "
+           "which held " +
+           std::to_string(acc.used) + " bytes of its " + std::to_string(acc.limit) + " byte limit)";
+  return "script exceeded its memory limit of " + std::to_string(acc.limit) + " bytes";
 }
 
 }  // namespace
@@ -306,13 +346,13 @@ std::unique_ptr<ScriptState> ScriptState::create(std::size_t memory_limit, std::
   s->ctx_ = std::make_unique<RunContext>();
   s->L_ = lua_newstate(counting_alloc, s->account_.get());
   if (!s->L_) {
-    *error = memory_message(memory_limit);
+    *error = memory_message(*s->account_);
     return nullptr;
   }
   *static_cast<RunContext**>(lua_getextraspace(s->L_)) = s->ctx_.get();
   lua_pushcfunction(s->L_, setup_sandbox);
   if (lua_pcall(s->L_, 0, 0, 0) != LUA_OK) {
-    *error = memory_message(memory_limit);
+    *error = memory_message(*s->account_);
     return nullptr;  // the destructor closes the state
   }
   lua_sethook(s->L_, count_hook, LUA_MASKCOUNT, kHookInterval);
@@ -330,6 +370,7 @@ Outcome ScriptState::compile(std::string_view source, const std::string& chunk_n
   // Compilation runs no script code, but give it the deadline machinery a sane state anyway.
   ctx_->timed_out = false;
   ctx_->deadline_ns = INT64_MAX;
+  account_->system_refused = false;
   lua_pushcfunction(L_, compile_trampoline);
   lua_pushlightuserdata(L_, &args);
   const int status = lua_pcall(L_, 1, 1, 0);
@@ -339,7 +380,7 @@ Outcome ScriptState::compile(std::string_view source, const std::string& chunk_n
   }
   Outcome out;
   if (status == LUA_ERRMEM) {
-    out = {Status::MemoryLimit, memory_message(account_->limit)};
+    out = {Status::MemoryLimit, memory_message(*account_)};
   } else {
     out = {Status::CompileError, error_message(L_, -1)};
   }
@@ -347,7 +388,8 @@ Outcome ScriptState::compile(std::string_view source, const std::string& chunk_n
   return out;
 }
 
-Outcome ScriptState::run(PushInputsFn push_inputs, const void* inputs, int64_t timeout_ns, int64_t start_ns) {
+Outcome ScriptState::run(PushInputsFn push_inputs, const void* inputs, int64_t timeout_ns,
+                         int64_t start_ns) {
   lua_settop(L_, 1);
   RunArgs args{push_inputs, inputs, true};
   lua_pushcfunction(L_, run_trampoline);
@@ -355,9 +397,11 @@ Outcome ScriptState::run(PushInputsFn push_inputs, const void* inputs, int64_t t
   lua_pushvalue(L_, 1);
   ctx_->timed_out = false;
   ctx_->deadline_ns = (start_ns != 0 ? start_ns : monotonic_ns()) + timeout_ns;
+  account_->system_refused = false;
   const int status = lua_pcall(L_, 2, 1, 0);
   const bool timed_out = ctx_->timed_out;
-  if (lua_gethookcount(L_) != kHookInterval) lua_sethook(L_, count_hook, LUA_MASKCOUNT, kHookInterval);
+  if (lua_gethookcount(L_) != kHookInterval)
+    lua_sethook(L_, count_hook, LUA_MASKCOUNT, kHookInterval);
   ctx_->timed_out = false;
   if (status == LUA_OK && !timed_out) {
     if (!args.inputs_ok) {
@@ -368,9 +412,10 @@ Outcome ScriptState::run(PushInputsFn push_inputs, const void* inputs, int64_t t
   }
   Outcome out;
   if (timed_out) {
-    out = {Status::Timeout, "script exceeded its timeout of " + std::to_string(timeout_ns / 1'000'000) + " ms"};
+    out = {Status::Timeout,
+           "script exceeded its timeout of " + std::to_string(timeout_ns / 1'000'000) + " ms"};
   } else if (status == LUA_ERRMEM) {
-    out = {Status::MemoryLimit, memory_message(account_->limit)};
+    out = {Status::MemoryLimit, memory_message(*account_)};
   } else {
     out = {Status::RuntimeError, error_message(L_, -1)};
   }
@@ -394,18 +439,25 @@ bool is_valid_utf8(const char* s, std::size_t n) {
     }
     std::size_t len;
     uint32_t cp;
-    if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; }
-    else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; }
-    else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; }
-    else return false;
+    if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    } else
+      return false;
     if (i + len > n) return false;
     for (std::size_t k = 1; k < len; ++k) {
       if ((p[i + k] & 0xC0) != 0x80) return false;
       cp = (cp << 6) | (p[i + k] & 0x3F);
     }
     // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
-    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
-        (cp >= 0xD800 && cp <= 0xDFFF))
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+        cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
       return false;
     i += len;
   }

@@ -33,6 +33,7 @@ struct MemoryAccount {
   // from the state's creation) is `fail_at` (0 = never).
   uint64_t fail_at = 0;
   uint64_t allocations = 0;
+  bool system_refused = false;  // the allocator itself failed (RLIMIT_AS backstop), in this run
 };
 
 // Per-evaluation state the count hook reads through the lua_State's extra space.
@@ -69,7 +70,8 @@ class ScriptState {
   // returned value is on the top of the stack until the next call; convert it with
   // lua_values.h. T starts at `start_ns` (CLOCK_MONOTONIC; 0: now), so a caller that already
   // read the clock for this evaluation does not read it again.
-  Outcome run(PushInputsFn push_inputs, const void* inputs, int64_t timeout_ns, int64_t start_ns = 0);
+  Outcome run(PushInputsFn push_inputs, const void* inputs, int64_t timeout_ns,
+              int64_t start_ns = 0);
 
   lua_State* L() const { return L_; }
   const MemoryAccount& memory() const { return *account_; }

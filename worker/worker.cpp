@@ -1,12 +1,17 @@
 #include "worker.h"
 
-#include <cerrno>
-#include <cstring>
+#include <fcntl.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <lua.hpp>
-#include <spdlog/spdlog.h>
+#include <new>
 
 #include "lua_values.h"
 #include "wire_values.h"
@@ -18,6 +23,52 @@ namespace {
 void bump(std::atomic<uint64_t>* c) {
   if (c) c->fetch_add(1, std::memory_order_relaxed);
 }
+// TestFault::kEscape: what a script that broke out of Lua would try next. Each attempt must be
+// stopped by confinement; if one ever returns, the worker says so loudly and exits 70, which no
+// test accepts.
+void attempt_escape(const wire::Evaluation* e) {
+  const auto* inputs = e->inputs();
+  if (!inputs) return;
+  for (const wire::Input* in : *inputs) {
+    if (in->name()->string_view() != "escape" || !in->value() || !in->value()->string_value())
+      continue;
+    const std::string_view what = in->value()->string_value()->string_view();
+    spdlog::warn("test fault: trying '{}'", what);
+    if (what == "open") {
+      const int fd = ::open("/etc/hostname", O_RDONLY);
+      spdlog::error("test fault: open returned {}", fd);
+    } else if (what == "socket") {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      spdlog::error("test fault: socket returned {}", fd);
+    } else if (what == "fork") {
+      const pid_t pid = ::fork();
+      if (pid == 0) _exit(0);
+      spdlog::error("test fault: fork returned {}", pid);
+    } else if (what == "exec") {
+      char* const argv[] = {const_cast<char*>("/bin/true"), nullptr};
+      ::execve("/bin/true", argv, nullptr);
+      spdlog::error("test fault: execve returned");
+    } else if (what == "mmap-exec") {
+      void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      spdlog::error("test fault: mmap(PROT_EXEC) returned {}", p);
+    } else if (what == "kill-host") {
+      const int rc = ::kill(getppid(), SIGKILL);
+      spdlog::error("test fault: kill returned {}", rc);
+    } else if (what == "blow-up") {
+      // Memory no script's account sees, touched so it is really used: the address-space
+      // backstop makes an allocation fail, and operator new's bad_alloc ends the process.
+      for (;;) {
+        auto* p = new char[8u << 20];
+        std::memset(p, 1, 8u << 20);
+      }
+    } else {
+      continue;
+    }
+    std::fflush(stderr);
+    _exit(70);
+  }
+}
+
 }  // namespace
 
 Worker::Worker(const WorkerOptions& options) : opts_(options) {}
@@ -80,7 +131,8 @@ void Worker::handle(const wire::Frame* frame) {
         // from it) and the status page. Checking before the next evaluation bounds a frame at
         // kFlushBytes + one result (< kMaxFrameSize); the batch's last results go out below.
         now_ns_ = sandbox::monotonic_ns();
-        if (!results_.empty() && (out_.GetSize() > kFlushBytes || now_ns_ - first_result_ns_ > kMaxResultHoldNs))
+        if (!results_.empty() &&
+            (out_.GetSize() > kFlushBytes || now_ns_ - first_result_ns_ > kMaxResultHoldNs))
           flush();
         evaluate(e);
       }
@@ -137,10 +189,19 @@ void Worker::evaluate(const wire::Evaluation* e) {
     add_result(e->id(), wire::Status::NeedSource, 0, {});
     return;
   }
+  if (opts_.fault == TestFault::kEscape) {
+    if (page) {  // so the host knows which evaluation was running when the worker died
+      page->running_since_ns.store(now_ns_, std::memory_order_relaxed);
+      page->running_id.store(e->id(), std::memory_order_release);
+    }
+    attempt_escape(e);
+  }
   Script* s = script_for(e);
   if (!s) {
-    add_result(e->id(), e->script_id() >= kMaxScriptId ? wire::Status::InvalidArgument : wire::Status::NeedSource, 0,
-               e->script_id() >= kMaxScriptId ? "script id out of range" : "");
+    add_result(
+        e->id(),
+        e->script_id() >= kMaxScriptId ? wire::Status::InvalidArgument : wire::Status::NeedSource,
+        0, e->script_id() >= kMaxScriptId ? "script id out of range" : "");
     return;
   }
   if (s->compile_outcome.status != wire::Status::Ok) {
@@ -155,8 +216,8 @@ void Worker::evaluate(const wire::Evaluation* e) {
     page->running_since_ns.store(now_ns_, std::memory_order_relaxed);
     page->running_id.store(e->id(), std::memory_order_release);
   }
-  const auto outcome =
-      s->state->run(sandbox::push_wire_inputs, e->inputs(), static_cast<int64_t>(e->timeout_us()) * 1000, now_ns_);
+  const auto outcome = s->state->run(sandbox::push_wire_inputs, e->inputs(),
+                                     static_cast<int64_t>(e->timeout_us()) * 1000, now_ns_);
   if (page) {
     page->running_id.store(0, std::memory_order_release);
     page->evaluations.fetch_add(1, std::memory_order_relaxed);

@@ -1,14 +1,14 @@
 // The worker process's serving loop: frames in, evaluations, frames out.
 #pragma once
 
+#include <flatbuffers/flatbuffers.h>
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <flatbuffers/flatbuffers.h>
 
 #include "outrun/protocol/frame.h"
 #include "outrun/protocol/status_page.h"
@@ -21,12 +21,17 @@ namespace outrun::worker {
 // worker.
 enum class TestFault : uint8_t {
   kNone,
-  kForgetScripts,    // "forget-scripts": drop every compiled script after each batch -> NeedSource
-  kNeedSourceLoop,   // "need-source-loop": answer NeedSource to every evaluation, even with source
+  kForgetScripts,   // "forget-scripts": drop every compiled script after each batch -> NeedSource
+  kNeedSourceLoop,  // "need-source-loop": answer NeedSource to every evaluation, even with source
+  // "escape": an evaluation with a string input named "escape" first tries what it names, after
+  // confinement: "open", "socket", "fork", "exec", "mmap-exec", "kill-host" (each must be killed
+  // by the seccomp filter), or "blow-up" (allocates outside every script's account until the
+  // address-space backstop makes it fail).
+  kEscape,
 };
 
 struct WorkerOptions {
-  int fd = 3;                          // the stream socket to the host (blocking)
+  int fd = 3;  // the stream socket to the host (blocking)
   TestFault fault = TestFault::kNone;
   std::size_t memory_limit = 16u << 20;  // per script state
   protocol::StatusPage* page = nullptr;  // shared with the host; may be null (tests)
@@ -34,12 +39,13 @@ struct WorkerOptions {
 
 // Exit codes. The host reads them to tell causes apart.
 enum ExitCode : int {
-  kExitOk = 0,                 // host closed the pipe or sent Shutdown
-  kExitUsage = 64,             // bad command line
-  kExitIo = 74,                // the pipe failed
-  kExitProtocol = 76,          // the host sent a frame that failed verification
-  kExitOrphan = 77,            // the host was already gone at start
-  kExitStatusPage = 78,        // the status page could not be mapped
+  kExitOk = 0,           // host closed the pipe or sent Shutdown
+  kExitUsage = 64,       // bad command line
+  kExitIo = 74,          // the pipe failed
+  kExitProtocol = 76,    // the host sent a frame that failed verification
+  kExitOrphan = 77,      // the host was already gone at start
+  kExitStatusPage = 78,  // the status page could not be mapped
+  kExitConfine = 79,     // it could not confine itself (rlimits, no_new_privs, seccomp)
 };
 
 // Serves the host until it closes the pipe or sends Shutdown. Single-threaded: reads every
@@ -61,7 +67,8 @@ class Worker {
   void handle(const wire::Frame* frame);
   void evaluate(const wire::Evaluation* e);
   Script* script_for(const wire::Evaluation* e);
-  void add_result(uint64_t id, wire::Status status, flatbuffers::Offset<wire::Value> value, std::string_view error);
+  void add_result(uint64_t id, wire::Status status, flatbuffers::Offset<wire::Value> value,
+                  std::string_view error);
   bool flush();
   bool write_all(const uint8_t* data, std::size_t size);
 

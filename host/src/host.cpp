@@ -1,11 +1,11 @@
 // outrun::Host: life cycle and the public API. See host_impl.h for the threads.
 #include "outrun/host.h"
 
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
-
-#include <spdlog/spdlog.h>
 
 #include "host_impl.h"
 
@@ -18,7 +18,8 @@ namespace outrun {
 using detail::Completion;
 using detail::Shard;
 
-static_assert(static_cast<int>(Status::invalid_argument) == static_cast<int>(wire::Status::InvalidArgument));
+static_assert(static_cast<int>(Status::invalid_argument) ==
+              static_cast<int>(wire::Status::InvalidArgument));
 static_assert(static_cast<int>(Status::ok) == static_cast<int>(wire::Status::Ok));
 static_assert(static_cast<int>(Status::killed) == static_cast<int>(wire::Status::Killed));
 
@@ -38,13 +39,15 @@ std::string find_worker(const std::string& configured) {
 
 }  // namespace
 
-
 Error Host::Impl::start() {
   worker_path = find_worker(opts.worker_path);
   if (access(worker_path.c_str(), X_OK) != 0)
-    return {Status::invalid_argument, "worker executable '" + worker_path + "' is not executable: " + strerror(errno)};
-  timeout_us = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(opts.timeout).count());
-  hard_deadline_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(opts.timeout + opts.grace).count();
+    return {Status::invalid_argument,
+            "worker executable '" + worker_path + "' is not executable: " + strerror(errno)};
+  timeout_us = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(opts.timeout).count());
+  hard_deadline_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(opts.timeout + opts.grace).count();
   uv_loop_init(&loop);
   loop.data = this;
   uv_async_init(&loop, &wakeup, &Impl::on_wakeup);
@@ -77,8 +80,8 @@ Error Host::Impl::start() {
     uv_run(&loop, UV_RUN_DEFAULT);
   });
   std::unique_lock lock(start_mu);
-  const bool ready = start_cv.wait_for(lock, opts.start_timeout,
-                                       [&] { return hellos >= opts.shards || !start_error.empty(); });
+  const bool ready = start_cv.wait_for(
+      lock, opts.start_timeout, [&] { return hellos >= opts.shards || !start_error.empty(); });
   if (!start_error.empty()) return {Status::unavailable, start_error};
   if (!ready) return {Status::unavailable, "workers did not say hello within the start timeout"};
   return {};
@@ -92,25 +95,45 @@ void Host::Impl::shutdown() {
   stopping.store(true);
   wake();
   loop_thread.join();
-  if (int rc = uv_loop_close(&loop); rc != 0) spdlog::error("outrun: loop closed with handles open: {}", uv_strerror(rc));
+  if (int rc = uv_loop_close(&loop); rc != 0)
+    spdlog::error("outrun: loop closed with handles open: {}", uv_strerror(rc));
   // Every dispatcher runs what is queued and joins before any shard is destroyed: a last
   // callback may still submit (it gets `cancelled`) to any shard.
   for (auto& sh : shards) sh->dispatcher->stop_and_join();
   shards.clear();
 }
 
+uint64_t resident_bytes(int pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/statm", pid);
+  FILE* f = std::fopen(path, "re");
+  if (!f) return 0;
+  unsigned long long size = 0, resident = 0;
+  const int n = std::fscanf(f, "%llu %llu", &size, &resident);
+  std::fclose(f);
+  return n == 2 ? resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) : 0;
+}
 
 Error Host::create(const HostOptions& options, std::unique_ptr<Host>* out) {
   out->reset();
-  if (options.shards < 1 || options.shards > 64) return {Status::invalid_argument, "shards must be 1..64"};
+  if (options.shards < 1 || options.shards > 64)
+    return {Status::invalid_argument, "shards must be 1..64"};
   if (options.timeout.count() <= 0) return {Status::invalid_argument, "timeout must be positive"};
   if (options.grace.count() < 0) return {Status::invalid_argument, "grace must not be negative"};
   if (options.memory_limit < (256u << 10))
-    return {Status::invalid_argument, "memory_limit must be at least 256 KiB (the sandbox's libraries need it)"};
-  if (options.heartbeat_interval.count() <= 0 || options.silence_limit <= options.heartbeat_interval)
-    return {Status::invalid_argument, "heartbeat_interval must be positive and below silence_limit"};
-  if (options.retries < 0 || options.retries > 10) return {Status::invalid_argument, "retries must be 0..10"};
-  if (options.crash_loop_limit < 1) return {Status::invalid_argument, "crash_loop_limit must be at least 1"};
+    return {Status::invalid_argument,
+            "memory_limit must be at least 256 KiB (the sandbox's libraries need it)"};
+  if (options.heartbeat_interval.count() <= 0 ||
+      options.silence_limit <= options.heartbeat_interval)
+    return {Status::invalid_argument,
+            "heartbeat_interval must be positive and below silence_limit"};
+  if (options.retries < 0 || options.retries > 10)
+    return {Status::invalid_argument, "retries must be 0..10"};
+  if (options.crash_loop_limit < 1)
+    return {Status::invalid_argument, "crash_loop_limit must be at least 1"};
+  if (options.worker_address_space_limit != 0 && options.worker_address_space_limit < (64u << 20))
+    return {Status::invalid_argument,
+            "worker_address_space_limit must be 0 (none) or at least 64 MiB"};
   auto impl = std::make_unique<Impl>(options);
   if (Error err = impl->start()) {
     impl->shutdown();
@@ -122,7 +145,9 @@ Error Host::create(const HostOptions& options, std::unique_ptr<Host>* out) {
 
 Host::Host(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-Host::~Host() { impl_->shutdown(); }
+Host::~Host() {
+  impl_->shutdown();
+}
 
 Error Host::register_script(std::string_view key, std::string_view source, Script* out) {
   return impl_->registry.add(key, source, out);
@@ -143,7 +168,9 @@ void Host::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
   impl_->submit_batch(std::move(requests), std::move(done));
 }
 
-int Host::shards() const { return static_cast<int>(impl_->shards.size()); }
+int Host::shards() const {
+  return static_cast<int>(impl_->shards.size());
+}
 
 ShardStats Host::shard_stats(int i) const {
   ShardStats s;
@@ -151,7 +178,8 @@ ShardStats Host::shard_stats(int i) const {
   Shard& sh = *impl_->shards[static_cast<std::size_t>(i)];
   auto rd = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
   s.index = i;
-  s.state = detail::to_string(static_cast<detail::ShardState>(sh.public_state.load(std::memory_order_relaxed)));
+  s.state = detail::to_string(
+      static_cast<detail::ShardState>(sh.public_state.load(std::memory_order_relaxed)));
   s.pid = sh.pid.load(std::memory_order_relaxed);
   s.starts = rd(sh.starts);
   s.deaths = rd(sh.deaths);
@@ -173,6 +201,8 @@ ShardStats Host::shard_stats(int i) const {
     s.worker_compiles = rd(p->compiles);
     s.worker_scripts = rd(p->scripts);
     s.worker_peak_script_bytes = rd(p->peak_script_bytes);
+    s.worker_peak_rss_bytes = rd(p->peak_rss_bytes);
+    if (s.pid > 0) s.worker_rss_bytes = resident_bytes(s.pid);
     const int64_t beat = p->heartbeat_ns.load(std::memory_order_relaxed);
     if (beat > 0) s.heartbeat_age_ms = (monotonic_ns() - beat) / 1'000'000;
   }
@@ -186,7 +216,8 @@ void Host::Impl::wake() {
 
 namespace {
 Error post_command(Host::Impl& impl, int shards, Host::Impl::CommandKind kind, int shard) {
-  if (shard < 0 || shard >= shards) return {Status::invalid_argument, "no shard " + std::to_string(shard)};
+  if (shard < 0 || shard >= shards)
+    return {Status::invalid_argument, "no shard " + std::to_string(shard)};
   if (impl.stopping.load()) return {Status::cancelled, "the host is shutting down"};
   {
     std::lock_guard lock(impl.commands_mu);
@@ -197,9 +228,13 @@ Error post_command(Host::Impl& impl, int shards, Host::Impl::CommandKind kind, i
 }
 }  // namespace
 
-Error Host::kill_shard(int shard) { return post_command(*impl_, shards(), Impl::CommandKind::kKill, shard); }
+Error Host::kill_shard(int shard) {
+  return post_command(*impl_, shards(), Impl::CommandKind::kKill, shard);
+}
 
-Error Host::restart_shard(int shard) { return post_command(*impl_, shards(), Impl::CommandKind::kRestart, shard); }
+Error Host::restart_shard(int shard) {
+  return post_command(*impl_, shards(), Impl::CommandKind::kRestart, shard);
+}
 
 std::vector<int> Host::worker_pids() const {
   std::vector<int> pids;

@@ -7,7 +7,9 @@
 //  - one dispatcher thread per shard: runs callbacks.
 #pragma once
 
+#include <flatbuffers/flatbuffers.h>
 #include <time.h>
+#include <uv.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -16,9 +18,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <flatbuffers/flatbuffers.h>
-#include <uv.h>
 
 #include "completion.h"
 #include "outrun/host.h"
@@ -48,9 +47,9 @@ struct Host::Impl {
   flatbuffers::FlatBufferBuilder loop_fbb{4096};  // loop thread only
 
   std::atomic<bool> stopping{false};
-  std::mutex wakeup_mu;     // guards wakeup_open: uv_async_send on a closed handle aborts
+  std::mutex wakeup_mu;  // guards wakeup_open: uv_async_send on a closed handle aborts
   bool wakeup_open = false;
-  void wake();              // any thread: run on_wakeup on the loop (no-op once closed)
+  void wake();                    // any thread: run on_wakeup on the loop (no-op once closed)
   bool shutdown_started = false;  // loop thread only
   int live_workers = 0;           // loop thread only: WorkerProcess objects not yet freed
 
@@ -74,14 +73,17 @@ struct Host::Impl {
   uint32_t alloc_slot(detail::Shard& sh);
   void free_slot(detail::Shard& sh, uint32_t idx);
   void ensure_key(detail::Shard& sh, uint32_t key_id);
-  flatbuffers::Offset<wire::Evaluation> build_evaluation(flatbuffers::FlatBufferBuilder& f, detail::Shard& sh,
-                                                         uint32_t idx, detail::InputsOffset inputs);
-  static std::span<const uint8_t> finish_evaluate(flatbuffers::FlatBufferBuilder& f,
-                                                  const flatbuffers::Offset<wire::Evaluation>* items, std::size_t n);
+  flatbuffers::Offset<wire::Evaluation> build_evaluation(flatbuffers::FlatBufferBuilder& f,
+                                                         detail::Shard& sh, uint32_t idx,
+                                                         detail::InputsOffset inputs);
+  static std::span<const uint8_t> finish_evaluate(
+      flatbuffers::FlatBufferBuilder& f, const flatbuffers::Offset<wire::Evaluation>* items,
+      std::size_t n);
 
   // Ending slots (sh.mu held). end_slot releases the key's flight and queues the coalesced
   // successor in `promoted`; place_promoted sends or parks them (loop thread).
-  void end_slot(detail::Shard& sh, uint32_t idx, Result&& r, Ended* out, std::vector<uint32_t>* promoted);
+  void end_slot(detail::Shard& sh, uint32_t idx, Result&& r, Ended* out,
+                std::vector<uint32_t>* promoted);
   // The one way a slot ends: frees it, releases its key's flight (queueing the coalesced
   // successor in `promoted`) and hands back its completion. sh.mu held.
   detail::Completion release_slot(detail::Shard& sh, uint32_t idx, std::vector<uint32_t>* promoted);
@@ -94,7 +96,8 @@ struct Host::Impl {
   Error spawn(detail::Shard& sh);
   void read_worker(detail::WorkerProcess* w);
   void process_frames(detail::WorkerProcess* w, std::string* violation);
-  void handle_results(detail::WorkerProcess* w, const wire::Results* results, std::string* violation);
+  void handle_results(detail::WorkerProcess* w, const wire::Results* results,
+                      std::string* violation);
   void drain(detail::WorkerProcess* w);
   void stream_ended(detail::WorkerProcess* w);
   void flush_writer(detail::WorkerProcess* w);
@@ -103,6 +106,8 @@ struct Host::Impl {
   static void on_exit(uv_process_t* p, int64_t status, int term_signal);
   static void on_poll(uv_poll_t* h, int status, int events);
   static void on_linger_expired(uv_timer_t* t);
+  static void on_err_alloc(uv_handle_t* h, size_t suggested, uv_buf_t* buf);
+  static void on_err_read(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf);
   static void on_restart_overdue(uv_timer_t* t);
   static void on_handle_closed(uv_handle_t* h);
 
@@ -132,10 +137,15 @@ inline int64_t monotonic_ns() {
   return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
+// Resident set of a process from /proc/PID/statm, in bytes; 0 if it cannot be read. Statistics
+// only (shard_stats), never on a hot path.
+uint64_t resident_bytes(int pid);
+
 // Backoff and crash-loop constants (see HostOptions for the configurable ones).
 inline constexpr auto kMaxRestartDelay = std::chrono::milliseconds(5000);
 inline constexpr auto kHealthyUptime = std::chrono::milliseconds(1000);
 inline constexpr uint64_t kLingerMs = 1000;
+inline constexpr std::size_t kMaxWorkerLogBytes = 64u << 10;  // per worker process
 // Frames of evaluations are cut at this size so a large batch never nears kMaxFrameSize.
 inline constexpr std::size_t kFrameCutBytes = 1u << 20;
 inline constexpr std::size_t kFrameCutItems = 4096;

@@ -1,7 +1,10 @@
 // One shard: the slot table of its evaluations, its current worker process, its dispatcher.
 #pragma once
 
+#include <uv.h>
+
 #include <atomic>
+#include <boost/interprocess/mapped_region.hpp>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -9,9 +12,6 @@
 #include <mutex>
 #include <string>
 #include <vector>
-
-#include <boost/interprocess/mapped_region.hpp>
-#include <uv.h>
 
 #include "completion.h"
 #include "outrun/protocol/frame.h"
@@ -45,13 +45,16 @@ struct Slot {
   uint32_t generation = 1;
   SlotPlace place = SlotPlace::kFree;
   uint8_t retries = 0;
-  bool source_resent = false;  // NeedSource answered once for this evaluation (a second is a violation)
+  bool source_resent =
+      false;  // NeedSource answered once for this evaluation (a second is a violation)
   Script script;
   Inputs inputs;  // kept to re-send after NeedSource or a restart
   Completion done;
 };
 
-inline uint64_t slot_id(const Slot& s, uint32_t idx) { return (uint64_t{s.generation} << 32) | idx; }
+inline uint64_t slot_id(const Slot& s, uint32_t idx) {
+  return (uint64_t{s.generation} << 32) | idx;
+}
 
 struct Shard;
 
@@ -70,20 +73,23 @@ struct WorkerProcess {
   Shard* shard = nullptr;
   uv_process_t process{};
   uv_poll_t poll{};
-  uv_timer_t linger{};  // after end-of-stream: how long we wait for the exit status
+  uv_timer_t linger{};         // after end-of-stream: how long we wait for the exit status
+  uv_pipe_t err_pipe{};        // the worker's stderr, logged by the host; closes at its EOF
+  std::string err_line;        // a partial line of it
+  std::size_t err_logged = 0;  // bytes of it logged so far (bounded)
   int pid = 0;
   int fd = -1;
   int open_handles = 0;
   bool poll_started = false;
   bool poll_writable = false;
   bool hello = false;
-  bool stream_ended = false;  // EOF or a socket error: reading stopped, exit status awaited
-  bool dead = false;          // first sign of death seen: group killed, evaluations ended
-  bool exited = false;        // libuv reaped it: never signal its pid again
+  bool stream_ended = false;       // EOF or a socket error: reading stopped, exit status awaited
+  bool dead = false;               // first sign of death seen: group killed, evaluations ended
+  bool exited = false;             // libuv reaped it: never signal its pid again
   bool restart_requested = false;  // restart_shard: start the next one at once
   bool exited_cleanly = false;     // exit code 0, no signal (after Shutdown): not a death to report
   std::chrono::steady_clock::time_point started_at{};
-  int64_t started_ns = 0;            // CLOCK_MONOTONIC, for heartbeat age before the first beat
+  int64_t started_ns = 0;  // CLOCK_MONOTONIC, for heartbeat age before the first beat
   std::shared_ptr<protocol::FrameWriter> writer;  // also referenced by producers
   protocol::FrameReader reader;
   std::string page_name;
@@ -101,19 +107,19 @@ struct Shard {
   ShardState state = ShardState::kDown;
   std::vector<Slot> slots;
   std::vector<uint32_t> free_slots;
-  std::vector<uint8_t> known;      // script ids whose source the current worker has
-  std::vector<uint32_t> waiting;   // slots accepted while down (and retries), in order
-  std::vector<uint32_t> flight;    // by key id: slot index + 1 of the key's evaluation in flight
-  std::vector<uint32_t> pending;   // by key id: slot index + 1 of the coalesced one behind it
+  std::vector<uint8_t> known;     // script ids whose source the current worker has
+  std::vector<uint32_t> waiting;  // slots accepted while down (and retries), in order
+  std::vector<uint32_t> flight;   // by key id: slot index + 1 of the key's evaluation in flight
+  std::vector<uint32_t> pending;  // by key id: slot index + 1 of the coalesced one behind it
   std::shared_ptr<protocol::FrameWriter> writer;  // of the current worker; null while down
-  std::string unavailable_reason;  // kCrashLoop: why, for the `unavailable` message
+  std::string unavailable_reason;                 // kCrashLoop: why, for the `unavailable` message
 
   // Loop thread only.
   WorkerProcess* worker = nullptr;
   uv_timer_t restart_timer{};
   uv_timer_t watchdog{};  // heartbeat age and the running evaluation's T+G deadline
   std::deque<std::chrono::steady_clock::time_point> recent_crashes;  // crash-loop window
-  int quick_crashes = 0;  // consecutive crashes of workers that lived < kHealthyUptime
+  int quick_crashes = 0;              // consecutive crashes of workers that lived < kHealthyUptime
   std::vector<Delivery> to_dispatch;  // scratch: results of one read
   std::atomic<bool> write_blocked{false};  // a producer handed the rest of a write to the loop
 

@@ -1,15 +1,14 @@
 // Worker processes (loop thread): spawn, read, results, death.
 #include <fcntl.h>
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <boost/interprocess/shared_memory_object.hpp>
 #include <cassert>
 #include <cstring>
 #include <random>
-
-#include <boost/interprocess/shared_memory_object.hpp>
-#include <spdlog/spdlog.h>
 
 #include "host_impl.h"
 
@@ -28,14 +27,26 @@ namespace bip = boost::interprocess;
 namespace {
 
 std::string describe_exit(int64_t status, int signal) {
-  if (signal != 0) return "was killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
+  if (signal == SIGSYS)
+    return "was killed by signal " + std::to_string(signal) +
+           " (Bad system call): it made a system call its seccomp filter forbids";
+  if (signal != 0)
+    return "was killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
   switch (status) {
-    case 0: return "exited";
-    case 74: return "exited: its pipe to the host failed (code 74)";
-    case 76: return "exited: the host sent a frame it could not verify (code 76)";
-    case 77: return "exited: the host was gone at start (code 77)";
-    case 78: return "exited: it could not map its status page (code 78)";
-    default: return "exited with code " + std::to_string(status);
+    case 0:
+      return "exited";
+    case 74:
+      return "exited: its pipe to the host failed (code 74)";
+    case 76:
+      return "exited: the host sent a frame it could not verify (code 76)";
+    case 77:
+      return "exited: the host was gone at start (code 77)";
+    case 78:
+      return "exited: it could not map its status page (code 78)";
+    case 79:
+      return "exited: it could not confine itself (rlimits, no_new_privs, seccomp) (code 79)";
+    default:
+      return "exited with code " + std::to_string(status);
   }
 }
 
@@ -56,9 +67,11 @@ Error Host::Impl::spawn(Shard& sh) {
   w->shard = &sh;
   w->page_name = page_name(sh.index);
   try {
-    bip::shared_memory_object shm(bip::create_only, w->page_name.c_str(), bip::read_write, bip::permissions(0600));
+    bip::shared_memory_object shm(bip::create_only, w->page_name.c_str(), bip::read_write,
+                                  bip::permissions(0600));
     shm.truncate(protocol::kStatusPageSize);
-    w->page_region = std::make_shared<bip::mapped_region>(shm, bip::read_write, 0, protocol::kStatusPageSize);
+    w->page_region =
+        std::make_shared<bip::mapped_region>(shm, bip::read_write, 0, protocol::kStatusPageSize);
   } catch (const std::exception& e) {
     bip::shared_memory_object::remove(w->page_name.c_str());
     delete w;
@@ -79,18 +92,33 @@ Error Host::Impl::spawn(Shard& sh) {
   const std::string host_pid = std::to_string(getpid());
   const std::string mem = std::to_string(opts.memory_limit);
   const std::string hb = std::to_string(opts.heartbeat_interval.count());
-  const char* args[] = {worker_path.c_str(), "--fd", "3", "--host-pid", host_pid.c_str(), "--memory-limit", mem.c_str(),
-                        "--status-page", w->page_name.c_str(), "--heartbeat-ms", hb.c_str(), nullptr};
+  const std::string as_limit = std::to_string(opts.worker_address_space_limit);
+  std::vector<const char*> args = {worker_path.c_str(), "--fd",           "3",
+                                   "--host-pid",        host_pid.c_str(), "--memory-limit",
+                                   mem.c_str(),         "--status-page",  w->page_name.c_str(),
+                                   "--heartbeat-ms",    hb.c_str(),       "--address-space-limit",
+                                   as_limit.c_str()};
+  std::string profile;
+  if (!opts.worker_profile_prefix.empty()) {
+    // The pid is not known before the spawn: the worker appends it (see worker/main.cpp).
+    profile = opts.worker_profile_prefix;
+    args.push_back("--profile");
+    args.push_back(profile.c_str());
+  }
+  args.push_back(nullptr);
+  // The worker's stderr is a pipe the host reads and logs (bounded), never a file it could grow.
+  uv_pipe_init(&loop, &w->err_pipe, 0);
+  w->err_pipe.data = w;
   uv_stdio_container_t stdio[4];
   stdio[0].flags = UV_IGNORE;
   stdio[1].flags = UV_IGNORE;
-  stdio[2].flags = UV_INHERIT_FD;
-  stdio[2].data.fd = 2;
+  stdio[2].flags = static_cast<uv_stdio_flags>(UV_CREATE_PIPE | UV_WRITABLE_PIPE);
+  stdio[2].data.stream = reinterpret_cast<uv_stream_t*>(&w->err_pipe);
   stdio[3].flags = UV_INHERIT_FD;
   stdio[3].data.fd = sv[1];
   uv_process_options_t o{};
   o.file = worker_path.c_str();
-  o.args = const_cast<char**>(args);
+  o.args = const_cast<char**>(args.data());
   o.exit_cb = &Impl::on_exit;
   o.flags = UV_PROCESS_DETACHED;  // setsid(): its own session and process group
   o.stdio_count = 4;
@@ -105,12 +133,15 @@ Error Host::Impl::spawn(Shard& sh) {
     close(sv[0]);
     bip::shared_memory_object::remove(w->page_name.c_str());
     w->dead = w->exited = true;
-    w->open_handles = 1;
+    w->open_handles = 2;
     uv_close(reinterpret_cast<uv_handle_t*>(&w->process), &Impl::on_handle_closed);
+    uv_close(reinterpret_cast<uv_handle_t*>(&w->err_pipe), &Impl::on_handle_closed);
     return {Status::unavailable, "cannot start worker '" + worker_path + "': " + uv_strerror(rc)};
   }
   w->pid = w->process.pid;
-  w->open_handles = 3;
+  w->open_handles = 4;
+  uv_read_start(reinterpret_cast<uv_stream_t*>(&w->err_pipe), &Impl::on_err_alloc,
+                &Impl::on_err_read);
   uv_timer_init(&loop, &w->linger);
   w->linger.data = w;
   uv_poll_init(&loop, &w->poll, w->fd);
@@ -153,7 +184,8 @@ Error Host::Impl::spawn(Shard& sh) {
 void Host::Impl::on_handle_closed(uv_handle_t* h) {
   auto* w = static_cast<WorkerProcess*>(h->data);
   Impl* self = static_cast<Impl*>(h->loop->data);
-  if (h == reinterpret_cast<uv_handle_t*>(&w->poll)) w->writer.reset();  // fd closes with the last ref
+  if (h == reinterpret_cast<uv_handle_t*>(&w->poll))
+    w->writer.reset();  // fd closes with the last ref
   if (--w->open_handles == 0) {
     delete w;
     --self->live_workers;
@@ -188,6 +220,44 @@ void Host::Impl::on_linger_expired(uv_timer_t* t) {
   self->kill_worker(w, DeathCause::kProtocol, "closed its pipe but kept running");
 }
 
+// A worker's stderr: its log lines, forwarded to the host's log with the shard's name. Bounded
+// per worker process, so a worker that floods its stderr cannot flood the host's log.
+void Host::Impl::on_err_alloc(uv_handle_t*, size_t, uv_buf_t* buf) {
+  static thread_local char storage[4096];  // loop thread only; consumed before the next alloc
+  *buf = uv_buf_init(storage, sizeof storage);
+}
+
+void Host::Impl::on_err_read(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf) {
+  auto* w = static_cast<WorkerProcess*>(s->data);
+  const int shard = w->shard->index;
+  auto log_line = [&](std::string_view line) {
+    if (line.empty()) return;
+    if (w->err_logged < kMaxWorkerLogBytes) {
+      spdlog::warn("outrun: shard {} | {}", shard, line.substr(0, 1000));
+      w->err_logged += line.size();
+      if (w->err_logged >= kMaxWorkerLogBytes)
+        spdlog::warn("outrun: shard {} worker {} logged over {} bytes; the rest is dropped", shard,
+                     w->pid, kMaxWorkerLogBytes);
+    }
+  };
+  if (nread > 0) {
+    w->err_line.append(buf->base, static_cast<std::size_t>(nread));
+    std::size_t start = 0;
+    for (std::size_t nl; (nl = w->err_line.find('\n', start)) != std::string::npos; start = nl + 1)
+      log_line(std::string_view(w->err_line).substr(start, nl - start));
+    w->err_line.erase(0, start);
+    if (w->err_line.size() > 4096) {  // no newline in sight: log what there is
+      log_line(w->err_line);
+      w->err_line.clear();
+    }
+  } else if (nread < 0) {  // EOF (the process is gone) or an error: either way, done
+    log_line(w->err_line);
+    w->err_line.clear();
+    uv_read_stop(s);
+    uv_close(reinterpret_cast<uv_handle_t*>(s), &Impl::on_handle_closed);
+  }
+}
+
 void Host::Impl::on_poll(uv_poll_t* h, int status, int events) {
   auto* w = static_cast<WorkerProcess*>(h->data);
   Impl* self = static_cast<Impl*>(h->loop->data);
@@ -202,7 +272,8 @@ void Host::Impl::on_poll(uv_poll_t* h, int status, int events) {
 
 void Host::Impl::flush_writer(WorkerProcess* w) {
   switch (w->writer->flush_from_loop()) {
-    case FrameWriter::Flush::kMore: return;
+    case FrameWriter::Flush::kMore:
+      return;
     case FrameWriter::Flush::kClosed:
       // A send failed (EPIPE, ECONNRESET, ...): the worker is dying or broke its socket. Wait
       // for its exit status like at end-of-stream; a worker still running after that is killed.
@@ -226,7 +297,8 @@ void Host::Impl::read_worker(WorkerProcess* w) {
   }
   std::string violation;
   process_frames(w, &violation);
-  if (!violation.empty()) kill_worker(w, DeathCause::kProtocol, "violated the protocol: " + violation);
+  if (!violation.empty())
+    kill_worker(w, DeathCause::kProtocol, "violated the protocol: " + violation);
 }
 
 // Handles every complete frame in the worker's reader; stops at the first violation.
@@ -242,8 +314,8 @@ void Host::Impl::process_frames(WorkerProcess* w, std::string* violation) {
         if (w->hello) {
           *violation = "sent a second hello";
         } else if (h->protocol_version() != protocol::kProtocolVersion) {
-          *violation = "speaks protocol version " + std::to_string(h->protocol_version()) + ", host speaks " +
-                       std::to_string(protocol::kProtocolVersion);
+          *violation = "speaks protocol version " + std::to_string(h->protocol_version()) +
+                       ", host speaks " + std::to_string(protocol::kProtocolVersion);
         } else {
           w->hello = true;
           // The worker has mapped its page: the name is no longer needed.
@@ -255,8 +327,10 @@ void Host::Impl::process_frames(WorkerProcess* w, std::string* violation) {
         break;
       }
       case wire::Body::Results:
-        if (!w->hello) *violation = "sent results before its hello";
-        else handle_results(w, fv.frame->body_as_Results(), violation);
+        if (!w->hello)
+          *violation = "sent results before its hello";
+        else
+          handle_results(w, fv.frame->body_as_Results(), violation);
         break;
       default:
         *violation = "sent an unexpected frame type";
@@ -267,7 +341,8 @@ void Host::Impl::process_frames(WorkerProcess* w, std::string* violation) {
   if (!sh.to_dispatch.empty()) sh.dispatcher->post(sh.to_dispatch);
 }
 
-void Host::Impl::handle_results(WorkerProcess* w, const wire::Results* results, std::string* violation) {
+void Host::Impl::handle_results(WorkerProcess* w, const wire::Results* results,
+                                std::string* violation) {
   Shard& sh = *w->shard;
   const auto* items = results->items();
   if (!items) return;
@@ -281,7 +356,8 @@ void Host::Impl::handle_results(WorkerProcess* w, const wire::Results* results, 
     for (const wire::Result* r : *items) {
       const uint64_t id = r->id();
       const uint32_t idx = static_cast<uint32_t>(id);
-      if (idx >= sh.slots.size() || sh.slots[idx].place != SlotPlace::kSent || detail::slot_id(sh.slots[idx], idx) != id) {
+      if (idx >= sh.slots.size() || sh.slots[idx].place != SlotPlace::kSent ||
+          detail::slot_id(sh.slots[idx], idx) != id) {
         *violation = "answered an evaluation it was not running (id " + std::to_string(id) + ")";
         break;
       }
@@ -301,7 +377,8 @@ void Host::Impl::handle_results(WorkerProcess* w, const wire::Results* results, 
       if (r->status() > wire::Status::InvalidArgument || r->status() == wire::Status::Killed ||
           r->status() == wire::Status::Busy || r->status() == wire::Status::WorkerLost ||
           r->status() == wire::Status::Unavailable || r->status() == wire::Status::Cancelled) {
-        *violation = "sent a status only the host may give (" + std::to_string(static_cast<int>(r->status())) + ")";
+        *violation = "sent a status only the host may give (" +
+                     std::to_string(static_cast<int>(r->status())) + ")";
         break;
       }
       // Release the slot (and the key's flight) now: a caller that awaited this result and
@@ -379,7 +456,9 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
     sh.writer.reset();
     set_state(sh, stop ? ShardState::kStopped : ShardState::kDown);
   }
-  if (cause != DeathCause::kProtocol && w->poll_started && w->reader.error() == protocol::FrameError::kNone) drain(w);
+  if (cause != DeathCause::kProtocol && w->poll_started &&
+      w->reader.error() == protocol::FrameError::kNone)
+    drain(w);
   if (w->poll_started) {
     uv_poll_stop(&w->poll);
     uv_close(reinterpret_cast<uv_handle_t*>(&w->poll), &Impl::on_handle_closed);
@@ -402,7 +481,8 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
   // A crash (signal, error exit, protocol violation) may have been caused by what it was
   // running: that one is not retried. Kills for another evaluation's overrun, for silence or on
   // request have no suspect.
-  const bool has_suspect = cause == DeathCause::kCrash || cause == DeathCause::kExit || cause == DeathCause::kProtocol;
+  const bool has_suspect =
+      cause == DeathCause::kCrash || cause == DeathCause::kExit || cause == DeathCause::kProtocol;
   Ended ended;
   std::vector<uint32_t> promoted;
   {
@@ -415,17 +495,21 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
       if (slot.place != SlotPlace::kSent) continue;
       const uint64_t id = detail::slot_id(slot, idx);
       if (stop) {
-        end_slot(sh, idx, Result{Status::cancelled, {}, "the host shut down before it finished", sh.index}, &ended,
-                 &promoted);
+        end_slot(sh, idx,
+                 Result{Status::cancelled, {}, "the host shut down before it finished", sh.index},
+                 &ended, &promoted);
       } else if (cause == DeathCause::kOverrun && id == w->overrun_id) {
         end_slot(sh, idx,
-                 Result{Status::killed, {},
-                        "script ran past its timeout of " + std::to_string(opts.timeout.count()) + " ms and grace of " +
-                            std::to_string(opts.grace.count()) + " ms; its worker was killed",
+                 Result{Status::killed,
+                        {},
+                        "script ran past its timeout of " + std::to_string(opts.timeout.count()) +
+                            " ms and grace of " + std::to_string(opts.grace.count()) +
+                            " ms; its worker was killed",
                         sh.index},
                  &ended, &promoted);
       } else if ((has_suspect && id == running) || slot.retries >= opts.retries) {
-        end_slot(sh, idx, Result{Status::worker_lost, {}, "its worker " + why, sh.index}, &ended, &promoted);
+        end_slot(sh, idx, Result{Status::worker_lost, {}, "its worker " + why, sh.index}, &ended,
+                 &promoted);
       } else {
         ++slot.retries;
         slot.place = SlotPlace::kWaiting;
@@ -440,8 +524,9 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
     }
     if (stop) {
       for (uint32_t idx : sh.waiting)
-        end_slot(sh, idx, Result{Status::cancelled, {}, "the host shut down before it ran", sh.index}, &ended,
-                 &promoted);
+        end_slot(sh, idx,
+                 Result{Status::cancelled, {}, "the host shut down before it ran", sh.index},
+                 &ended, &promoted);
       sh.waiting.clear();
     }
     set_state(sh, stop ? ShardState::kStopped : ShardState::kDown);
@@ -452,10 +537,13 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
   deliver_all(sh, ended);
   if (!w->hello) {
     std::lock_guard lock(start_mu);
-    if (start_error.empty()) start_error = "worker " + std::to_string(w->pid) + " " + why + " before its hello";
+    if (start_error.empty())
+      start_error = "worker " + std::to_string(w->pid) + " " + why + " before its hello";
     start_cv.notify_all();
   }
-  if (!stop) schedule_restart(sh, cause, w->restart_requested, std::chrono::steady_clock::now() - w->started_at);
+  if (!stop)
+    schedule_restart(sh, cause, w->restart_requested,
+                     std::chrono::steady_clock::now() - w->started_at);
 }
 
 }  // namespace outrun

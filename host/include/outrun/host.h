@@ -36,6 +36,17 @@ struct HostOptions {
   // Exceeding it ends the evaluation `memory_limit`; the worker goes on serving others.
   std::size_t memory_limit = 16u << 20;
 
+  // Process-wide backstop per worker (RLIMIT_AS, bytes of address space): should a worker's
+  // memory still blow up past every per-script cap (a leak, an interpreter bug), its allocations
+  // fail, and a worker that cannot go on dies and is restarted like any other crash. 0 = none.
+  // Not applied in sanitizer builds (their shadow memory reserves terabytes).
+  std::size_t worker_address_space_limit = std::size_t{4} << 30;
+
+  // Benchmarks only (outrun-perf --profile): when not empty, each worker writes a gperftools CPU
+  // profile to `<prefix>.<pid>.prof`, recording only between SIGUSR1 and SIGUSR2 sent to its pid;
+  // the file is complete once the host has shut down. Needs libprofiler.so.0.
+  std::string worker_profile_prefix;
+
   // Path of the outrun-worker executable. Empty: $OUTRUN_WORKER, else `outrun-worker` next to
   // the running executable, else the installed libexec path.
   std::string worker_path;
@@ -87,10 +98,10 @@ struct HostOptions {
 // State and counters of one shard, for tests, the CLI and the perf harness.
 struct ShardStats {
   int index = 0;
-  std::string state;       // "running", "down", "crash_loop", "stopping", "stopped"
-  int pid = 0;             // current worker, 0 while down
-  uint64_t starts = 0;     // worker processes started
-  uint64_t deaths = 0;     // worker processes that ended, for any reason
+  std::string state;    // "running", "down", "crash_loop", "stopping", "stopped"
+  int pid = 0;          // current worker, 0 while down
+  uint64_t starts = 0;  // worker processes started
+  uint64_t deaths = 0;  // worker processes that ended, for any reason
   // Deaths by cause.
   uint64_t killed_overrun = 0;    // an evaluation passed T+G
   uint64_t killed_silence = 0;    // heartbeat older than silence_limit
@@ -98,9 +109,9 @@ struct ShardStats {
   uint64_t crashed = 0;           // died of a signal it was not sent by the host
   uint64_t exited = 0;            // exited by itself with a non-zero code
   uint64_t protocol_violations = 0;
-  std::string last_death;         // the cause of the last death, for people
-  uint64_t evaluations = 0;       // submitted to this shard
-  uint64_t retried = 0;           // evaluations sent again after their worker died
+  std::string last_death;    // the cause of the last death, for people
+  uint64_t evaluations = 0;  // submitted to this shard
+  uint64_t retried = 0;      // evaluations sent again after their worker died
   uint64_t read_syscalls = 0;
   uint64_t frames_read = 0;
   // From the worker's status page (0 while down).
@@ -108,6 +119,8 @@ struct ShardStats {
   uint64_t worker_compiles = 0;
   uint64_t worker_scripts = 0;
   uint64_t worker_peak_script_bytes = 0;
+  uint64_t worker_rss_bytes = 0;       // resident set now (/proc/PID/statm, read by this call)
+  uint64_t worker_peak_rss_bytes = 0;  // peak resident set of the current worker (status page)
   int64_t heartbeat_age_ms = -1;
 };
 

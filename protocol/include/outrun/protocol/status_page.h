@@ -13,6 +13,7 @@
 //   72      running_id          worker   id of the evaluation running now; 0 = none
 //   80      running_since_ns    worker   CLOCK_MONOTONIC when it started (T counts from here)
 //   128     evaluations ...     worker   counters, see below
+//   184     peak_rss_bytes      worker   peak resident set, written with each heartbeat
 //
 // Each field sits in its own 8 bytes; the worker's evaluation fields are on a cache line apart
 // from the heartbeat so the heartbeat thread and the main thread do not share a line.
@@ -41,19 +42,24 @@ struct StatusPage {
   std::atomic<int64_t> running_since_ns;
   uint8_t pad1_[40];
 
-  std::atomic<uint64_t> evaluations;     // finished, any status
-  std::atomic<uint64_t> compiles;        // scripts compiled (successfully or not)
-  std::atomic<uint64_t> errors;          // evaluations that did not end ok
-  std::atomic<uint64_t> timeouts;        // soft timeouts
-  std::atomic<uint64_t> memory_limits;   // evaluations that hit the per-script cap
-  std::atomic<uint64_t> scripts;         // script states held now
+  std::atomic<uint64_t> evaluations;        // finished, any status
+  std::atomic<uint64_t> compiles;           // scripts compiled (successfully or not)
+  std::atomic<uint64_t> errors;             // evaluations that did not end ok
+  std::atomic<uint64_t> timeouts;           // soft timeouts
+  std::atomic<uint64_t> memory_limits;      // evaluations that hit the per-script cap
+  std::atomic<uint64_t> scripts;            // script states held now
   std::atomic<uint64_t> peak_script_bytes;  // largest single script state seen
+  std::atomic<uint64_t>
+      peak_rss_bytes;  // the process's peak resident set (getrusage), per heartbeat
 };
 
-static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<int64_t>::is_always_lock_free,
+static_assert(std::atomic<uint64_t>::is_always_lock_free &&
+                  std::atomic<int64_t>::is_always_lock_free,
               "the status page needs lock-free 64-bit atomics");
 static_assert(sizeof(StatusPage) <= kStatusPageSize);
-static_assert(offsetof(StatusPage, heartbeat_ns) == 64 && offsetof(StatusPage, evaluations) == 128,
+static_assert(offsetof(StatusPage, heartbeat_ns) == 64 &&
+                  offsetof(StatusPage, evaluations) == 128 &&
+                  offsetof(StatusPage, peak_rss_bytes) == 184,
               "layout is part of the protocol");
 
 // Reads the running evaluation consistently. Returns false when it changed under the reader
