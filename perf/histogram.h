@@ -32,7 +32,8 @@ class Histogram {
   // Value at quantile q in [0, 1] (upper edge of its bucket, capped at the max seen).
   int64_t quantile(double q) const {
     if (total_ == 0) return 0;
-    const uint64_t rank = std::max<uint64_t>(1, static_cast<uint64_t>(q * static_cast<double>(total_) + 0.5));
+    const uint64_t rank =
+        std::max<uint64_t>(1, static_cast<uint64_t>(q * static_cast<double>(total_) + 0.5));
     uint64_t seen = 0;
     for (std::size_t i = 0; i < counts_.size(); ++i) {
       seen += counts_[i];

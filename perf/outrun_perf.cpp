@@ -1,425 +1,1200 @@
-// outrun-perf: measures outrun against the floors of this machine, in one run.
+// outrun-perf: every budget row of BRIEF §5 in one run, beside InProcess, the floors of this
+// machine and Redis, each measured in the same run. See design/budgets.md for how to run it and
+// how to read its output and profiles.
 //
-// This is the foundation's quick harness: idle round trip and closed-loop throughput, out of
-// process vs InProcess, with on-CPU time per evaluation and worker RSS, beside a raw pipe
-// round trip measured in the same run. The full budget table is a later issue (design/budgets.md).
-#include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
+// What is measured, in each repeat: the floors (pipe round trip; pacing alone; the bare shape with
+// and without a dispatcher hop, at the paced rate), Redis (single client, paced, pipelined),
+// InProcess (idle, paced, closed loop), then per arm (HostOptions; two with --ab) the host:
+// idle latency and CPU, paced open loop, closed loop, supervision (kill after T+G, kill a shard),
+// and scripts (RSS with N compiled scripts, warm restart of one shard, kill every shard).
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
-#include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
 
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
+#include "floors.h"
 #include "histogram.h"
+#include "measure.h"
 #include "outrun/host.h"
 #include "outrun/in_process.h"
+#include "profiler.h"
+#include "redis_peer.h"
+#include "report.h"
 
-using namespace outrun;
-using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
 
+namespace outrun::perf {
 namespace {
 
 const char* kScript = "return (inputs.a + inputs.b) / 2";
 
-int64_t ns_since(Clock::time_point t0) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
-}
+// ---------------------------------------------------------------- options
 
-// CPU time of this whole process (every thread), in ns.
-int64_t self_cpu_ns() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return (int64_t(ru.ru_utime.tv_sec) + ru.ru_stime.tv_sec) * 1'000'000'000 +
-         (int64_t(ru.ru_utime.tv_usec) + ru.ru_stime.tv_usec) * 1000;
-}
-
-// CPU time of another process from /proc/PID/stat (utime + stime), in ns.
-int64_t proc_cpu_ns(int pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string s((std::istreambuf_iterator<char>(f)), {});
-  const auto close = s.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::istringstream in(s.substr(close + 2));
-  std::string field;
-  long long utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && in >> field; ++i) {
-    if (i == 14) utime = std::stoll(field);
-    if (i == 15) stime = std::stoll(field);
-  }
-  return (utime + stime) * (1'000'000'000 / sysconf(_SC_CLK_TCK));
-}
-
-int64_t workers_cpu_ns(const Host& h) {
-  int64_t sum = 0;
-  for (int pid : h.worker_pids()) sum += proc_cpu_ns(pid);
-  return sum;
-}
-
-long rss_kb(int pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
-  return 0;
-}
-
-struct LatencyRow {
-  int64_t p50_ns = 0, p99_ns = 0, max_ns = 0;
-  uint64_t n = 0;
+struct Options {
+  int shards = 2;
+  double rate = 10000;
+  double duration = 5.0;  // seconds per paced window
+  double warmup = 0.5;    // seconds of paced load before each window
+  double closed_duration = 3.0;
+  int iterations = 5000;  // round trips per idle-latency row
+  int scripts = 1000;
+  int timeout_ms = 50, grace_ms = 50;
+  int kill_rounds = 20;
+  double idle_seconds = 2.0;
+  int keys = 64;  // scripts the paced and closed-loop loads spread over (both shards)
+  int redis_clients = 16, redis_depth = 16;
+  std::string redis_binary = "redis-server";
+  int repeat = 1;
+  bool quick = false, smoke = false, verbose = false;
+  std::set<std::string> sections;
+  std::string ab;
+  std::string out_dir = "perf-out", json_path, markdown_path;
+  std::string profile_dir;
+  std::vector<std::string> profile_rows = {"paced", "closed"};
+  bool profile = false;
 };
 
-// Blocking round trips of 64 bytes between this process and a forked echo process: the
-// machine's floor for one request/response between processes.
-LatencyRow pipe_round_trip(int iterations) {
-  int sv[2];
-  socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(sv[0]);
-    char buf[64];
-    for (;;) {
-      ssize_t n = read(sv[1], buf, sizeof buf);
-      if (n <= 0) _exit(0);
-      if (write(sv[1], buf, static_cast<size_t>(n)) != n) _exit(1);
-    }
-  }
-  close(sv[1]);
-  perf::Histogram h;
-  char buf[64] = {};
-  for (int i = 0; i < iterations + 200; ++i) {
-    const auto t0 = Clock::now();
-    if (write(sv[0], buf, sizeof buf) != sizeof buf) break;
-    std::size_t got = 0;
-    while (got < sizeof buf) {
-      ssize_t n = read(sv[0], buf + got, sizeof buf - got);
-      if (n <= 0) break;
-      got += static_cast<std::size_t>(n);
-    }
-    if (i >= 200) h.record(ns_since(t0));  // the first ones warm up
-  }
-  close(sv[0]);
-  waitpid(pid, nullptr, 0);
-  return {h.quantile(0.5), h.quantile(0.99), h.max(), h.count()};
+const std::vector<std::string> kSections = {"pipe",  "floor",  "redis", "idle",
+                                            "paced", "closed", "kill",  "scripts"};
+
+// Row and group names accepted by --rows, mapped to the sections that measure them.
+const std::map<std::string, std::vector<std::string>> kAliases = {
+    {"all", kSections},
+    {"floors", {"pipe", "floor"}},
+    {"latency", {"idle", "paced"}},
+    {"cpu", {"floor", "paced", "closed"}},
+    {"host_cpu", {"floor", "paced"}},
+    {"supervision", {"kill", "scripts"}},
+    {"kill_latency", {"kill"}},
+    {"shard_kill", {"kill"}},
+    {"rss", {"idle", "scripts"}},
+    {"rss_idle", {"idle"}},
+    {"rss_scripts", {"scripts"}},
+    {"warm_restart", {"scripts"}},
+    {"kill_all", {"scripts"}},
+    {"closed_loop", {"closed"}},
+    {"peer", {"redis"}},
+};
+
+// ---------------------------------------------------------------- helpers
+
+int64_t input_a(int64_t i) {
+  return i % 1'000'000;
+}
+Inputs inputs_for(int64_t i) {
+  const int64_t a = input_a(i);
+  return {{"a", a}, {"b", a + 1}};
 }
 
-LatencyRow idle_latency(Runner& r, const Script& s, int iterations, int* wrong) {
-  perf::Histogram h;
+std::atomic<bool> g_wrong_reported{false};
+bool check(const Result& r, int64_t i) {
+  if (r.status == Status::ok && r.value == Value(static_cast<double>(input_a(i)) + 0.5))
+    return true;
+  if (!g_wrong_reported.exchange(true))
+    std::fprintf(stderr, "outrun-perf: wrong result for input %lld: %s %s\n",
+                 static_cast<long long>(input_a(i)), std::string(to_string(r.status)).c_str(),
+                 r.error.c_str());
+  return false;
+}
+
+// Results checked and wrong: per sample (figures all.checked / all.wrong) and for the whole run.
+std::atomic<int64_t> g_checked{0}, g_wrong{0};
+void count_checked(Figs& f, double checked, double wrong) {
+  f["all.checked"] += checked;
+  f["all.wrong"] += wrong;
+  g_checked += static_cast<int64_t>(checked);
+  g_wrong += static_cast<int64_t>(wrong);
+}
+
+std::vector<Script> register_keys(Runner& r, int n) {
+  std::vector<Script> s(static_cast<std::size_t>(n));
+  for (int k = 0; k < n; ++k)
+    r.register_script("perf.avg." + std::to_string(k), kScript, &s[static_cast<std::size_t>(k)]);
+  return s;
+}
+
+// Evaluates every script once (compiles it on its worker); returns the wrong ones.
+int64_t warm(Runner& r, const std::vector<Script>& s) {
+  int64_t wrong = 0;
+  for (std::size_t k = 0; k < s.size(); ++k)
+    wrong += !check(r.evaluate(s[k], inputs_for(static_cast<int64_t>(k))).get(),
+                    static_cast<int64_t>(k));
+  return wrong;
+}
+
+void put_latency(Figs& f, const std::string& prefix, const LatencyFig& l, bool p999) {
+  f[prefix + "_p50_us"] = l.p50_us;
+  f[prefix + "_p99_us"] = l.p99_us;
+  if (p999) f[prefix + "_p999_us"] = l.p999_us;
+}
+
+// ---------------------------------------------------------------- A/B knobs
+
+bool parse_bool(const std::string& v, bool* out) {
+  if (v == "true" || v == "1" || v == "on" || v == "yes") return *out = true, true;
+  if (v == "false" || v == "0" || v == "off" || v == "no") return *out = false, true;
+  return false;
+}
+
+template <class O>
+concept HasWorkerProfile = requires(O o) {
+  o.worker_profile_prefix = std::string();
+};
+template <class O>
+concept HasAddressSpaceLimit = requires(O o) {
+  o.worker_address_space_limit = std::size_t{};
+};
+
+// Sets HostOptions::worker_profile_prefix where this version of the host has it.
+template <class O>
+bool set_worker_profile_prefix(O& o, const std::string& prefix) {
+  if constexpr (HasWorkerProfile<O>) {
+    o.worker_profile_prefix = prefix;
+    return true;
+  } else {
+    return false;
+  }
+}
+
+template <class O>
+bool set_address_space_limit(O& o, std::size_t v) {
+  if constexpr (HasAddressSpaceLimit<O>) {
+    o.worker_address_space_limit = v;
+    return true;
+  } else {
+    return false;
+  }
+}
+
+// Applies one `name=value` to HostOptions. Durations in ms, sizes in bytes.
+bool apply_knob(HostOptions& o, const std::string& name, const std::string& value,
+                std::string* err) {
+  try {
+    auto ms = [&] { return std::chrono::milliseconds(std::stoll(value)); };
+    bool b = false;
+    if (name == "shards") {
+      o.shards = std::stoi(value);
+    } else if (name == "timeout") {
+      o.timeout = ms();
+    } else if (name == "grace") {
+      o.grace = ms();
+    } else if (name == "memory_limit") {
+      o.memory_limit = std::stoull(value);
+    } else if (name == "start_timeout") {
+      o.start_timeout = ms();
+    } else if (name == "shutdown_timeout") {
+      o.shutdown_timeout = ms();
+    } else if (name == "fulfill_futures_on_loop") {
+      if (!parse_bool(value, &b)) throw std::invalid_argument("bool");
+      o.fulfill_futures_on_loop = b;
+    } else if (name == "max_queued_while_down") {
+      o.max_queued_while_down = std::stoull(value);
+    } else if (name == "restart_delay") {
+      o.restart_delay = ms();
+    } else if (name == "heartbeat_interval") {
+      o.heartbeat_interval = ms();
+    } else if (name == "silence_limit") {
+      o.silence_limit = ms();
+    } else if (name == "single_flight") {
+      if (value == "refuse")
+        o.single_flight = SingleFlight::refuse;
+      else if (value == "coalesce_latest")
+        o.single_flight = SingleFlight::coalesce_latest;
+      else if (value == "off")
+        o.single_flight = SingleFlight::off;
+      else
+        throw std::invalid_argument("refuse|coalesce_latest|off");
+    } else if (name == "retries") {
+      o.retries = std::stoi(value);
+    } else if (name == "crash_loop_limit") {
+      o.crash_loop_limit = std::stoi(value);
+    } else if (name == "crash_loop_window") {
+      o.crash_loop_window = ms();
+    } else if (name == "crash_loop_cooldown") {
+      o.crash_loop_cooldown = ms();
+    } else if (name == "worker_path") {
+      o.worker_path = value;
+    } else if (name == "worker_address_space_limit") {
+      if (!set_address_space_limit(o, std::stoull(value)))
+        throw std::invalid_argument("not in this host");
+    } else {
+      *err = "unknown HostOptions knob '" + name +
+             "' (known: shards timeout grace memory_limit start_timeout shutdown_timeout "
+             "fulfill_futures_on_loop "
+             "max_queued_while_down restart_delay heartbeat_interval silence_limit single_flight "
+             "retries "
+             "crash_loop_limit crash_loop_window crash_loop_cooldown worker_path "
+             "worker_address_space_limit)";
+      return false;
+    }
+  } catch (const std::exception& e) {
+    *err = "bad value '" + value + "' for " + name + " (" + e.what() + ")";
+    return false;
+  }
+  return true;
+}
+
+struct ArmSpec {
+  std::string name, spec;
+  std::vector<std::pair<std::string, std::string>> knobs;
+  bool sets_single_flight = false;
+};
+
+bool parse_arm(const std::string& spec, ArmSpec* out, std::string* err) {
+  out->spec = spec;
+  std::stringstream in(spec);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    const auto eq = item.find('=');
+    if (eq == std::string::npos) {
+      *err = "A/B arm item '" + item + "' is not name=value";
+      return false;
+    }
+    out->knobs.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+    if (item.substr(0, eq) == "single_flight") out->sets_single_flight = true;
+    HostOptions probe;
+    if (!apply_knob(probe, out->knobs.back().first, out->knobs.back().second, err)) return false;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------- measurements
+
+using HookFactory = std::function<WindowHooks(const std::string& section, Host* host)>;
+
+// Sequential round trips through futures (the caller waits for each).
+LatencyFig idle_latency(Runner& r, const std::vector<Script>& s, int iterations, int64_t* wrong) {
+  Histogram h;
   for (int i = 0; i < iterations + 200; ++i) {
-    const auto t0 = Clock::now();
-    Result res = r.evaluate(s, {{"a", i}, {"b", i + 1}}).get();
-    const int64_t dt = ns_since(t0);
-    if (res.status != Status::ok || res.value != Value((2.0 * i + 1) / 2)) ++*wrong;
+    const int64_t t0 = mono_ns();
+    Result res = r.evaluate(s[static_cast<std::size_t>(i) % s.size()], inputs_for(i)).get();
+    const int64_t dt = mono_ns() - t0;
+    *wrong += !check(res, i);
     if (i >= 200) h.record(dt);
   }
-  return {h.quantile(0.5), h.quantile(0.99), h.max(), h.count()};
+  return latency_of(h);
 }
 
-struct ThroughputRow {
-  double evals_per_s = 0;
-  uint64_t evaluations = 0;
-  uint64_t wrong = 0;
-  double host_cpu_us_per_eval = 0;
-  double worker_cpu_us_per_eval = 0;
+// Open loop at o.rate over the scripts `s`, callbacks (dispatcher threads for the host).
+PacedFig paced_runner(Runner& r, const std::vector<Script>& s, const Options& o,
+                      const std::vector<int>& pids, WindowHooks hooks) {
+  Paced p(o.rate, o.warmup, o.duration);
+  Window w;
+  w.pids = pids;
+  const std::size_t n = s.size();
+  const bool drained = p.run(
+      [&](int64_t i) {
+        r.evaluate(s[static_cast<std::size_t>(i) % n], inputs_for(i),
+                   [pp = &p, i](Result res) { pp->complete(i, check(res, i)); });
+      },
+      [&] {
+        hooks.start();
+        w.start();
+      });
+  w.stop();
+  hooks.stop();
+  return paced_fig(p, w, drained);
+}
+
+struct ClosedFig {
+  double per_s = 0, host_us = 0, others_us = 0;
+  int64_t evaluations = 0, wrong = 0;
 };
 
-// Closed loop: keeps `depth` evaluations in flight in batches; checks every result.
-ThroughputRow closed_loop(Runner& r, const Script& s, double seconds, const Host* host) {
-  constexpr std::size_t kBatch = 512;
-  constexpr std::size_t kDepth = 8 * kBatch;
+// Closed loop: keeps up to kDepth evaluations in flight, submitted in batches of kBatch over the
+// scripts `s`; checks every result.
+ClosedFig closed_loop(Runner& r, const std::vector<Script>& s, double seconds,
+                      const std::vector<int>& pids, WindowHooks hooks) {
+  constexpr int64_t kBatch = 512;
+  constexpr int64_t kDepth = 8 * kBatch;
   std::mutex mu;
   std::condition_variable cv;
-  std::size_t in_flight = 0;
-  std::atomic<uint64_t> completed{0}, wrong{0};
-  uint64_t next = 0;
-  auto submit = [&](uint64_t first) {
+  std::atomic<int64_t> in_flight{0}, completed{0}, wrong{0};
+  int64_t next = 0;
+  const std::size_t n = s.size();
+  auto submit = [&](int64_t first) {
     std::vector<Request> reqs;
     reqs.reserve(kBatch);
-    for (std::size_t k = 0; k < kBatch; ++k) {
-      const int64_t i = static_cast<int64_t>((first + k) % 1'000'000);
-      reqs.push_back({s, {{"a", i}, {"b", i + 1}}});
-    }
+    for (int64_t k = 0; k < kBatch; ++k)
+      reqs.push_back({s[static_cast<std::size_t>(first + k) % n], inputs_for(first + k)});
     r.evaluate_batch(std::move(reqs), [&, first](std::size_t k, Result res) {
-      const int64_t i = static_cast<int64_t>((first + k) % 1'000'000);
-      if (res.status != Status::ok || res.value != Value((2.0 * static_cast<double>(i) + 1) / 2)) ++wrong;
+      if (!check(res, first + static_cast<int64_t>(k)))
+        wrong.fetch_add(1, std::memory_order_relaxed);
       completed.fetch_add(1, std::memory_order_relaxed);
-      std::lock_guard lock(mu);
-      if (--in_flight <= kDepth - kBatch) cv.notify_one();
+      const int64_t left = in_flight.fetch_sub(1, std::memory_order_acq_rel) - 1;
+      if (left == kDepth - kBatch || left == 0) {
+        std::lock_guard lock(mu);
+        cv.notify_one();
+      }
     });
   };
-  const int64_t cpu0 = self_cpu_ns();
-  const int64_t wcpu0 = host ? workers_cpu_ns(*host) : 0;
-  const auto t0 = Clock::now();
-  const auto end = t0 + std::chrono::duration<double>(seconds);
-  while (Clock::now() < end) {
+  Window w;
+  w.pids = pids;
+  hooks.start();
+  w.start();
+  const int64_t end = w.wall0 + static_cast<int64_t>(seconds * 1e9);
+  while (mono_ns() < end) {
     {
       std::unique_lock lock(mu);
-      cv.wait(lock, [&] { return in_flight <= kDepth - kBatch; });
-      in_flight += kBatch;
+      cv.wait(lock, [&] { return in_flight.load() <= kDepth - kBatch; });
     }
+    in_flight.fetch_add(kBatch);
     submit(next);
     next += kBatch;
   }
   {
     std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return in_flight == 0; });
+    cv.wait_for(lock, std::chrono::seconds(30), [&] { return in_flight.load() == 0; });
   }
-  const double elapsed = static_cast<double>(ns_since(t0)) / 1e9;
-  ThroughputRow row;
-  row.evaluations = completed.load();
-  row.wrong = wrong.load() + (row.evaluations != next ? 1 : 0);
-  row.evals_per_s = static_cast<double>(row.evaluations) / elapsed;
-  row.host_cpu_us_per_eval = static_cast<double>(self_cpu_ns() - cpu0) / 1000.0 / static_cast<double>(row.evaluations);
-  if (host)
-    row.worker_cpu_us_per_eval =
-        static_cast<double>(workers_cpu_ns(*host) - wcpu0) / 1000.0 / static_cast<double>(row.evaluations);
-  return row;
+  w.stop();
+  hooks.stop();
+  ClosedFig f;
+  f.evaluations = completed.load();
+  f.wrong = wrong.load() + (next - f.evaluations);
+  const double nev = static_cast<double>(std::max<int64_t>(1, f.evaluations));
+  f.per_s = static_cast<double>(f.evaluations) / (static_cast<double>(w.wall_ns) / 1e9);
+  f.host_us = us(w.cpu_ns) / nev;
+  f.others_us = us(w.others_ns) / nev;
+  return f;
 }
 
-struct SupervisionRows {
-  perf::Histogram kill_after_deadline;   // result `killed` minus (submit + T + G)
-  perf::Histogram shard_kill_to_ok;      // kill_shard(i) until an evaluation on it is ok
-  double idle_host_cpu_pct = 0;          // host process CPU while idle, % of one core
-  double idle_worker_cpu_pct = 0;        // all workers together
-  int wrong = 0;
-};
+// Idle CPU of this process and of `pids` over `seconds`, % of a core.
+std::pair<double, double> idle_cpu(const std::vector<int>& pids, double seconds) {
+  Window w;
+  w.pids = pids;
+  w.start();
+  sleep_ns(static_cast<int64_t>(seconds * 1e9));
+  w.stop();
+  return {w.cpu_pct(), w.others_pct()};
+}
 
-// Supervision figures: kill latency after T+G, recovery after a shard kill, idle cost.
-SupervisionRows supervision(int shards, int rounds, double idle_seconds) {
-  SupervisionRows out;
-  HostOptions o;
-  o.shards = shards;
-  o.timeout = std::chrono::milliseconds(50);
-  o.grace = std::chrono::milliseconds(50);
-  std::unique_ptr<Host> host;
-  if (Host::create(o, &host)) return out;
-  Script stuck, ok;
-  host->register_script("perf.stuck", "local s = string.rep('a', 200000) return s:find('.-.-.-.-.-.-.-.-.-b')", &stuck);
-  host->register_script("perf.ok", "return inputs.x", &ok);
-  const int64_t tg = std::chrono::duration_cast<std::chrono::nanoseconds>(o.timeout + o.grace).count();
-  for (int i = 0; i < rounds; ++i) {
-    host->evaluate(ok, {{"x", i}}).get();  // the shard is up and warm
-    const auto t0 = Clock::now();
-    Result r = host->evaluate(stuck, {}).get();
-    if (r.status != Status::killed) {
-      ++out.wrong;
-      std::fprintf(stderr, "outrun-perf: runaway ended %s: %s\n", std::string(to_string(r.status)).c_str(), r.error.c_str());
+double max_rss_mb(const std::vector<int>& pids) {
+  long kb = 0;
+  for (int pid : pids) kb = std::max(kb, pid > 0 ? rss_kb(pid) : 0L);
+  return static_cast<double>(kb) / 1024.0;
+}
+
+// Waits until shard `i` has started a worker after `starts` (bounded).
+bool wait_restarted(const Host& h, int i, uint64_t starts) {
+  const int64_t deadline = mono_ns() + 10'000'000'000;
+  while (h.shard_stats(i).starts == starts) {
+    if (mono_ns() > deadline) return false;
+    sleep_ns(50'000);
+  }
+  return true;
+}
+
+// Evaluates every script of `s` once (one batch); returns the ones not ok.
+int64_t run_all(Host& h, const std::vector<Script>& s, int64_t round) {
+  std::vector<Request> reqs;
+  reqs.reserve(s.size());
+  for (const Script& sc : s) reqs.push_back({sc, {{"a", round}, {"b", 0}}});
+  std::mutex mu;
+  std::condition_variable cv;
+  std::size_t left = s.size();
+  int64_t bad = 0;
+  h.evaluate_batch(std::move(reqs), [&](std::size_t, Result r) {
+    std::lock_guard lock(mu);
+    if (r.status != Status::ok) {
+      if (!g_wrong_reported.exchange(true))
+        std::fprintf(stderr, "outrun-perf: script evaluation ended %s: %s\n",
+                     std::string(to_string(r.status)).c_str(), r.error.c_str());
+      ++bad;
     }
-    out.kill_after_deadline.record(ns_since(t0) - tg);
+    if (--left == 0) cv.notify_one();
+  });
+  std::unique_lock lock(mu);
+  if (!cv.wait_for(lock, std::chrono::seconds(60), [&] { return left == 0; }))
+    bad += static_cast<int64_t>(left);
+  return bad;
+}
+
+// ---- sections
+
+void floor_sections(const Options& o, const std::set<std::string>& sel, Figs& f,
+                    const HookFactory& hooks_for) {
+  if (sel.count("pipe")) {
+    const LatencyFig pipe = pipe_round_trip(o.iterations);
+    put_latency(f, "pipe.rt", pipe, true);
+  }
+  if (sel.count("floor")) {
+    const PacedFig pacing = pacing_only(o.rate, o.warmup, o.duration);
+    f["floor.pacing_cpu_pct"] = pacing.cpu_pct;
+    f["floor.pacing_us_per_msg"] = pacing.us_per_msg;
+    for (bool hop : {false, true}) {
+      const std::string p = hop ? "floor.hop" : "floor.shape";
+      const PacedFig s =
+          bare_shape(o.rate, o.warmup, o.duration, hop, hooks_for(hop ? "floor" : "", nullptr));
+      f[p + "_cpu_pct"] = s.cpu_pct;
+      f[p + "_us_per_msg"] = s.us_per_msg;
+      f[p + "_echo_cpu_pct"] = s.other_cpu_pct;
+      f[p + "_echo_us_per_msg"] = s.other_us_per_msg;
+      f[p + "_rate_per_s"] = s.achieved_per_s;
+      put_latency(f, p, s.lat, true);
+      count_checked(f, static_cast<double>(s.measured), static_cast<double>(s.wrong));
+    }
+  }
+}
+
+void redis_sections(const Options& o, RedisServer& srv, const std::string& sha, Figs& f) {
+  int64_t wrong = 0;
+  const LatencyFig single = redis_single_client(srv, sha, o.iterations, &wrong);
+  put_latency(f, "redis.single", single, false);
+  count_checked(f, static_cast<double>(single.n), static_cast<double>(wrong));
+  const PacedFig p = redis_paced(srv, sha, o.rate, o.warmup, o.duration);
+  put_latency(f, "redis.paced", p.lat, true);
+  f["redis.paced_client_cpu_pct"] = p.cpu_pct;
+  f["redis.paced_client_us_per_eval"] = p.us_per_msg;
+  f["redis.paced_server_cpu_pct"] = p.other_cpu_pct;
+  f["redis.paced_server_us_per_eval"] = p.other_us_per_msg;
+  f["redis.paced_rate_per_s"] = p.achieved_per_s;
+  count_checked(f, static_cast<double>(p.measured), static_cast<double>(p.wrong));
+  const RedisPipelinedFig pl =
+      redis_pipelined(srv, sha, o.redis_clients, o.redis_depth, o.closed_duration);
+  f["redis.pipelined_per_s"] = pl.evals_per_s;
+  f["redis.pipelined_client_us_per_eval"] = pl.client_cpu_us_per_eval;
+  f["redis.pipelined_server_us_per_eval"] = pl.server_cpu_us_per_eval;
+  count_checked(f, static_cast<double>(pl.evaluations), static_cast<double>(pl.wrong));
+}
+
+void inprocess_sections(const Options& o, const std::set<std::string>& sel, Figs& f) {
+  if (!sel.count("idle") && !sel.count("paced") && !sel.count("closed")) return;
+  InProcess ip;
+  const std::vector<Script> s = register_keys(ip, o.keys);
+  count_checked(f, static_cast<double>(s.size()), static_cast<double>(warm(ip, s)));
+  if (sel.count("idle")) {
+    int64_t wrong = 0;
+    const LatencyFig l = idle_latency(ip, s, o.iterations, &wrong);
+    put_latency(f, "inproc.idle", l, false);
+    count_checked(f, static_cast<double>(l.n), static_cast<double>(wrong));
+  }
+  if (sel.count("paced")) {
+    const PacedFig p = paced_runner(ip, s, o, {}, {});
+    f["inproc.paced_cpu_pct"] = p.cpu_pct;
+    f["inproc.paced_us_per_eval"] = p.us_per_msg;
+    put_latency(f, "inproc.paced", p.lat, true);
+    count_checked(f, static_cast<double>(p.measured), static_cast<double>(p.wrong));
+  }
+  if (sel.count("closed")) {
+    const ClosedFig c = closed_loop(ip, s, o.closed_duration, {}, {});
+    f["inproc.closed_per_s"] = c.per_s;
+    f["inproc.closed_us_per_eval"] = c.host_us;
+    count_checked(f, static_cast<double>(c.evaluations), static_cast<double>(c.wrong));
+  }
+}
+
+bool host_main_sections(const Options& o, const HostOptions& ho, const std::set<std::string>& sel,
+                        Figs& f, const HookFactory& hooks_for) {
+  if (!sel.count("idle") && !sel.count("paced") && !sel.count("closed")) return true;
+  std::unique_ptr<Host> host;
+  if (Error err = Host::create(ho, &host)) {
+    std::fprintf(stderr, "outrun-perf: cannot start the host: %s\n", err.message.c_str());
+    return false;
+  }
+  const std::vector<Script> s = register_keys(*host, o.keys);
+  count_checked(f, static_cast<double>(s.size()), static_cast<double>(warm(*host, s)));
+  const std::vector<int> pids = host->worker_pids();
+  double idle_host = 0, idle_workers = 0;
+  if (sel.count("idle") || sel.count("paced")) {
+    f["worker.rss_idle_mb"] = max_rss_mb(pids);
+    sleep_ns(200'000'000);
+    std::tie(idle_host, idle_workers) = idle_cpu(pids, o.idle_seconds);
+    f["host.idle_cpu_pct"] = idle_host;
+    f["workers.idle_cpu_pct"] = idle_workers;
+  }
+  if (sel.count("idle")) {
+    int64_t wrong = 0;
+    const LatencyFig l = idle_latency(*host, s, o.iterations, &wrong);
+    put_latency(f, "host.idle", l, false);
+    count_checked(f, static_cast<double>(l.n), static_cast<double>(wrong));
+  }
+  if (sel.count("paced")) {
+    const PacedFig p =
+        paced_runner(*host, s, o, host->worker_pids(), hooks_for("paced", host.get()));
+    f["host.paced_cpu_pct"] = p.cpu_pct;
+    f["host.paced_us_per_eval"] = p.us_per_msg;
+    f["workers.paced_cpu_pct"] = p.other_cpu_pct;
+    f["workers.paced_us_per_eval"] = p.other_us_per_msg;
+    f["host.paced_rate_per_s"] = p.achieved_per_s;
+    // Net of what the same host and workers burn while idle (heartbeats, watchdog).
+    f["host.paced_us_net"] = p.us_per_msg - idle_host / 100.0 * 1e6 / p.achieved_per_s;
+    f["workers.paced_us_net"] = p.other_us_per_msg - idle_workers / 100.0 * 1e6 / p.achieved_per_s;
+    put_latency(f, "host.paced", p.lat, true);
+    count_checked(f, static_cast<double>(p.measured), static_cast<double>(p.wrong));
+  }
+  if (sel.count("closed")) {
+    const ClosedFig c = closed_loop(*host, s, o.closed_duration, host->worker_pids(),
+                                    hooks_for("closed", host.get()));
+    f["host.closed_per_s"] = c.per_s;
+    f["host.closed_us_per_eval"] = c.host_us;
+    f["workers.closed_us_per_eval"] = c.others_us;
+    count_checked(f, static_cast<double>(c.evaluations), static_cast<double>(c.wrong));
+  }
+  return true;
+}
+
+// Kill latency after T+G (a runaway stuck in one C call: only the hard kill ends it), and a
+// shard kill until its next ok.
+bool kill_section(const Options& o, HostOptions ho, Figs& f) {
+  ho.timeout = std::chrono::milliseconds(o.timeout_ms);
+  ho.grace = std::chrono::milliseconds(o.grace_ms);
+  std::unique_ptr<Host> host;
+  if (Error err = Host::create(ho, &host)) {
+    std::fprintf(stderr, "outrun-perf: cannot start the host: %s\n", err.message.c_str());
+    return false;
+  }
+  Script stuck, ok;
+  host->register_script("perf.stuck",
+                        "local s = string.rep('a', 200000) return s:find('.-.-.-.-.-.-.-.-.-b')",
+                        &stuck);
+  host->register_script("perf.ok", kScript, &ok);
+  const int64_t tg = (int64_t{o.timeout_ms} + o.grace_ms) * 1'000'000;
+  Histogram after_tg, shard_kill;
+  int64_t wrong = 0, checked = 0;
+  for (int i = 0; i < o.kill_rounds; ++i) {
+    wrong += !check(host->evaluate(ok, inputs_for(i)).get(), i);  // up and warm
+    const int64_t t0 = mono_ns();
+    const Result r = host->evaluate(stuck, {}).get();
+    after_tg.record(mono_ns() - t0 - tg);
+    checked += 2;
+    if (r.status != Status::killed) {
+      ++wrong;
+      std::fprintf(stderr, "outrun-perf: the runaway ended %s: %s\n",
+                   std::string(to_string(r.status)).c_str(), r.error.c_str());
+    }
   }
   const int shard = static_cast<int>(ok.shard());
-  for (int i = 0; i < rounds; ++i) {
-    host->evaluate(ok, {{"x", i}}).get();
+  for (int i = 0; i < o.kill_rounds; ++i) {
+    wrong += !check(host->evaluate(ok, inputs_for(i)).get(), i);
     const uint64_t starts = host->shard_stats(shard).starts;
-    const auto t0 = Clock::now();
+    const int64_t t0 = mono_ns();
     host->kill_shard(shard);
-    // The next evaluation submitted once the old worker is gone (a new one has been started):
-    // it goes to the new worker, with its source, as soon as that one is up.
-    while (host->shard_stats(shard).starts == starts) std::this_thread::sleep_for(std::chrono::microseconds(50));
-    Result r = host->evaluate(ok, {{"x", i}}).get();
-    if (r.status != Status::ok) {
-      ++out.wrong;
-      std::fprintf(stderr, "outrun-perf: after kill_shard: %s: %s\n", std::string(to_string(r.status)).c_str(), r.error.c_str());
-    }
-    out.shard_kill_to_ok.record(ns_since(t0));
+    // The next evaluation, submitted once the host has seen the death and started a new worker.
+    wrong += !wait_restarted(*host, shard, starts);
+    wrong += !check(host->evaluate(ok, inputs_for(i)).get(), i);
+    shard_kill.record(mono_ns() - t0);
+    checked += 2;
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  const int64_t cpu0 = self_cpu_ns(), w0 = workers_cpu_ns(*host);
-  const auto t0 = Clock::now();
-  std::this_thread::sleep_for(std::chrono::duration<double>(idle_seconds));
-  const double wall = static_cast<double>(ns_since(t0));
-  out.idle_host_cpu_pct = 100.0 * static_cast<double>(self_cpu_ns() - cpu0) / wall;
-  out.idle_worker_cpu_pct = 100.0 * static_cast<double>(workers_cpu_ns(*host) - w0) / wall;
-  return out;
+  f["kill.after_tg_p50_ms"] = ms(after_tg.quantile(0.5));
+  f["kill.after_tg_max_ms"] = ms(after_tg.max());
+  f["kill.shard_next_ok_p50_ms"] = ms(shard_kill.quantile(0.5));
+  f["kill.shard_next_ok_max_ms"] = ms(shard_kill.max());
+  count_checked(f, static_cast<double>(checked), static_cast<double>(wrong));
+  return true;
 }
 
-struct ScriptsRows {
-  long rss_after_kb = 0;       // largest worker after compiling its share of the scripts
-  int64_t cold_all_ns = 0;     // first evaluation of every script (compiles)
-  int64_t kill_all_ns = 0;     // kill every shard -> every script's next result ok
-  int wrong = 0;
-};
+// A 40-line script, as the brief's compile figure assumes.
+std::string tag_source(int i) {
+  std::string src = "local a, b = inputs.a, inputs.b\n";
+  for (int l = 0; l < 38; ++l)
+    src += "if a > " + std::to_string(l * 7 + i) + " then b = b + " + std::to_string(l) + " end\n";
+  return src + "return b";
+}
 
-// Many scripts: RSS after compiling them, and recovery of all of them after every shard is
-// killed (their sources go to the new workers with their next evaluations).
-ScriptsRows many_scripts(int shards, int count) {
-  ScriptsRows out;
-  HostOptions o;
-  o.shards = shards;
+// N scripts on shard 0 (more on the others): RSS of the worker holding them; warm restart (kill
+// shard 0 -> every one of its scripts' next ok); kill every shard -> the next result of N scripts.
+bool scripts_section(const Options& o, const HostOptions& ho, Figs& f) {
   std::unique_ptr<Host> host;
-  if (Host::create(o, &host)) return out;
-  std::vector<Script> scripts(static_cast<std::size_t>(count));
-  for (int i = 0; i < count; ++i) {
-    // A 40-line script, as the brief's compile figure assumes.
-    std::string src = "local a, b = inputs.a, inputs.b\n";
-    for (int l = 0; l < 38; ++l) src += "if a > " + std::to_string(l * 7 + i) + " then b = b + " + std::to_string(l) + " end\n";
-    src += "return b";
-    host->register_script("tag." + std::to_string(i), src, &scripts[static_cast<std::size_t>(i)]);
+  if (Error err = Host::create(ho, &host)) {
+    std::fprintf(stderr, "outrun-perf: cannot start the host: %s\n", err.message.c_str());
+    return false;
   }
-  auto run_all = [&](int round) {
-    std::vector<Request> reqs;
-    for (int i = 0; i < count; ++i) reqs.push_back({scripts[static_cast<std::size_t>(i)], {{"a", round}, {"b", 0}}});
-    std::mutex mu;
-    std::condition_variable cv;
-    int left = count;
-    host->evaluate_batch(std::move(reqs), [&](std::size_t, Result r) {
-      std::lock_guard lock(mu);
-      if (r.status != Status::ok) ++out.wrong;
-      if (--left == 0) cv.notify_one();
-    });
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return left == 0; });
-  };
-  auto t0 = Clock::now();
-  run_all(1);
-  out.cold_all_ns = ns_since(t0);
-  for (int pid : host->worker_pids()) out.rss_after_kb = std::max(out.rss_after_kb, rss_kb(pid));
-  std::vector<uint64_t> starts;
-  for (int i = 0; i < shards; ++i) starts.push_back(host->shard_stats(i).starts);
-  t0 = Clock::now();
-  for (int i = 0; i < shards; ++i) host->kill_shard(i);
-  for (int i = 0; i < shards; ++i)
-    while (host->shard_stats(i).starts == starts[static_cast<std::size_t>(i)])
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-  run_all(2);
-  out.kill_all_ns = ns_since(t0);
+  std::vector<Script> all, on0;
+  for (int i = 0; static_cast<int>(on0.size()) < o.scripts; ++i) {
+    Script s;
+    host->register_script("tag." + std::to_string(i), tag_source(i), &s);
+    all.push_back(s);
+    if (s.shard() == 0) on0.push_back(s);
+  }
+  int64_t wrong = 0, checked = 0;
+  int64_t t0 = mono_ns();
+  wrong += run_all(*host, all, 1);
+  checked += static_cast<int64_t>(all.size());
+  f["scripts.cold_ms"] = ms(mono_ns() - t0);
+  const std::vector<int> pids = host->worker_pids();
+  f["scripts.rss_mb"] = static_cast<double>(rss_kb(pids[0])) / 1024.0;
+  if (pids.size() > 1) {
+    std::vector<int> others(pids.begin() + 1, pids.end());
+    f["scripts.rss_other_mb"] = max_rss_mb(others);
+  }
+  f["scripts.on_shard0_count"] = static_cast<double>(on0.size());
+
+  // Warm restart of shard 0.
+  uint64_t starts = host->shard_stats(0).starts;
+  t0 = mono_ns();
+  host->kill_shard(0);
+  wrong += !wait_restarted(*host, 0, starts);
+  wrong += run_all(*host, on0, 2);
+  f["scripts.warm_restart_ms"] = ms(mono_ns() - t0);
+  checked += static_cast<int64_t>(on0.size());
+
+  // Kill every shard -> the next result of the first N scripts (spread over every shard).
+  const std::vector<Script> first(
+      all.begin(),
+      all.begin() + std::min<std::size_t>(all.size(), static_cast<std::size_t>(o.scripts)));
+  std::vector<uint64_t> before;
+  for (int i = 0; i < host->shards(); ++i) before.push_back(host->shard_stats(i).starts);
+  t0 = mono_ns();
+  for (int i = 0; i < host->shards(); ++i) host->kill_shard(i);
+  for (int i = 0; i < host->shards(); ++i)
+    wrong += !wait_restarted(*host, i, before[static_cast<std::size_t>(i)]);
+  wrong += run_all(*host, first, 3);
+  f["scripts.kill_all_ms"] = ms(mono_ns() - t0);
+  f["scripts.kill_all_count"] = static_cast<double>(first.size());
+  checked += static_cast<int64_t>(first.size());
+  count_checked(f, static_cast<double>(checked), static_cast<double>(wrong));
+  return true;
+}
+
+void derive(Figs& f) {
+  auto has = [&](const char* id) { return f.count(id) > 0; };
+  if (has("host.paced_cpu_pct") && has("inproc.paced_cpu_pct"))
+    f["host.paced_minus_inproc_pp"] = f["host.paced_cpu_pct"] - f["inproc.paced_cpu_pct"];
+  if (has("host.paced_cpu_pct") && has("floor.shape_cpu_pct") && f["floor.shape_cpu_pct"] > 0)
+    f["host.paced_over_floor"] = f["host.paced_cpu_pct"] / f["floor.shape_cpu_pct"];
+  if (has("host.paced_cpu_pct") && has("floor.hop_cpu_pct") && f["floor.hop_cpu_pct"] > 0)
+    f["host.paced_over_hop_floor"] = f["host.paced_cpu_pct"] / f["floor.hop_cpu_pct"];
+}
+
+// ---------------------------------------------------------------- machine, profiles
+
+std::string read_first(const std::string& path, const std::string& key) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key, 0) == 0) {
+      auto colon = line.find(':');
+      std::string v = colon == std::string::npos ? line : line.substr(colon + 1);
+      v.erase(0, v.find_first_not_of(" \t"));
+      return v;
+    }
+  return "";
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::string s((std::istreambuf_iterator<char>(in)), {});
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+std::string run_command(const std::string& cmd) {
+  std::string out;
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[256];
+    while (std::fgets(buf, sizeof buf, p)) out += buf;
+    pclose(p);
+  }
+  while (!out.empty() && out.back() == '\n') out.pop_back();
   return out;
 }
 
-std::string us(int64_t ns) {
+nlohmann::json machine_json() {
+  utsname u{};
+  uname(&u);
+  return {{"cores", sysconf(_SC_NPROCESSORS_ONLN)},
+          {"kernel", std::string(u.sysname) + " " + u.release + " " + u.version},
+          {"machine", u.machine},
+          {"cpu_model", read_first("/proc/cpuinfo", "model name")},
+          {"mem_total", read_first("/proc/meminfo", "MemTotal")},
+          {"loadavg_at_start", slurp("/proc/loadavg")}};
+}
+
+std::string self_exe() {
+  std::error_code ec;
+  auto p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string() : p.string();
+}
+
+std::string worker_binary(const HostOptions& ho) {
+  if (!ho.worker_path.empty()) return ho.worker_path;
+  if (const char* e = std::getenv("OUTRUN_WORKER")) return e;
+  return (fs::path(self_exe()).parent_path() / "outrun-worker").string();
+}
+
+void print_ranking(const std::string& title, const Ranking& r, nlohmann::json* out) {
+  if (!r.error.empty()) {
+    std::printf("%s: %s\n", title.c_str(), r.error.c_str());
+    out->push_back({{"title", title}, {"error", r.error}});
+    return;
+  }
+  std::printf("%s (%ld samples):\n  by component:", title.c_str(), r.total_samples);
+  nlohmann::json comps = nlohmann::json::array(), top = nlohmann::json::array();
+  for (const auto& [name, pct] : r.components) {
+    std::printf(" %s %.1f%% ·", name.c_str(), pct);
+    comps.push_back({{"component", name}, {"pct", pct}});
+  }
+  std::printf("\n  top (self):");
+  for (std::size_t i = 0; i < r.top.size(); ++i) {
+    if (i < 8)
+      std::printf(" %s %.1f%%%s", r.top[i].first.c_str(), r.top[i].second,
+                  i + 1 < std::min<std::size_t>(8, r.top.size()) ? " ·" : "");
+    top.push_back({{"symbol", r.top[i].first}, {"pct", r.top[i].second}});
+  }
+  std::printf("\n");
+  out->push_back(
+      {{"title", title}, {"samples", r.total_samples}, {"components", comps}, {"top", top}});
+}
+
+// Re-runs the chosen sections with the profilers on (the measured figures above stay clean of
+// profiling overhead) and ranks where the CPU went.
+nlohmann::json profile_pass(const Options& o, const HostOptions& main_opts, const std::string& dir,
+                            std::vector<std::string>* notes) {
+  nlohmann::json out = nlohmann::json::array();
+  CpuProfiler& prof = CpuProfiler::get();
+  if (!prof.available()) {
+    notes->push_back("profile: " + prof.why_unavailable());
+    std::printf("profile: %s\n", prof.why_unavailable().c_str());
+    return out;
+  }
+  const std::string pprof = find_pprof();
+  if (pprof.empty())
+    notes->push_back(
+        "profile: google-pprof not found (Debian: google-perftools); raw .prof files only");
+  fs::create_directories(dir);
+  std::printf(
+      "\nProfiles of the measured window only (%s; CPUPROFILE_FREQUENCY=%s):\n", dir.c_str(),
+      std::getenv("CPUPROFILE_FREQUENCY") ? std::getenv("CPUPROFILE_FREQUENCY") : "default");
+  for (const std::string& row : o.profile_rows) {
+    const std::string host_file = dir + "/host." + row + ".prof";
+    std::vector<int> signalled;
+    bool worker_profiles = false;
+    const HookFactory hooks_for = [&](const std::string& section, Host* host) -> WindowHooks {
+      if (section != row) return {};
+      return {[&, host] {
+                if (host && worker_profiles) {
+                  signalled = host->worker_pids();
+                  for (int pid : signalled)
+                    if (pid > 0) kill(pid, SIGUSR1);
+                }
+                prof.start(host_file);
+              },
+              [&] {
+                prof.stop();
+                for (int pid : signalled)
+                  if (pid > 0) kill(pid, SIGUSR2);
+              }};
+    };
+    Figs f;
+    std::set<std::string> sel = {row};
+    std::string figure;
+    if (row == "floor") {
+      Options fo = o;
+      fo.sections = {"floor"};
+      floor_sections(fo, sel, f, hooks_for);
+      figure = "floor.hop_cpu_pct";
+    } else if (row == "paced" || row == "closed") {
+      HostOptions ho = main_opts;
+      const std::string prefix = dir + "/worker." + row;
+      worker_profiles = set_worker_profile_prefix(ho, prefix);
+      if (!worker_profiles) notes->push_back("worker profile: not available yet");
+      host_main_sections(o, ho, sel, f,
+                         hooks_for);  // the host has shut down: worker files complete
+      figure = row == "paced" ? "host.paced_cpu_pct" : "host.closed_us_per_eval";
+      if (!pprof.empty()) {
+        std::printf("\n[%s] host process under the profiler: %s = %s\n", row.c_str(),
+                    figure.c_str(),
+                    f.count(figure) ? format_value(f[figure], figure_unit(figure)).c_str() : "?");
+        print_ranking("  host (" + host_file + ")",
+                      rank_profile(pprof, self_exe(), host_file, host_file + ".txt", false), &out);
+        if (!worker_profiles) {
+          std::printf("  worker profile: not available yet\n");
+        } else {
+          std::vector<std::string> files;
+          for (const auto& e : fs::directory_iterator(dir)) {
+            const std::string name = e.path().filename().string();
+            if (name.rfind("worker." + row + ".", 0) == 0 && e.path().extension() == ".prof")
+              files.push_back(e.path().string());
+          }
+          if (files.empty()) {
+            std::printf(
+                "  worker profile: no file was written (worker built without --profile "
+                "support?)\n");
+          } else {
+            std::sort(files.begin(), files.end());
+            std::string joined;
+            for (auto& fl : files) joined += fl + "' '";
+            joined.resize(joined.size() - 3);
+            print_ranking(
+                "  workers (" + std::to_string(files.size()) + " files, " + prefix + ".*.prof)",
+                rank_profile(pprof, worker_binary(ho), joined, prefix + ".txt", true), &out);
+          }
+        }
+      }
+      continue;
+    } else {
+      notes->push_back("profile: unknown row '" + row + "' (paced, closed, floor)");
+      continue;
+    }
+    if (!pprof.empty()) {
+      std::printf("\n[%s] bare shape + hop under the profiler: %s = %s\n", row.c_str(),
+                  figure.c_str(),
+                  f.count(figure) ? format_value(f[figure], figure_unit(figure)).c_str() : "?");
+      print_ranking("  harness (" + host_file + ")",
+                    rank_profile(pprof, self_exe(), host_file, host_file + ".txt", false), &out);
+    }
+  }
+  return out;
+}
+
+// Whether a row's figure must exist when `sections` ran (the smoke test's check).
+bool row_expected(const std::string& fig, const std::set<std::string>& sections) {
+  auto starts = [&](const char* p) { return fig.rfind(p, 0) == 0; };
+  auto ran = [&](const char* s) { return sections.count(s) > 0; };
+  if (fig == "host.paced_over_floor" || fig == "host.paced_over_hop_floor")
+    return ran("paced") && ran("floor");
+  if (fig == "scripts.rss_other_mb") return false;  // K=1 has no other worker
+  if (starts("host.paced") || starts("workers.paced")) return ran("paced");
+  if (starts("host.closed") || starts("workers.closed")) return ran("closed");
+  if (starts("host.idle") || starts("worker.rss_idle") || starts("workers.idle"))
+    return ran("idle");
+  if (starts("kill.")) return ran("kill");
+  if (starts("scripts.")) return ran("scripts");
+  if (fig == "all.wrong") return true;
+  return false;
+}
+
+std::string timestamp() {
+  std::time_t t = std::time(nullptr);
   char b[32];
-  std::snprintf(b, sizeof b, "%.1f µs", static_cast<double>(ns) / 1000.0);
+  std::strftime(b, sizeof b, "%Y%m%d-%H%M%S", std::localtime(&t));
   return b;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  CLI::App app{"outrun-perf: outrun's numbers beside this machine's floors, in one run"};
-  bool quick = false;
-  int shards = 2;
-  double duration = 3.0;
-  int iterations = 5000;
-  std::string json_path;
-  app.add_flag("--quick", quick, "short run (about 10 s)");
-  app.add_option("--shards", shards, "worker processes")->check(CLI::Range(1, 64))->capture_default_str();
-  app.add_option("--duration", duration, "seconds per closed-loop arm")->capture_default_str();
-  app.add_option("--iterations", iterations, "round trips per latency row")->capture_default_str();
-  app.add_option("--json", json_path, "also write every figure as JSON to this file");
+int run(int argc, char** argv) {
+  CLI::App app{
+      "outrun-perf: every budget row of BRIEF §5, beside InProcess, this machine's floors and "
+      "Redis, in one run"};
+  Options o;
+  std::string rows = "all", profile_rows;
+  app.add_flag("--quick", o.quick, "short run (< 2 min on 2 cores)");
+  app.add_flag("--smoke", o.smoke,
+               "tiny run for CTest: every row produces a value, every result correct");
+  app.add_option("--shards", o.shards, "worker processes (K)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--rate", o.rate, "paced open-loop rate, evaluations/s")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--duration", o.duration, "seconds per paced window")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--warmup", o.warmup, "seconds of paced load before each window")
+      ->capture_default_str();
+  app.add_option("--closed-duration", o.closed_duration, "seconds per closed-loop arm")
+      ->capture_default_str();
+  app.add_option("--iterations", o.iterations, "round trips per idle-latency row")
+      ->capture_default_str();
+  app.add_option("--scripts", o.scripts, "scripts for RSS, warm restart and kill-all rows")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--timeout", o.timeout_ms, "T, ms (kill-latency row)")->capture_default_str();
+  app.add_option("--grace", o.grace_ms, "G, ms (kill-latency row)")->capture_default_str();
+  app.add_option("--kill-rounds", o.kill_rounds, "rounds of the kill rows")->capture_default_str();
+  app.add_option("--keys", o.keys, "scripts the paced and closed loads spread over")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--rows", rows,
+                 "sections or rows to measure, comma-separated: pipe floor redis idle paced closed "
+                 "kill scripts "
+                 "(or all, floors, latency, cpu, supervision, rss, warm_restart, kill_all, "
+                 "closed_loop, peer)")
+      ->capture_default_str();
+  app.add_option("--repeat", o.repeat, "repeats (figures: min / median / max)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  app.add_option(
+      "--ab", o.ab,
+      "A/B of HostOptions knobs: 'name=v[,name=v]|name=v[,name=v]' (same load, alternating)");
+  app.add_option("--redis-server", o.redis_binary, "redis-server binary ('none': no Redis column)")
+      ->capture_default_str();
+  app.add_option("--redis-clients", o.redis_clients, "connections of the pipelined Redis row")
+      ->capture_default_str();
+  app.add_option("--redis-depth", o.redis_depth, "pipeline depth of the pipelined Redis row")
+      ->capture_default_str();
+  app.add_option("--out", o.out_dir, "folder for artifacts (JSON, Markdown, profiles)")
+      ->capture_default_str();
+  app.add_option("--json", o.json_path, "also write every figure as JSON here");
+  app.add_option("--markdown", o.markdown_path, "also write the tables as Markdown here");
+  app.add_option("--profile", o.profile_dir,
+                 "CPU profiles of the measured windows into DIR (default <out>/profiles-<time>)")
+      ->expected(0, 1);
+  app.add_option("--profile-rows", profile_rows, "windows to profile: paced,closed,floor")
+      ->default_str("paced,closed");
+  app.add_flag("--verbose", o.verbose,
+               "keep the host's warnings (kills during the drills) on stderr");
   CLI11_PARSE(app, argc, argv);
-  if (quick) {
-    duration = std::min(duration, 1.5);
-    iterations = std::min(iterations, 2000);
-  }
+  o.profile = app.count("--profile") > 0;
 
-  HostOptions ho;
-  ho.shards = shards;
-  // The closed loop keeps thousands of evaluations of one script in flight: single flight off.
-  ho.single_flight = SingleFlight::off;
-  std::unique_ptr<Host> host;
-  if (Error err = Host::create(ho, &host)) {
-    std::cerr << "outrun-perf: " << err.message << "\n";
-    return 1;
-  }
-  InProcess inproc;
-  Script hs, is;
-  host->register_script("perf.avg", kScript, &hs);
-  inproc.register_script("perf.avg", kScript, &is);
-  host->evaluate(hs, {{"a", 1}, {"b", 2}}).get();  // compile on its worker
-
-  long idle_rss = 0;
-  for (int pid : host->worker_pids()) idle_rss = std::max(idle_rss, rss_kb(pid));
-
-  int wrong_latency = 0;
-  const LatencyRow pipe = pipe_round_trip(iterations);
-  const LatencyRow lat_out = idle_latency(*host, hs, iterations, &wrong_latency);
-  // The same with futures fulfilled through the dispatcher thread (one more hop).
-  LatencyRow lat_hop;
-  {
-    HostOptions o = ho;
-    o.fulfill_futures_on_loop = false;
-    std::unique_ptr<Host> h2;
-    if (Error err = Host::create(o, &h2)) {
-      std::cerr << "outrun-perf: " << err.message << "\n";
-      return 1;
-    }
-    Script s2;
-    h2->register_script("perf.avg", kScript, &s2);
-    lat_hop = idle_latency(*h2, s2, iterations, &wrong_latency);
-  }
-  const LatencyRow lat_in = idle_latency(inproc, is, iterations, &wrong_latency);
-  const ThroughputRow tp_out = closed_loop(*host, hs, duration, host.get());
-  const ThroughputRow tp_in = closed_loop(inproc, is, duration, nullptr);
-  host.reset();  // measure supervision on a host of its own, with nothing else running
-  const SupervisionRows sup = supervision(shards, quick ? 5 : 20, quick ? 2.0 : 5.0);
-  const ScriptsRows many = many_scripts(shards, 1000);
-
-  std::printf("outrun-perf (%s run, K=%d, script: %s)\n\n", quick ? "quick" : "full", shards, kScript);
-  std::printf("%-42s %16s %16s %16s\n", "row", "out-of-process", "InProcess", "floor / note");
-  std::printf("%-42s %16s %16s %16s\n", "idle round trip p50", us(lat_out.p50_ns).c_str(), us(lat_in.p50_ns).c_str(),
-              ("pipe " + us(pipe.p50_ns)).c_str());
-  std::printf("%-42s %16s %16s %16s\n", "idle round trip p99", us(lat_out.p99_ns).c_str(), us(lat_in.p99_ns).c_str(),
-              ("pipe " + us(pipe.p99_ns)).c_str());
-  std::printf("%-42s %16s %16s %16s\n", "idle p50, futures via dispatcher", us(lat_hop.p50_ns).c_str(), "-",
-              "one more hop");
-  std::printf("%-42s %14.0f/s %14.0f/s %16s\n", "closed loop, every result checked", tp_out.evals_per_s,
-              tp_in.evals_per_s, (std::to_string(tp_out.wrong + tp_in.wrong + static_cast<uint64_t>(wrong_latency)) + " wrong").c_str());
-  std::printf("%-42s %13.2f µs %13.2f µs %16s\n", "host on-CPU per evaluation (closed loop)", tp_out.host_cpu_us_per_eval,
-              tp_in.host_cpu_us_per_eval, "all threads");
-  std::printf("%-42s %13.2f µs %16s %16s\n", "worker on-CPU per evaluation (closed loop)", tp_out.worker_cpu_us_per_eval,
-              "-", "sum of workers");
-  std::printf("%-42s %13ld KB %16s %16s\n", "worker RSS, idle (1 script)", idle_rss, "-", "largest worker");
-  auto ms = [](int64_t ns) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%.2f ms", static_cast<double>(ns) / 1e6);
-    return std::string(b);
+  auto unless_given = [&](const char* flag, auto& var, auto value) {
+    if (!app.count(flag)) var = value;
   };
-  std::printf("%-42s %16s %16s %16s\n", "kill latency after T+G, p50 / max", ms(sup.kill_after_deadline.quantile(0.5)).c_str(),
-              ms(sup.kill_after_deadline.max()).c_str(), "T=50, G=50 ms");
-  std::printf("%-42s %16s %16s %16s\n", "kill_shard -> its next ok, p50 / max", ms(sup.shard_kill_to_ok.quantile(0.5)).c_str(),
-              ms(sup.shard_kill_to_ok.max()).c_str(), "warm, 1 script");
-  std::printf("%-42s %15.3f%% %15.3f%% %16s\n", "idle CPU, host / all workers (% of a core)", sup.idle_host_cpu_pct,
-              sup.idle_worker_cpu_pct, "heartbeats");
-  std::printf("%-42s %13ld KB %16s %16s\n", "worker RSS after compiling 1,000 scripts", many.rss_after_kb, "-",
-              "largest worker");
-  std::printf("%-42s %16s %16s %16s\n", "1,000 scripts: first run / after kill-all", ms(many.cold_all_ns).c_str(),
-              ms(many.kill_all_ns).c_str(), "every result ok");
-
-  if (!json_path.empty()) {
-    nlohmann::json j{
-        {"options", {{"shards", shards}, {"duration_s", duration}, {"iterations", iterations}, {"quick", quick}}},
-        {"pipe_round_trip_ns", {{"p50", pipe.p50_ns}, {"p99", pipe.p99_ns}}},
-        {"idle_latency_ns", {{"out_of_process", {{"p50", lat_out.p50_ns}, {"p99", lat_out.p99_ns}}},
-                             {"in_process", {{"p50", lat_in.p50_ns}, {"p99", lat_in.p99_ns}}},
-                             {"futures_via_dispatcher", {{"p50", lat_hop.p50_ns}, {"p99", lat_hop.p99_ns}}}}},
-        {"closed_loop", {{"out_of_process", {{"evals_per_s", tp_out.evals_per_s},
-                                             {"host_cpu_us_per_eval", tp_out.host_cpu_us_per_eval},
-                                             {"worker_cpu_us_per_eval", tp_out.worker_cpu_us_per_eval},
-                                             {"wrong", tp_out.wrong}}},
-                         {"in_process", {{"evals_per_s", tp_in.evals_per_s},
-                                         {"host_cpu_us_per_eval", tp_in.host_cpu_us_per_eval},
-                                         {"wrong", tp_in.wrong}}}}},
-        {"worker_rss_idle_kb", idle_rss},
-        {"kill_latency_after_deadline_ns", {{"p50", sup.kill_after_deadline.quantile(0.5)}, {"max", sup.kill_after_deadline.max()}}},
-        {"shard_kill_to_next_ok_ns", {{"p50", sup.shard_kill_to_ok.quantile(0.5)}, {"max", sup.shard_kill_to_ok.max()}}},
-        {"idle_cpu_pct", {{"host", sup.idle_host_cpu_pct}, {"workers", sup.idle_worker_cpu_pct}}},
-        {"worker_rss_after_1000_scripts_kb", many.rss_after_kb},
-        {"scripts_1000_first_run_ns", many.cold_all_ns},
-        {"kill_all_shards_to_every_next_ok_ns", many.kill_all_ns},
-    };
-    std::ofstream(json_path) << j.dump(2) << "\n";
+  if (o.quick) {
+    unless_given("--duration", o.duration, 1.5);
+    unless_given("--warmup", o.warmup, 0.3);
+    unless_given("--closed-duration", o.closed_duration, 1.0);
+    unless_given("--iterations", o.iterations, 2000);
+    unless_given("--kill-rounds", o.kill_rounds, 6);
   }
-  const bool all_correct = tp_out.wrong == 0 && tp_in.wrong == 0 && wrong_latency == 0 && sup.wrong == 0 && many.wrong == 0;
-  if (!all_correct) std::fprintf(stderr, "outrun-perf: some results were wrong\n");
-  return all_correct ? 0 : 1;
+  if (o.smoke) {
+    unless_given("--duration", o.duration, 0.3);
+    unless_given("--warmup", o.warmup, 0.1);
+    unless_given("--closed-duration", o.closed_duration, 0.3);
+    unless_given("--iterations", o.iterations, 200);
+    unless_given("--kill-rounds", o.kill_rounds, 2);
+    unless_given("--scripts", o.scripts, 100);
+  }
+  o.idle_seconds = o.smoke ? 0.2 : o.quick ? 1.0 : 2.0;
+  {
+    std::stringstream in(rows);
+    std::string item;
+    while (std::getline(in, item, ',')) {
+      if (item.empty()) continue;
+      if (auto it = kAliases.find(item); it != kAliases.end()) {
+        o.sections.insert(it->second.begin(), it->second.end());
+      } else if (std::find(kSections.begin(), kSections.end(), item) != kSections.end()) {
+        o.sections.insert(item);
+      } else {
+        std::fprintf(stderr, "outrun-perf: unknown row '%s'\n", item.c_str());
+        return 2;
+      }
+    }
+  }
+  if (!profile_rows.empty()) {
+    o.profile_rows.clear();
+    std::stringstream in(profile_rows);
+    std::string item;
+    while (std::getline(in, item, ','))
+      if (!item.empty()) o.profile_rows.push_back(item);
+  }
+  if (!o.verbose) spdlog::set_level(spdlog::level::err);
+
+  // Arms.
+  std::vector<ArmSpec> specs;
+  if (o.ab.empty()) {
+    specs.push_back({"default", "as given", {}, false});
+  } else {
+    const auto bar = o.ab.find('|');
+    if (bar == std::string::npos) {
+      std::fprintf(stderr, "outrun-perf: --ab needs two arms: 'a=1|a=2'\n");
+      return 2;
+    }
+    specs.resize(2);
+    specs[0].name = "A";
+    specs[1].name = "B";
+    std::string err;
+    if (!parse_arm(o.ab.substr(0, bar), &specs[0], &err) ||
+        !parse_arm(o.ab.substr(bar + 1), &specs[1], &err)) {
+      std::fprintf(stderr, "outrun-perf: --ab: %s\n", err.c_str());
+      return 2;
+    }
+  }
+  HostOptions base;
+  base.shards = o.shards;
+  auto plain_options = [&](const ArmSpec& a) {
+    HostOptions ho = base;
+    std::string err;
+    for (const auto& [k, v] : a.knobs) apply_knob(ho, k, v, &err);
+    return ho;
+  };
+  // The loads keep several evaluations of a key in flight: single flight off unless an arm says.
+  auto main_options = [&](const ArmSpec& a) {
+    HostOptions ho = plain_options(a);
+    if (!a.sets_single_flight) ho.single_flight = SingleFlight::off;
+    return ho;
+  };
+
+  const std::string stamp = timestamp();
+  std::vector<std::string> notes;
+  const int64_t run_t0 = mono_ns();
+  const char* mode = o.smoke ? "smoke" : o.quick ? "quick" : "full";
+  std::printf(
+      "outrun-perf (%s run): K=%d, rate %.0f/s, paced window %.1f s (+%.1f s warm-up), closed loop "
+      "%.1f s, "
+      "%d scripts, T=%d G=%d ms, repeat %d%s%s\n",
+      mode, o.shards, o.rate, o.duration, o.warmup, o.closed_duration, o.scripts, o.timeout_ms,
+      o.grace_ms, o.repeat, o.ab.empty() ? "" : ", A/B ", o.ab.c_str());
+  std::printf("script: %s   Redis script: %s\n", kScript, kRedisScript);
+  std::fflush(stdout);
+
+  // Redis: one server for the whole run.
+  std::unique_ptr<RedisServer> redis;
+  std::string sha;
+  if (o.sections.count("redis")) {
+    std::string why;
+    if (o.redis_binary == "none") {
+      why = "--redis-server none";
+    } else {
+      redis = RedisServer::start(o.redis_binary, &why);
+      if (redis) {
+        sha = redis->load_script();
+        if (sha.empty()) {
+          why = "SCRIPT LOAD failed";
+          redis.reset();
+        }
+      }
+    }
+    if (!redis) {
+      notes.push_back("Redis column: not measured (" + why + ")");
+      std::printf("note: no Redis column: %s\n", why.c_str());
+    } else {
+      notes.push_back("Redis " + redis->version() + " on a Unix socket, no persistence, EVALSHA " +
+                      sha);
+    }
+  }
+
+  std::vector<Arm> arms(specs.size());
+  for (std::size_t a = 0; a < specs.size(); ++a) {
+    arms[a].name = specs[a].name;
+    arms[a].spec = specs[a].spec;
+  }
+  const HookFactory no_hooks = [](const std::string&, Host*) { return WindowHooks{}; };
+  bool ok = true;
+  for (int r = 0; r < o.repeat; ++r) {
+    if (o.repeat > 1) std::fprintf(stderr, "outrun-perf: repeat %d/%d\n", r + 1, o.repeat);
+    Figs shared;
+    floor_sections(o, o.sections, shared, no_hooks);
+    if (redis) redis_sections(o, *redis, sha, shared);
+    inprocess_sections(o, o.sections, shared);
+    std::vector<std::size_t> order(specs.size());
+    for (std::size_t a = 0; a < order.size(); ++a)
+      order[a] = r % 2 ? order.size() - 1 - a : a;  // ABBA
+    for (std::size_t a : order) {
+      Figs f = shared;
+      ok &= host_main_sections(o, main_options(specs[a]), o.sections, f, no_hooks);
+      if (o.sections.count("kill")) ok &= kill_section(o, plain_options(specs[a]), f);
+      if (o.sections.count("scripts")) ok &= scripts_section(o, plain_options(specs[a]), f);
+      derive(f);
+      arms[a].samples.push_back(std::move(f));
+    }
+  }
+  redis.reset();  // stop it before profiling and reporting
+  for (Arm& a : arms) a.aggregate();
+
+  const std::vector<RowDef> defs = budget_rows(o.rate, o.scripts);
+  std::ostringstream md;
+  nlohmann::json json_arms = nlohmann::json::array();
+  bool missing = false;
+  for (const Arm& a : arms) {
+    const std::vector<RowResult> results = evaluate_rows(defs, a);
+    std::printf("\n%s\n", specs.size() > 1 ? ("arm " + a.name + ": " + a.spec).c_str() : "");
+    std::printf("%s", text_table(results, o.repeat > 1).c_str());
+    md << (specs.size() > 1 ? "\n### arm " + a.name + ": `" + a.spec + "`\n\n" : "\n")
+       << markdown_table(results, o.repeat > 1);
+    nlohmann::json j = arm_json(a);
+    j["rows"] = rows_json(results);
+    json_arms.push_back(j);
+    // Every row of a measured section has a value (Redis only appears beside them).
+    for (const RowResult& r : results)
+      if (!r.present && row_expected(r.def->figure, o.sections)) {
+        std::fprintf(stderr, "outrun-perf: row '%s' produced no value\n", r.def->label.c_str());
+        missing = true;
+      }
+  }
+  if (specs.size() == 2) {
+    std::printf("\nA/B, median per row (B/A > 1: B is higher):\n%s",
+                ab_table(defs, arms[0], arms[1], false).c_str());
+    md << "\n### A/B, median per row\n\n" << ab_table(defs, arms[0], arms[1], true);
+  }
+  for (const std::string& n : notes) std::printf("note: %s\n", n.c_str());
+
+  nlohmann::json profiles = nlohmann::json::array();
+  if (o.profile) {
+    const std::string dir =
+        o.profile_dir.empty() ? o.out_dir + "/profiles-" + stamp : o.profile_dir;
+    profiles = profile_pass(o, main_options(specs[0]), dir, &notes);
+  }
+
+  const double run_s = static_cast<double>(mono_ns() - run_t0) / 1e9;
+  const int64_t wrong = g_wrong.load();
+  std::printf("\n%s run took %.1f s; %lld results checked, %lld wrong\n", mode, run_s,
+              static_cast<long long>(g_checked.load()), static_cast<long long>(wrong));
+
+  nlohmann::json j{
+      {"tool", "outrun-perf"},
+      {"mode", mode},
+      {"timestamp", stamp},
+      {"git", run_command("git -C '" OUTRUN_SOURCE_DIR "' describe --always --dirty 2>/dev/null")},
+      {"machine", machine_json()},
+      {"options",
+       {{"shards", o.shards},
+        {"rate", o.rate},
+        {"duration_s", o.duration},
+        {"warmup_s", o.warmup},
+        {"closed_duration_s", o.closed_duration},
+        {"iterations", o.iterations},
+        {"scripts", o.scripts},
+        {"timeout_ms", o.timeout_ms},
+        {"grace_ms", o.grace_ms},
+        {"kill_rounds", o.kill_rounds},
+        {"keys", o.keys},
+        {"repeat", o.repeat},
+        {"rows", std::vector<std::string>(o.sections.begin(), o.sections.end())},
+        {"ab", o.ab},
+        {"redis_clients", o.redis_clients},
+        {"redis_depth", o.redis_depth},
+        {"quick", o.quick},
+        {"smoke", o.smoke}}},
+      {"script", kScript},
+      {"redis_script", kRedisScript},
+      {"arms", json_arms},
+      {"profiles", profiles},
+      {"notes", notes},
+      {"run_seconds", run_s},
+      {"results_checked", g_checked.load()},
+      {"results_wrong", wrong},
+  };
+  j["machine"]["loadavg_at_end"] = slurp("/proc/loadavg");
+  if (specs.size() == 2) j["ab"] = ab_json(defs, arms[0], arms[1]);
+
+  std::error_code ec;
+  fs::create_directories(o.out_dir, ec);
+  const std::string header = std::string("outrun-perf ") + mode + " run, " + stamp +
+                             ", K=" + std::to_string(o.shards) + ", " +
+                             j["machine"]["cpu_model"].get<std::string>() + ", " +
+                             std::to_string(sysconf(_SC_NPROCESSORS_ONLN)) + " cores\n";
+  const std::string markdown = "## " + header + md.str();
+  auto write = [&](const std::string& path, const std::string& text) {
+    std::ofstream f(path);
+    f << text;
+    if (!f) std::fprintf(stderr, "outrun-perf: cannot write %s\n", path.c_str());
+  };
+  if (!ec) {
+    write(o.out_dir + "/outrun-perf-" + stamp + ".json", j.dump(2) + "\n");
+    write(o.out_dir + "/outrun-perf-" + stamp + ".md", markdown);
+    std::printf("artifacts: %s/outrun-perf-%s.{json,md}\n", o.out_dir.c_str(), stamp.c_str());
+  }
+  if (!o.json_path.empty()) write(o.json_path, j.dump(2) + "\n");
+  if (!o.markdown_path.empty()) write(o.markdown_path, markdown);
+
+  if (wrong > 0)
+    std::fprintf(stderr, "outrun-perf: %lld results were wrong or missing\n",
+                 static_cast<long long>(wrong));
+  if (missing) std::fprintf(stderr, "outrun-perf: some rows produced no value\n");
+  return ok && wrong == 0 && !missing ? 0 : 1;
+}
+
+}  // namespace outrun::perf
+
+int main(int argc, char** argv) {
+  return outrun::perf::run(argc, argv);
 }
