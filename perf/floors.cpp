@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <csignal>
 #include <cstring>
@@ -29,19 +30,23 @@ constexpr std::size_t kMsg = 64;
 
 // Forks a child that echoes everything it reads on `fd` until EOF. Only async-signal-safe calls
 // in the child: the parent may have threads.
-pid_t fork_echo(int fd, int other) {
+// Forks a child that echoes what it reads on `in` to `out` until EOF, after closing `close_a` and
+// `close_b` (the parent's ends; -1: none). Only async-signal-safe calls in the child: the parent
+// may have threads.
+pid_t fork_echo(int in, int out, int close_a, int close_b = -1) {
   const pid_t pid = fork();
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    close(other);
+    if (close_a >= 0) close(close_a);
+    if (close_b >= 0) close(close_b);
     char buf[65536];
     for (;;) {
-      const ssize_t n = read(fd, buf, sizeof buf);
+      const ssize_t n = read(in, buf, sizeof buf);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) _exit(0);
       ssize_t off = 0;
       while (off < n) {
-        const ssize_t w = write(fd, buf + off, static_cast<std::size_t>(n - off));
+        const ssize_t w = write(out, buf + off, static_cast<std::size_t>(n - off));
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) _exit(1);
         off += w;
@@ -74,15 +79,32 @@ PacedFig paced_fig(const Paced& p, const Window& w, bool drained) {
   f.us_per_msg = us(w.cpu_ns) / static_cast<double>(f.measured);
   f.other_us_per_msg = us(w.others_ns) / static_cast<double>(f.measured);
   f.achieved_per_s = static_cast<double>(f.measured) / (static_cast<double>(w.wall_ns) / 1e9);
+  f.wakeups_per_msg = static_cast<double>(w.wakeups) / static_cast<double>(f.measured);
+  f.other_wakeups_per_msg = static_cast<double>(w.others_wakeups) / static_cast<double>(f.measured);
+  f.threads = thread_figs(w, f.measured);
   f.lat = latency_of(p.histogram());
   f.wrong = p.wrong() + (drained ? 0 : p.total() - p.done());
   return f;
 }
 
+std::vector<ThreadFig> thread_figs(const Window& w, int64_t messages) {
+  std::vector<ThreadFig> out;
+  const int pid = getpid();
+  for (const TaskStat& t : w.threads)
+    out.push_back(
+        {t.tid, t.tid == pid,
+         100.0 * static_cast<double>(t.cpu_ns) /
+             static_cast<double>(std::max<int64_t>(1, w.wall_ns)),
+         static_cast<double>(t.wakeups) / static_cast<double>(std::max<int64_t>(1, messages))});
+  std::sort(out.begin(), out.end(),
+            [](const ThreadFig& a, const ThreadFig& b) { return a.cpu_pct > b.cpu_pct; });
+  return out;
+}
+
 LatencyFig pipe_round_trip(int iterations) {
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return {};
-  const pid_t pid = fork_echo(sv[1], sv[0]);
+  const pid_t pid = fork_echo(sv[1], sv[1], sv[0]);
   close(sv[1]);
   Histogram h;
   char buf[kMsg] = {};
@@ -111,12 +133,31 @@ PacedFig pacing_only(double rate, double warmup_s, double duration_s) {
 }
 
 PacedFig bare_shape(double rate, double warmup_s, double duration_s, bool dispatcher_hop,
-                    WindowHooks hooks) {
-  int sv[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return {};
-  const pid_t child = fork_echo(sv[1], sv[0]);
-  close(sv[1]);
-  const int fd = sv[0];
+                    WindowHooks hooks, bool two_pipes) {
+  // This process writes on `wfd` and reads the answers on `fd`: one socketpair end for both, or
+  // two one-way pipes.
+  int fd = -1, wfd = -1;
+  pid_t child = -1;
+  if (two_pipes) {
+    int to[2], from[2];
+    if (pipe2(to, O_CLOEXEC) != 0) return {};
+    if (pipe2(from, O_CLOEXEC) != 0) {
+      close(to[0]);
+      close(to[1]);
+      return {};
+    }
+    child = fork_echo(to[0], from[1], to[1], from[0]);
+    close(to[0]);
+    close(from[1]);
+    fd = from[0];
+    wfd = to[1];
+  } else {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return {};
+    child = fork_echo(sv[1], sv[1], sv[0]);
+    close(sv[1]);
+    fd = wfd = sv[0];
+  }
   const int stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   const int ep = epoll_create1(EPOLL_CLOEXEC);
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
@@ -203,7 +244,7 @@ PacedFig bare_shape(double rate, double warmup_s, double duration_s, bool dispat
         // 64 bytes into a socket buffer that the echo keeps drained: never blocks in practice.
         std::size_t off = 0;
         while (off < kMsg) {
-          const ssize_t n = write(fd, m + off, kMsg - off);
+          const ssize_t n = write(wfd, m + off, kMsg - off);
           if (n > 0) {
             off += static_cast<std::size_t>(n);
           } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
@@ -229,7 +270,11 @@ PacedFig bare_shape(double rate, double warmup_s, double duration_s, bool dispat
     cv.notify_one();
     dispatcher.join();
   }
-  shutdown(fd, SHUT_RDWR);
+  if (two_pipes) {
+    close(wfd);
+  } else {
+    shutdown(fd, SHUT_RDWR);
+  }
   close(fd);
   close(ep);
   close(stop_fd);

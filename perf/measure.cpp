@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -29,6 +30,71 @@ int64_t stat_cpu_ns(int pid) {
 }
 
 }  // namespace
+
+std::vector<TaskStat> task_stats(int pid) {
+  std::vector<TaskStat> out;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = opendir(dir.c_str());
+  if (!d) return out;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    const std::string task = dir + "/" + e->d_name;
+    FILE* f = std::fopen((task + "/schedstat").c_str(), "r");
+    if (!f) continue;
+    long long on_cpu = 0, waiting = 0, slices = 0;
+    const bool ok = std::fscanf(f, "%lld %lld %lld", &on_cpu, &waiting, &slices) == 3;
+    std::fclose(f);
+    if (!ok) continue;
+    TaskStat t{std::atoi(e->d_name), on_cpu, slices, 0};
+    if (FILE* st = std::fopen((task + "/status").c_str(), "r")) {
+      char line[256];
+      while (std::fgets(line, sizeof line, st))
+        if (std::strncmp(line, "voluntary_ctxt_switches:", 24) == 0)
+          t.wakeups = std::atoll(line + 24);
+      std::fclose(st);
+    }
+    out.push_back(t);
+  }
+  closedir(d);
+  return out;
+}
+
+int64_t procs_wakeups(const std::vector<int>& pids) {
+  int64_t sum = 0;
+  for (int pid : pids)
+    if (pid > 0)
+      for (const TaskStat& t : task_stats(pid)) sum += t.wakeups;
+  return sum;
+}
+
+void Window::start() {
+  others0 = procs_cpu_ns(pids);
+  others_wakeups0 = procs_wakeups(pids);
+  threads0 = task_stats(getpid());
+  cpu0 = process_cpu_ns();
+  wall0 = mono_ns();
+}
+
+void Window::stop() {
+  wall_ns = mono_ns() - wall0;
+  cpu_ns = process_cpu_ns() - cpu0;
+  const std::vector<TaskStat> end = task_stats(getpid());
+  others_ns = procs_cpu_ns(pids) - others0;
+  others_wakeups = procs_wakeups(pids) - others_wakeups0;
+  threads.clear();
+  wakeups = 0;
+  for (const TaskStat& t : end) {
+    TaskStat d = t;
+    for (const TaskStat& b : threads0)
+      if (b.tid == t.tid) {
+        d.cpu_ns -= b.cpu_ns;
+        d.slices -= b.slices;
+        d.wakeups -= b.wakeups;
+      }
+    wakeups += d.wakeups;
+    if (d.cpu_ns > 0) threads.push_back(d);
+  }
+}
 
 int64_t proc_cpu_ns(int pid) {
   const std::string dir = "/proc/" + std::to_string(pid) + "/task";

@@ -43,6 +43,17 @@ inline void sleep_ns(int64_t d) {
   sleep_until_ns(mono_ns() + d);
 }
 
+// One thread's scheduler statistics: on-CPU ns and times scheduled in (/proc/PID/task/TID/
+// schedstat), and wake-ups: voluntary context switches (status), i.e. times it blocked (read,
+// epoll_wait, futex, nanosleep) and was woken again. Preemptions are not wake-ups.
+struct TaskStat {
+  int tid = 0;
+  int64_t cpu_ns = 0;
+  int64_t slices = 0;
+  int64_t wakeups = 0;
+};
+std::vector<TaskStat> task_stats(int pid);  // every live thread of `pid`
+
 // On-CPU time of another process (all its live threads), ns; 0 when it is gone.
 int64_t proc_cpu_ns(int pid);
 inline int64_t procs_cpu_ns(const std::vector<int>& pids) {
@@ -50,6 +61,8 @@ inline int64_t procs_cpu_ns(const std::vector<int>& pids) {
   for (int pid : pids) sum += pid > 0 ? proc_cpu_ns(pid) : 0;
   return sum;
 }
+// Wake-ups (voluntary context switches), summed over every thread of `pids`.
+int64_t procs_wakeups(const std::vector<int>& pids);
 
 // Resident set of a process, KB (VmRSS).
 long rss_kb(int pid);
@@ -120,22 +133,16 @@ class Paced {
 };
 
 // A measured window: wall and on-CPU time of this process and of `pids` between start() and
-// stop().
+// stop(), and wake-ups of both; per thread for this process.
 struct Window {
-  int64_t wall0 = 0, cpu0 = 0, others0 = 0;
+  int64_t wall0 = 0, cpu0 = 0, others0 = 0, others_wakeups0 = 0;
   int64_t wall_ns = 0, cpu_ns = 0, others_ns = 0;
+  int64_t wakeups = 0, others_wakeups = 0;
   std::vector<int> pids;
+  std::vector<TaskStat> threads0, threads;  // this process: at start, then the differences
 
-  void start() {
-    others0 = procs_cpu_ns(pids);
-    cpu0 = process_cpu_ns();
-    wall0 = mono_ns();
-  }
-  void stop() {
-    wall_ns = mono_ns() - wall0;
-    cpu_ns = process_cpu_ns() - cpu0;
-    others_ns = procs_cpu_ns(pids) - others0;
-  }
+  void start();
+  void stop();
   double cpu_pct() const {
     return wall_ns > 0 ? 100.0 * static_cast<double>(cpu_ns) / static_cast<double>(wall_ns) : 0;
   }

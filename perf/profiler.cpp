@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <map>
+#include <regex>
 #include <sstream>
 
 namespace outrun::perf {
@@ -19,7 +19,7 @@ CpuProfiler& CpuProfiler::get() {
 }
 
 CpuProfiler::CpuProfiler() {
-  setenv("CPUPROFILE_FREQUENCY", "1000", 0);  // 100 Hz (the default) gives too few samples
+  setenv("CPUPROFILE_FREQUENCY", "1000", 0);  // the default 100 Hz gives too few samples
   void* lib = dlopen("libprofiler.so.0", RTLD_NOW | RTLD_GLOBAL);
   if (!lib) lib = dlopen("libprofiler.so", RTLD_NOW | RTLD_GLOBAL);
   if (!lib) {
@@ -60,6 +60,10 @@ std::string find_pprof() {
 
 namespace {
 
+struct Frame {
+  std::string file, func;
+};
+
 bool has(const std::string& s, const char* part) {
   return s.find(part) != std::string::npos;
 }
@@ -67,157 +71,165 @@ bool starts(const std::string& s, const char* prefix) {
   return s.rfind(prefix, 0) == 0;
 }
 
-bool is_lua(const std::string& s) {
-  return starts(s, "lua") || starts(s, "luaL_") || starts(s, "l_alloc") ||
-         starts(s, "index2value") || starts(s, "outrun::sandbox::") || has(s, "ScriptState");
+// "__GI___libc_read" -> "read", "epoll_wait@@GLIBC_2.3.2" -> "epoll_wait".
+std::string libc_name(std::string f) {
+  if (auto at = f.find('@'); at != std::string::npos) f.resize(at);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (const char* p : {"__GI_", "_", "GI_", "libc_"})
+      if (starts(f, p) && f.size() > std::string(p).size()) {
+        f.erase(0, std::string(p).size());
+        changed = true;
+      }
+  }
+  return f;
 }
 
-bool is_syscall(const std::string& s) {
-  static const std::array<const char*, 24> names = {"__GI___libc_write",
-                                                    "__libc_write",
-                                                    "write",
-                                                    "__GI___libc_read",
-                                                    "__libc_read",
-                                                    "read",
-                                                    "__send",
-                                                    "send",
-                                                    "__libc_send",
-                                                    "__libc_recv",
-                                                    "recv",
-                                                    "epoll_wait",
-                                                    "__GI_epoll_wait",
-                                                    "epoll_pwait",
-                                                    "clock_nanosleep",
-                                                    "__GI___clock_nanosleep",
-                                                    "__clock_nanosleep",
-                                                    "__GI___poll",
-                                                    "poll",
-                                                    "syscall",
-                                                    "__GI___writev",
-                                                    "writev",
-                                                    "__sendmsg",
-                                                    "kill"};
-  for (const char* n : names)
-    if (s == n) return true;
-  return starts(s, "__GI___libc_") || starts(s, "__libc_") || has(s, "nanosleep") ||
-         has(s, "epoll");
+// What the leaf itself is when it is not the project's code: the kernel (a syscall), a futex, the
+// allocator, memory functions, the clock. Empty otherwise.
+std::string leaf_class(const Frame& leaf) {
+  const std::string& f = leaf.func;
+  const std::string n = libc_name(f);
+  if (starts(f, "mi_") || starts(f, "_mi_") || has(leaf.file, "mimalloc") || n == "malloc" ||
+      n == "free" || n == "calloc" || n == "realloc" || n == "cfree" || n == "int_malloc" ||
+      n == "int_free" || starts(f, "operator new") || starts(f, "operator delete"))
+    return "allocator";
+  if (has(f, "futex") || has(f, "lll_") || has(f, "pthread_cond") || has(f, "pthread_mutex") ||
+      has(f, "pthread_once"))
+    return "futex, mutex, condvar";
+  if (has(f, "clock_gettime") || has(f, "vdso")) return "clock reads";
+  if (has(n, "memmove") || has(n, "memcpy") || has(n, "memset") || has(n, "memcmp") ||
+      has(n, "strlen") || has(n, "strcmp") || has(n, "memchr"))
+    return "memcpy, memcmp";
+  static const std::array<const char*, 24> syscalls = {
+      "read",      "write",  "send",       "recv",        "sendmsg",     "recvmsg",
+      "readv",     "writev", "epoll_wait", "epoll_pwait", "epoll_ctl",   "clock_nanosleep",
+      "nanosleep", "poll",   "ppoll",      "close",       "kill",        "tgkill",
+      "madvise",   "munmap", "mmap",       "mprotect",    "sched_yield", "syscall"};
+  for (const char* s : syscalls)
+    if (n == s) return std::string("syscall ") + s;
+  if (has(leaf.file, "sysdeps/unix/sysv/linux")) return "syscall " + n;
+  if (has(f, "ProfileHandler") || has(f, "CpuProfiler") || has(leaf.file, "gperftools"))
+    return "profiler itself";
+  return "";
 }
 
-bool is_sync(const std::string& s) {
-  return has(s, "futex") || has(s, "lll_lock") || has(s, "lll_unlock") || has(s, "pthread_cond") ||
-         has(s, "pthread_mutex") || has(s, "condition_variable") || starts(s, "std::mutex") ||
-         has(s, "__GI___pthread");
+// The project component a frame belongs to, by its source path or name; empty for library and
+// std frames (they count for their caller).
+std::string frame_component(const Frame& fr) {
+  const std::string& f = fr.func;
+  const std::string& p = fr.file;
+  if (starts(f, "lua") || has(p, "worker/sandbox") || has(p, "lua_values") ||
+      has(p, "wire_values") || has(p, "/lua5.4/") || has(p, "host/src/in_process"))
+    return "Lua (VM, sandbox, value conversion)";
+  if (has(p, "/protocol/") || has(p, "flatbuffers") || has(p, "wire_codec") ||
+      has(p, "outrun_generated") || starts(f, "flatbuffers::") || starts(f, "outrun::wire::") ||
+      starts(f, "outrun::protocol::"))
+    return "protocol (FlatBuffers, frames)";
+  if (has(p, "host/src/submit.cpp")) return "slots and submit (submit.cpp)";
+  if (has(p, "host/src/workers.cpp") || has(p, "host/src/supervise.cpp") || starts(f, "uv_") ||
+      starts(f, "uv__"))
+    return "loop (libuv, workers.cpp)";
+  if (has(p, "host/src/completion")) return "dispatcher (completion.cpp)";
+  if (has(p, "host/src/")) return "host (other)";
+  if (has(p, "/worker/")) return "worker loop (worker.cpp)";
+  if (has(p, "/perf/")) return "harness (pacing, inputs, checks)";
+  if (starts(f, "spdlog::") || starts(f, "fmt::")) return "logging";
+  return "";
 }
 
-bool is_alloc(const std::string& s) {
-  return starts(s, "mi_") || starts(s, "_mi_") || s == "malloc" || s == "free" || s == "calloc" ||
-         s == "realloc" || s == "cfree" || starts(s, "operator new") ||
-         starts(s, "operator delete") || starts(s, "__libc_malloc") || starts(s, "_int_malloc") ||
-         starts(s, "_int_free") || starts(s, "__GI___libc_free") || starts(s, "__GI___libc_malloc");
+std::string thread_role(const std::vector<Frame>& frames, ProcessKind kind) {
+  bool main = false, floor = false;
+  for (const Frame& fr : frames) {
+    if (has(fr.func, "uv_run")) return "loop thread";
+    if (has(fr.func, "Dispatcher::run")) return "dispatcher threads";
+    if (has(fr.func, "libc_start")) main = true;
+    if (has(fr.file, "perf/floors.cpp") || has(fr.file, "perf/redis_peer.cpp")) floor = true;
+  }
+  if (kind == ProcessKind::worker) return main ? "worker main thread" : "worker other threads";
+  if (main) return "main thread (caller, pacing)";
+  return floor ? "harness threads (epoll, dispatcher)" : "other threads (stack cut short)";
 }
 
-bool is_mem(const std::string& s) {
-  return starts(s, "__memmove") || starts(s, "__memcpy") || starts(s, "__memset") ||
-         starts(s, "memcpy") || starts(s, "memmove") || starts(s, "memset") ||
-         starts(s, "__memcmp") || starts(s, "memcmp") || starts(s, "__strlen") ||
-         starts(s, "strlen") || starts(s, "__memchr") || starts(s, "__GI_mem");
-}
-
-bool is_clock(const std::string& s) {
-  return has(s, "clock_gettime") || has(s, "vdso") || has(s, "steady_clock");
+std::vector<std::pair<std::string, double>> sorted_pct(const std::map<std::string, long>& m,
+                                                       double total) {
+  std::vector<std::pair<std::string, double>> v;
+  for (const auto& [k, n] : m) v.emplace_back(k, 100.0 * static_cast<double>(n) / total);
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  return v;
 }
 
 }  // namespace
 
-std::string component_of(const std::string& s, bool worker) {
-  if (is_lua(s)) return worker ? "Lua (VM + sandbox)" : "Lua (InProcess)";
-  if (starts(s, "flatbuffers::") || starts(s, "outrun::protocol::") ||
-      starts(s, "outrun::wire::") || has(s, "encode_inputs") || has(s, "encode_value") ||
-      has(s, "decode_value") || has(s, "build_evaluation") || has(s, "WireValueBuilder") ||
-      has(s, "FrameReader") || has(s, "FrameWriter") || has(s, "verify_frame"))
-    return "protocol (FlatBuffers, frames)";
-  if (is_alloc(s)) return "allocator";
-  if (is_sync(s)) return "sync (mutex/condvar/futex)";
-  if (is_syscall(s)) return "kernel-ish (read/write/epoll/sleep syscalls)";
-  if (is_clock(s)) return "clock reads";
-  if (is_mem(s)) return "memcpy/memset";
-  if (worker) {
-    if (starts(s, "outrun::worker::") || starts(s, "main")) return "worker loop";
-    if (starts(s, "spdlog::") || starts(s, "fmt::")) return "logging";
-    return "other";
-  }
-  if (starts(s, "uv_") || starts(s, "uv__") || has(s, "Impl::on_poll") ||
-      has(s, "Impl::read_worker") || has(s, "Impl::process_frames") ||
-      has(s, "Impl::handle_results") || has(s, "Impl::flush_writer") ||
-      has(s, "Impl::on_watchdog") || has(s, "Impl::arm_watchdog") || has(s, "Impl::on_wakeup") ||
-      has(s, "Impl::deliver_all") || has(s, "Impl::deliver_from_loop") ||
-      has(s, "Impl::end_slot") || has(s, "Impl::release_slot") || has(s, "Impl::place_promoted") ||
-      has(s, "Impl::drain") || has(s, "Impl::run_commands") || has(s, "Impl::loop"))
-    return "loop thread (libuv, reads, slots)";
-  if (has(s, "Dispatcher") || has(s, "Completion") || has(s, "std::_Function_handler") ||
-      has(s, "__future_base") || has(s, "std::promise") || has(s, "std::future"))
-    return "dispatcher (callbacks, futures)";
-  if (starts(s, "outrun::Host") || has(s, "Impl::submit") || has(s, "Impl::send_slots") ||
-      has(s, "Impl::ensure_key") || has(s, "Impl::free_slot") || has(s, "Impl::deliver_now"))
-    return "submit (caller thread, slots)";
-  if (starts(s, "outrun::Value") || starts(s, "outrun::Input") || has(s, "variant") ||
-      starts(s, "outrun::MapEntry"))
-    return "values (inputs/results in C++)";
-  if (starts(s, "outrun::perf::") || s == "main" || has(s, "outrun_perf") ||
-      starts(s, "(anonymous namespace)"))
-    return "harness (pacing, checks)";
-  if (starts(s, "spdlog::") || starts(s, "fmt::")) return "logging";
-  if (starts(s, "std::")) return "std (other)";
-  return "other";
-}
-
-Ranking rank_profile(const std::string& pprof, const std::string& binary,
-                     const std::string& profile, const std::string& text_out, bool worker) {
+Ranking rank_profiles(const std::string& pprof, const std::string& binary,
+                      const std::vector<std::string>& profiles, const std::string& text_out,
+                      ProcessKind kind) {
   Ranking r;
-  const std::string cmd = "'" + pprof + "' --text '" + binary + "' '" + profile + "' 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) {
-    r.error = "cannot run " + pprof;
-    return r;
-  }
-  std::string text;
-  std::array<char, 4096> buf;
-  std::size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) text.append(buf.data(), n);
-  const int rc = pclose(p);
-  std::ofstream(text_out) << text;
-  std::map<std::string, long> by_component;
-  std::vector<std::pair<std::string, long>> symbols;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    long flat = 0, cum = 0;
-    double flat_pct = 0, sum_pct = 0, cum_pct = 0;
-    int consumed = 0;
-    if (line.rfind("Total:", 0) == 0) {
-      std::sscanf(line.c_str(), "Total: %ld", &r.total_samples);
-      continue;
+  std::map<std::string, long> threads, components, leaves;
+  std::map<std::string, std::map<std::string, long>> by_thread;
+  std::ofstream text(text_out);
+  static const std::regex frame_re(R"(^\s*(\d+)?\s+\(([0-9a-f]+)\)\s+(.*?):(\d+|\?+):(.*)$)");
+  for (const std::string& profile : profiles) {
+    const std::string cmd =
+        "'" + pprof + "' --text --stacks '" + binary + "' '" + profile + "' 2>/dev/null";
+    FILE* p = popen(cmd.c_str(), "r");
+    if (!p) {
+      r.error = "cannot run " + pprof;
+      return r;
     }
-    if (std::sscanf(line.c_str(), " %ld %lf%% %lf%% %ld %lf%% %n", &flat, &flat_pct, &sum_pct, &cum,
-                    &cum_pct, &consumed) < 5 ||
-        consumed <= 0)
-      continue;
-    const std::string symbol = line.substr(static_cast<std::size_t>(consumed));
-    by_component[component_of(symbol, worker)] += flat;
-    symbols.emplace_back(symbol, flat);
+    std::string out;
+    std::array<char, 65536> buf;
+    std::size_t n;
+    while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+    pclose(p);
+    text << "==== " << profile << "\n" << out;
+
+    long count = 0;
+    std::vector<Frame> frames;
+    auto flush = [&] {
+      if (count <= 0 || frames.empty()) return;
+      std::string comp = leaf_class(frames.front());
+      if (comp.empty())
+        for (const Frame& fr : frames)
+          if (comp = frame_component(fr); !comp.empty()) break;
+      if (comp.empty()) comp = "other (libraries)";
+      const std::string role = thread_role(frames, kind);
+      threads[role] += count;
+      components[comp] += count;
+      by_thread[role][comp] += count;
+      leaves[frames.front().func] += count;
+      r.total_samples += count;
+    };
+    std::istringstream in(out);
+    std::string line;
+    std::smatch m;
+    while (std::getline(in, line)) {
+      if (line.empty()) {
+        flush();
+        count = 0;
+        frames.clear();
+        continue;
+      }
+      if (!std::regex_match(line, m, frame_re)) continue;
+      if (m[1].matched) {
+        flush();
+        frames.clear();
+        count = std::stol(m[1].str());
+      }
+      frames.push_back({m[3].str(), m[5].str()});
+    }
+    flush();
   }
   if (r.total_samples <= 0) {
-    r.error = rc != 0 ? "pprof failed (exit " + std::to_string(rc) + ")" : "no samples";
+    r.error = "no samples (pprof could not read the profile?)";
     return r;
   }
   const double total = static_cast<double>(r.total_samples);
-  for (auto& [name, samples] : by_component)
-    r.components.emplace_back(name, 100.0 * static_cast<double>(samples) / total);
-  std::sort(r.components.begin(), r.components.end(),
-            [](auto& a, auto& b) { return a.second > b.second; });
-  std::sort(symbols.begin(), symbols.end(), [](auto& a, auto& b) { return a.second > b.second; });
-  for (std::size_t i = 0; i < symbols.size() && i < 12; ++i)
-    r.top.emplace_back(symbols[i].first, 100.0 * static_cast<double>(symbols[i].second) / total);
+  r.threads = sorted_pct(threads, total);
+  r.components = sorted_pct(components, total);
+  for (const auto& [role, comps] : by_thread) r.by_thread[role] = sorted_pct(comps, total);
+  r.top = sorted_pct(leaves, total);
+  if (r.top.size() > 12) r.top.resize(12);
   return r;
 }
 

@@ -106,6 +106,7 @@ std::string beside_cell(const RowResult& r, const char* sep) {
 }  // namespace
 
 std::string figure_unit(const std::string& id) {
+  if (id.find("_wakeups_per_") != std::string::npos) return "wakeups";
   if (ends(id, "_us") || ends(id, "_us_per_eval") || ends(id, "_us_per_msg") || ends(id, "_us_net"))
     return "µs";
   if (ends(id, "_ms")) return "ms";
@@ -137,6 +138,8 @@ std::string format_value(double v, const std::string& unit) {
                              : v);
   else if (unit == "×")
     std::snprintf(b, sizeof b, "%.2f×", v);
+  else if (unit == "wakeups")
+    std::snprintf(b, sizeof b, "%.2f", v);
   else if (unit == "MB")
     std::snprintf(b, sizeof b, "%.1f MB", v);
   else
@@ -170,6 +173,7 @@ std::vector<RowDef> budget_rows(double rate, int scripts) {
         {"pacing alone", "floor.pacing_cpu_pct"},
         {"bare shape", "floor.shape_cpu_pct"},
         {"shape+hop", "floor.hop_cpu_pct"},
+        {"shape+hop, two pipes", "floor.hop_pipes_cpu_pct"},
         {"Redis client", "redis.paced_client_cpu_pct"},
         {"redis-server", "redis.paced_server_cpu_pct"}}},
       {"host_cpu_minus_inprocess",
@@ -220,7 +224,22 @@ std::vector<RowDef> budget_rows(double rate, int scripts) {
        none(),
        {{"net of idle", "workers.paced_us_net"},
         {"echo process", "floor.hop_echo_us_per_msg"},
+        {"echo, two pipes", "floor.hop_pipes_echo_us_per_msg"},
         {"redis-server", "redis.paced_server_us_per_eval"}}},
+      {"wakeups_paced",
+       "wake-ups per evaluation at " + r + "/s (host threads)",
+       "host.paced_wakeups_per_eval",
+       none(),
+       none(),
+       {{"workers", "workers.paced_wakeups_per_eval"},
+        {"InProcess", "inproc.paced_wakeups_per_eval"},
+        {"pacing alone", "floor.pacing_wakeups_per_msg"},
+        {"bare shape", "floor.shape_wakeups_per_msg"},
+        {"shape+hop", "floor.hop_wakeups_per_msg"},
+        {"its echo", "floor.hop_echo_wakeups_per_msg"},
+        {"echo, two pipes", "floor.hop_pipes_echo_wakeups_per_msg"},
+        {"Redis client", "redis.paced_client_wakeups_per_eval"},
+        {"redis-server", "redis.paced_server_wakeups_per_eval"}}},
       {"idle_p50",
        "added latency p50, idle",
        "host.idle_p50_us",
@@ -237,6 +256,12 @@ std::vector<RowDef> budget_rows(double rate, int scripts) {
        {{"InProcess", "inproc.idle_p99_us"},
         {"pipe", "pipe.rt_p99_us"},
         {"Redis", "redis.single_p99_us"}}},
+      {"wakeups_idle",
+       "wake-ups per idle round trip (host threads)",
+       "host.idle_wakeups_per_eval",
+       none(),
+       none(),
+       {{"workers", "workers.idle_wakeups_per_eval"}}},
       {"paced_p50",
        "p50 at " + r + "/s (from intended send time)",
        "host.paced_p50_us",
@@ -290,7 +315,10 @@ std::vector<RowDef> budget_rows(double rate, int scripts) {
        "scripts.warm_restart_ms",
        at_most(2000, "≤ 2 s"),
        at_most(100, "≤ 100 ms"),
-       {{"cold first run of all", "scripts.cold_ms"}}},
+       {{"death seen + spawn", "scripts.warm_restart_spawn_ms"},
+        {"then re-send, compile, run", "scripts.warm_restart_run_ms"},
+        {"compiles", "scripts.warm_restart_compiles_count"},
+        {"cold first run of all", "scripts.cold_ms"}}},
       {"kill_all",
        "kill both shards → every script's next result",
        "scripts.kill_all_ms",
