@@ -966,7 +966,8 @@ nlohmann::json profile_pass(const Options& o, const HostOptions& main_opts, cons
     }
     if (empty > 0) {
       const std::string why = std::to_string(empty) + " worker profile file(s) " + prefix +
-                              ".*.prof are empty: the worker could not write its profile";
+                              ".*prof are empty: the worker could not write its profile "
+                              "(design/budgets.md, worker profiles)";
       std::printf("  %s\n", why.c_str());
       notes->push_back(why);
     }
@@ -1260,7 +1261,6 @@ int run(int argc, char** argv) {
       std::printf("\n");
     }
   }
-  for (const std::string& n : notes) std::printf("note: %s\n", n.c_str());
 
   nlohmann::json profiles = nlohmann::json::array();
   if (o.profile) {
@@ -1268,6 +1268,12 @@ int run(int argc, char** argv) {
         o.profile_dir.empty() ? o.out_dir + "/profiles-" + stamp : o.profile_dir;
     profiles = profile_pass(o, main_options(specs[0]), dir, &notes);
   }
+
+  if (!notes.empty()) std::printf("\n");
+  for (const std::string& n : notes) std::printf("note: %s\n", n.c_str());
+  if (g_profile_wrong > 0)
+    std::printf("note: %lld results of the profile pass were wrong or lost (not counted below)\n",
+                static_cast<long long>(g_profile_wrong.load()));
 
   const double run_s = static_cast<double>(mono_ns() - run_t0) / 1e9;
   const int64_t wrong = g_wrong.load();
@@ -1318,6 +1324,45 @@ int run(int argc, char** argv) {
                              ", K=" + std::to_string(o.shards) + ", " +
                              j["machine"]["cpu_model"].get<std::string>() + ", " +
                              std::to_string(sysconf(_SC_NPROCESSORS_ONLN)) + " cores\n";
+  if (g_diag.contains("threads")) {
+    md << "\n### Threads of this process over the paced window (% of a core / wake-ups per "
+          "evaluation; main = pacing/caller)\n\n";
+    for (const auto& [name, list] : g_diag["threads"].items()) {
+      md << "- " << name << ":";
+      for (const auto& t : list)
+        if (t["cpu_pct"].get<double>() >= 0.5) {
+          char b[64];
+          std::snprintf(b, sizeof b, " %s%.1f %% / %.2f", t["main"].get<bool>() ? "main " : "",
+                        t["cpu_pct"].get<double>(), t["wakeups_per_eval"].get<double>());
+          md << b;
+        }
+      md << "\n";
+    }
+  }
+  if (!profiles.empty()) {
+    md << "\n### Profiles of the measured windows\n\n";
+    auto list = [](const nlohmann::json& a) {
+      std::string out;
+      for (const auto& e : a) {
+        if (e["pct"].get<double>() < 1) break;
+        char b[32];
+        std::snprintf(b, sizeof b, " %.1f %%", e["pct"].get<double>());
+        out += (out.empty() ? "" : " · ") + e["name"].get<std::string>() + b;
+      }
+      return out;
+    };
+    for (const auto& p : profiles) {
+      md << "- **" << p["title"].get<std::string>() << "**";
+      if (p.contains("error")) {
+        md << ": " << p["error"].get<std::string>() << "\n";
+        continue;
+      }
+      md << ", " << p["samples"].get<long>() << " samples\n  - by thread: " << list(p["threads"])
+         << "\n  - by component: " << list(p["components"]) << "\n";
+    }
+  }
+  if (!notes.empty()) md << "\n";
+  for (const std::string& n : notes) md << "- note: " << n << "\n";
   const std::string markdown = "## " + header + md.str();
   auto write = [&](const std::string& path, const std::string& text) {
     std::ofstream f(path);
