@@ -724,6 +724,19 @@ bool scripts_section(const Options& o, const HostOptions& ho, Figs& f) {
     wrong += !wait_restarted(*host, i, before[static_cast<std::size_t>(i)]);
   wrong += run_all(*host, first, 3);
   f["scripts.kill_all_ms"] = ms(mono_ns() - t0);
+  // The same N scripts in InProcess (the same sandbox, no process, no pipe): what creating their
+  // states and compiling them costs by itself, on one thread as in one worker.
+  {
+    InProcess ip;
+    t0 = mono_ns();
+    std::vector<Script> local(on0.size());
+    for (std::size_t k = 0; k < on0.size(); ++k) {
+      ip.register_script(on0[k].key(), on0[k].record()->source, &local[k]);
+      wrong += ip.run(local[k], {{"a", 2}, {"b", 0}}).status != Status::ok;
+    }
+    f["scripts.inproc_cold_ms"] = ms(mono_ns() - t0);
+    checked += static_cast<int64_t>(on0.size());
+  }
   f["scripts.kill_all_count"] = static_cast<double>(first.size());
   checked += static_cast<int64_t>(first.size());
   count_checked(f, static_cast<double>(checked), static_cast<double>(wrong));

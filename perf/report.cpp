@@ -318,6 +318,7 @@ std::vector<RowDef> budget_rows(double rate, int scripts) {
        {{"death seen + spawn", "scripts.warm_restart_spawn_ms"},
         {"then re-send, compile, run", "scripts.warm_restart_run_ms"},
         {"compiles", "scripts.warm_restart_compiles_count"},
+        {"InProcess: same scripts, register + first run", "scripts.inproc_cold_ms"},
         {"cold first run of all", "scripts.cold_ms"}}},
       {"kill_all",
        "kill both shards → every script's next result",
