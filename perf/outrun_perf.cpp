@@ -793,8 +793,7 @@ nlohmann::json machine_json() {
           {"kernel", std::string(u.sysname) + " " + u.release + " " + u.version},
           {"machine", u.machine},
           {"cpu_model", read_first("/proc/cpuinfo", "model name")},
-          {"mem_total", read_first("/proc/meminfo", "MemTotal")},
-          {"loadavg_at_start", slurp("/proc/loadavg")}};
+          {"mem_total", read_first("/proc/meminfo", "MemTotal")}};
 }
 
 std::string self_exe() {
@@ -1168,6 +1167,7 @@ int run(int argc, char** argv) {
   };
 
   const std::string stamp = timestamp();
+  const std::string loadavg_at_start = slurp("/proc/loadavg");
   std::vector<std::string> notes;
   const int64_t run_t0 = mono_ns();
   const char* mode = o.smoke ? "smoke" : o.quick ? "quick" : "full";
@@ -1215,6 +1215,7 @@ int run(int argc, char** argv) {
   bool ok = true;
   for (int r = 0; r < o.repeat; ++r) {
     if (o.repeat > 1) std::fprintf(stderr, "outrun-perf: repeat %d/%d\n", r + 1, o.repeat);
+    g_diag["loadavg_per_repeat"].push_back(slurp("/proc/loadavg"));
     Figs shared;
     floor_sections(o, o.sections, shared, no_hooks);
     if (redis) redis_sections(o, *redis, sha, shared);
@@ -1328,6 +1329,7 @@ int run(int argc, char** argv) {
       {"results_checked", g_checked.load()},
       {"results_wrong", wrong},
   };
+  j["machine"]["loadavg_at_start"] = loadavg_at_start;
   j["machine"]["loadavg_at_end"] = slurp("/proc/loadavg");
   if (specs.size() == 2) j["ab"] = ab_json(defs, arms[0], arms[1]);
 
