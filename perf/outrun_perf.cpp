@@ -74,23 +74,39 @@ struct Options {
 const std::vector<std::string> kSections = {"pipe",  "floor",  "redis", "idle",
                                             "paced", "closed", "kill",  "scripts"};
 
-// Row and group names accepted by --rows, mapped to the sections that measure them.
+// Row ids (the first column of the JSON rows) and group names accepted by --rows, mapped to the
+// sections that measure them and their comparisons.
 const std::map<std::string, std::vector<std::string>> kAliases = {
     {"all", kSections},
     {"floors", {"pipe", "floor"}},
-    {"latency", {"idle", "paced"}},
+    {"latency", {"pipe", "floor", "redis", "idle", "paced"}},
     {"cpu", {"floor", "paced", "closed"}},
-    {"host_cpu", {"floor", "paced"}},
     {"supervision", {"kill", "scripts"}},
-    {"kill_latency", {"kill"}},
-    {"shard_kill", {"kill"}},
     {"rss", {"idle", "scripts"}},
+    {"peer", {"redis"}},
+    {"host_cpu", {"floor", "redis", "paced"}},
+    {"host_cpu_minus_inprocess", {"paced"}},
+    {"host_cpu_over_floor", {"floor", "paced"}},
+    {"host_cpu_over_hop_floor", {"floor", "paced"}},
+    {"host_us_closed", {"redis", "closed"}},
+    {"worker_us_closed", {"redis", "closed"}},
+    {"host_us_paced", {"floor", "redis", "paced"}},
+    {"worker_us_paced", {"floor", "redis", "paced"}},
+    {"wakeups_paced", {"floor", "redis", "paced"}},
+    {"idle_p50", {"pipe", "redis", "idle"}},
+    {"idle_p99", {"pipe", "redis", "idle"}},
+    {"wakeups_idle", {"idle"}},
+    {"paced_p50", {"floor", "redis", "paced"}},
+    {"paced_p99", {"floor", "redis", "paced"}},
+    {"paced_p999", {"floor", "redis", "paced"}},
+    {"closed_loop", {"redis", "closed"}},
     {"rss_idle", {"idle"}},
     {"rss_scripts", {"scripts"}},
+    {"kill_latency", {"kill"}},
     {"warm_restart", {"scripts"}},
     {"kill_all", {"scripts"}},
-    {"closed_loop", {"closed"}},
-    {"peer", {"redis"}},
+    {"shard_kill", {"kill"}},
+    {"idle_cpu", {"idle"}},
 };
 
 // ---------------------------------------------------------------- helpers
@@ -1052,10 +1068,10 @@ int run(int argc, char** argv) {
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
   app.add_option("--rows", rows,
-                 "sections or rows to measure, comma-separated: pipe floor redis idle paced closed "
-                 "kill scripts "
-                 "(or all, floors, latency, cpu, supervision, rss, warm_restart, kill_all, "
-                 "closed_loop, peer)")
+                 "what to measure, comma-separated: sections (pipe floor redis idle paced closed "
+                 "kill scripts), row ids (host_cpu idle_p50 paced_p99 closed_loop warm_restart "
+                 "kill_all ...: see design/budgets.md) or groups (all floors latency cpu "
+                 "supervision rss peer)")
       ->capture_default_str();
   app.add_option("--repeat", o.repeat, "repeats (figures: min / median / max)")
       ->check(CLI::Range(1, 100))
