@@ -36,7 +36,7 @@ void* counting_alloc(void* ud, void* ptr, size_t osize, size_t nsize) {
     if (acc->fail_at != 0 && acc->allocations == acc->fail_at) return nullptr;
     if (acc->used - old + nsize > acc->limit) return nullptr;
   }
-  void* p = mi_realloc(ptr, nsize);
+  void* p = ptr ? mi_realloc(ptr, nsize) : mi_malloc(nsize);
   if (!p) {
     acc->system_refused = true;  // the process is out of memory (its backstop), not the script
     return nullptr;
@@ -180,24 +180,64 @@ int safe_collectgarbage(lua_State* L) {
   return 1;
 }
 
-// Replaces global `name` (a library table) by a read-only proxy: reads go to the library,
-// writes raise, and the metatable is hidden (__metatable), so the library cannot be reached or
-// changed through it.
-void make_read_only(lua_State* L, const char* name) {
-  lua_getglobal(L, name);    // lib
-  lua_newtable(L);           // lib proxy
-  lua_createtable(L, 0, 4);  // lib proxy mt
-  lua_pushvalue(L, -3);
-  lua_setfield(L, -2, "__index");
+// A library proxy's metatable: reads go to the library (`__index`), writes raise, and the
+// metatable is hidden (`__metatable`), so the library cannot be reached or changed through it.
+// Leaves the metatable on the stack; its `__index` is set by the caller.
+void push_read_only_metatable(lua_State* L) {
+  lua_createtable(L, 0, 4);
   lua_pushcfunction(L, read_only_newindex);
   lua_setfield(L, -2, "__newindex");
   lua_pushboolean(L, 0);
   lua_setfield(L, -2, "__metatable");
   lua_pushboolean(L, 1);
   lua_rawsetp(L, -2, &kReadOnlyKey);
-  lua_setmetatable(L, -2);  // lib proxy
-  lua_setglobal(L, name);   // lib
-  lua_pop(L, 1);
+}
+
+// Replaces global `name` (a library table) by a read-only proxy.
+void make_read_only(lua_State* L, const char* name) {
+  lua_newtable(L);  // proxy
+  push_read_only_metatable(L);
+  lua_getglobal(L, name);
+  lua_setfield(L, -2, "__index");
+  lua_setmetatable(L, -2);
+  lua_setglobal(L, name);
+}
+
+// os: only the harmless clocks.
+int open_os_clocks(lua_State* L) {
+  luaopen_os(L);
+  lua_createtable(L, 0, 3);
+  for (const char* fn : {"clock", "time", "difftime"}) {
+    lua_getfield(L, -2, fn);
+    lua_setfield(L, -2, fn);
+  }
+  return 1;
+}
+
+// Libraries most scripts never touch are opened on first use: a new script state costs about
+// half as much time and memory (a warm restart creates one per script). Until then the proxy's
+// `__index` is this function; it opens the library, makes it the proxy's `__index`, and answers
+// the read. A script cannot tell the difference: proxies are opaque either way.
+// Upvalues: [1] the proxy's metatable, [2] the library's luaopen function.
+int open_on_first_use(lua_State* L) {
+  lua_pushvalue(L, lua_upvalueindex(2));
+  lua_call(L, 0, 1);  // the library table
+  lua_pushvalue(L, -1);
+  lua_setfield(L, lua_upvalueindex(1), "__index");  // later reads go straight to the table
+  lua_pushvalue(L, 2);
+  lua_rawget(L, -2);
+  return 1;
+}
+
+void make_lazy(lua_State* L, const char* name, lua_CFunction open) {
+  lua_newtable(L);  // proxy
+  push_read_only_metatable(L);
+  lua_pushvalue(L, -1);
+  lua_pushcfunction(L, open);
+  lua_pushcclosure(L, open_on_first_use, 2);
+  lua_setfield(L, -2, "__index");
+  lua_setmetatable(L, -2);
+  lua_setglobal(L, name);
 }
 
 void wrap_global(lua_State* L, const char* name, lua_CFunction fn) {
@@ -208,23 +248,13 @@ void wrap_global(lua_State* L, const char* name, lua_CFunction fn) {
 
 // Builds the sandbox's globals. Runs inside lua_pcall (allocation may fail).
 int setup_sandbox(lua_State* L) {
-  static const luaL_Reg libs[] = {
-      {LUA_GNAME, luaopen_base},       {LUA_COLIBNAME, luaopen_coroutine},
-      {LUA_TABLIBNAME, luaopen_table}, {LUA_STRLIBNAME, luaopen_string},
-      {LUA_MATHLIBNAME, luaopen_math}, {LUA_UTF8LIBNAME, luaopen_utf8}};
-  for (const auto& lib : libs) {
+  // Base and string now (string methods go through the string metatable, which needs the
+  // library); the others on first use (make_lazy).
+  for (const auto& lib :
+       {luaL_Reg{LUA_GNAME, luaopen_base}, luaL_Reg{LUA_STRLIBNAME, luaopen_string}}) {
     luaL_requiref(L, lib.name, lib.func, 1);
     lua_pop(L, 1);
   }
-  // os: only the harmless clocks.
-  luaL_requiref(L, LUA_OSLIBNAME, luaopen_os, 0);
-  lua_createtable(L, 0, 3);
-  for (const char* fn : {"clock", "time", "difftime"}) {
-    lua_getfield(L, -2, fn);
-    lua_setfield(L, -2, fn);
-  }
-  lua_setglobal(L, "os");
-  lua_pop(L, 1);
   // The loaded-modules table would hand out the real libraries; scripts have no `require`, but
   // drop it anyway so no path leads there.
   lua_pushnil(L);
@@ -255,10 +285,12 @@ int setup_sandbox(lua_State* L) {
   lua_setfield(L, -2, "__metatable");
   lua_pop(L, 2);
 
-  for (const char* name : {LUA_COLIBNAME, LUA_TABLIBNAME, LUA_STRLIBNAME, LUA_MATHLIBNAME,
-                           LUA_UTF8LIBNAME, LUA_OSLIBNAME}) {
-    make_read_only(L, name);
-  }
+  make_read_only(L, LUA_STRLIBNAME);
+  make_lazy(L, LUA_COLIBNAME, luaopen_coroutine);
+  make_lazy(L, LUA_TABLIBNAME, luaopen_table);
+  make_lazy(L, LUA_MATHLIBNAME, luaopen_math);
+  make_lazy(L, LUA_UTF8LIBNAME, luaopen_utf8);
+  make_lazy(L, LUA_OSLIBNAME, open_os_clocks);
   return 0;
 }
 

@@ -1,5 +1,8 @@
 // End-to-end tests of outrun::Host through real worker processes.
+#include "outrun/host.h"
+
 #include <dirent.h>
+#include <doctest/doctest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,11 +15,8 @@
 #include <set>
 #include <thread>
 
-#include <doctest/doctest.h>
-
-#include "outrun/host.h"
-#include "outrun/in_process.h"
 #include "host/host_support.h"
+#include "outrun/in_process.h"
 #include "test_support.h"
 
 using namespace outrun;
@@ -41,14 +41,24 @@ using Tally = test::Collector;
 // The corpus used for the out-of-process / InProcess comparison: results, errors, values.
 std::string corpus_source(int i) {
   switch (i % 8) {
-    case 0: return "return inputs.x * " + std::to_string(i) + " + 1";
-    case 1: return "return (inputs.x + " + std::to_string(i) + ") / 2";
-    case 2: return "return 'k' .. tostring(inputs.x) .. '-" + std::to_string(i) + "'";
-    case 3: return "return { n = " + std::to_string(i) + ", list = { inputs.x, inputs.x + 1 }, ok = true }";
-    case 4: return "local a = " + std::to_string(i) + "\nlocal b = nil\nreturn a + b";  // runtime error, line 3
-    case 5: return "local t = {}\nfor k = 1, 10 do t[k] = k * inputs.x end\nreturn t";
-    case 6: return "return " + std::to_string(i) + " +";  // compile error
-    default: return "return string.format('%d:%.2f', " + std::to_string(i) + ", inputs.x / 3)";
+    case 0:
+      return "return inputs.x * " + std::to_string(i) + " + 1";
+    case 1:
+      return "return (inputs.x + " + std::to_string(i) + ") / 2";
+    case 2:
+      return "return 'k' .. tostring(inputs.x) .. '-" + std::to_string(i) + "'";
+    case 3:
+      return "return { n = " + std::to_string(i) +
+             ", list = { inputs.x, inputs.x + 1 }, ok = true }";
+    case 4:
+      return "local a = " + std::to_string(i) +
+             "\nlocal b = nil\nreturn a + b";  // runtime error, line 3
+    case 5:
+      return "local t = {}\nfor k = 1, 10 do t[k] = k * inputs.x end\nreturn t";
+    case 6:
+      return "return " + std::to_string(i) + " +";  // compile error
+    default:
+      return "return string.format('%d:%.2f', " + std::to_string(i) + ", inputs.x / 3)";
   }
 }
 
@@ -85,7 +95,9 @@ TEST_CASE("Host: 1,000 distinct scripts give correct results and match InProcess
     CHECK(out.error == in.error);
     ++shard_counts[out.shard];
     switch (i % 8) {
-      case 0: CHECK(out.value == Value(int64_t{i} * i + 1)); break;
+      case 0:
+        CHECK(out.value == Value(int64_t{i} * i + 1));
+        break;
       case 4:
         CHECK(out.status == Status::runtime_error);
         CHECK(out.error.find("s" + std::to_string(i) + ":3:") != std::string::npos);
@@ -94,7 +106,8 @@ TEST_CASE("Host: 1,000 distinct scripts give correct results and match InProcess
         CHECK(out.status == Status::compile_error);
         CHECK(out.error.find("s" + std::to_string(i) + ":1:") != std::string::npos);
         break;
-      default: CHECK(out.status == Status::ok);
+      default:
+        CHECK(out.status == Status::ok);
     }
   }
   // Both shards took part (stable hash routing spreads keys).
@@ -138,12 +151,15 @@ TEST_CASE("Host: callbacks run once each, on a dispatcher thread") {
 TEST_CASE("Host: evaluate_batch answers every request once, in few frames") {
   auto host = make_host(2, 1000ms, SingleFlight::off);
   std::vector<Script> scripts;
-  for (int k = 0; k < 10; ++k) scripts.push_back(reg(*host, "b" + std::to_string(k), "return inputs.x + " + std::to_string(k)));
+  for (int k = 0; k < 10; ++k)
+    scripts.push_back(
+        reg(*host, "b" + std::to_string(k), "return inputs.x + " + std::to_string(k)));
   constexpr int kN = 5000;
   std::vector<Request> reqs;
   for (int i = 0; i < kN; ++i) reqs.push_back({scripts[i % 10], {{"x", i}}});
   Tally tally(kN);
-  host->evaluate_batch(std::move(reqs), [&](std::size_t i, Result r) { tally.record(i, std::move(r)); });
+  host->evaluate_batch(std::move(reqs),
+                       [&](std::size_t i, Result r) { tally.record(i, std::move(r)); });
   REQUIRE(tally.wait(kN));
   for (int i = 0; i < kN; ++i) {
     CHECK(tally.calls[i] == 1);
@@ -174,8 +190,10 @@ TEST_CASE("Host: bad handles and bad inputs are invalid_argument, not a crash") 
 
   Script tmp;
   CHECK(host->register_script("", "return 1", &tmp).status == Status::invalid_argument);
-  CHECK(host->register_script(std::string(kMaxKeySize + 1, 'k'), "return 1", &tmp).status == Status::invalid_argument);
-  CHECK(host->register_script("big", std::string(kMaxSourceSize + 1, ' '), &tmp).status == Status::invalid_argument);
+  CHECK(host->register_script(std::string(kMaxKeySize + 1, 'k'), "return 1", &tmp).status ==
+        Status::invalid_argument);
+  CHECK(host->register_script("big", std::string(kMaxSourceSize + 1, ' '), &tmp).status ==
+        Status::invalid_argument);
   // The host still works.
   CHECK(host->evaluate(s, {}).get().status == Status::ok);
 }
@@ -184,7 +202,8 @@ TEST_CASE("Host: large inputs and results cross the pipe intact") {
   auto host = make_host(1);
   Script s = reg(*host, "echo", "return inputs.v");
   std::string big(3u << 20, 'x');
-  for (std::size_t i = 0; i < big.size(); i += 4096) big[i] = static_cast<char>('a' + (i / 4096) % 26);
+  for (std::size_t i = 0; i < big.size(); i += 4096)
+    big[i] = static_cast<char>('a' + (i / 4096) % 26);
   Result r = host->evaluate(s, {{"v", big}}).get();
   REQUIRE(r.status == Status::ok);
   CHECK(r.value == Value(big));
@@ -213,8 +232,10 @@ TEST_CASE("Host: a worker killed from outside ends its evaluations once and rest
   constexpr int kN = 50;
   Tally tally(kN + 1);
   host->evaluate(slow, {}, [&](Result r) { tally.record(kN, std::move(r)); });
-  for (int i = 0; i < kN; ++i) host->evaluate(ok, {{"x", i}}, [&, i](Result r) { tally.record(i, std::move(r)); });
+  for (int i = 0; i < kN; ++i)
+    host->evaluate(ok, {{"x", i}}, [&, i](Result r) { tally.record(i, std::move(r)); });
   std::this_thread::sleep_for(100ms);  // the worker is inside `slow` now
+  REQUIRE(pid > 0);                    // kill(0, ...) would signal this test's own process group
   REQUIRE(kill(pid, SIGKILL) == 0);
   REQUIRE(tally.wait(kN + 1));
   // The one it was running when it died is the suspect and is not retried; the bystanders
@@ -268,8 +289,10 @@ TEST_CASE("Host: shutdown ends every in-flight evaluation exactly once") {
     o.single_flight = SingleFlight::off;
     std::unique_ptr<Host> host;
     REQUIRE(!Host::create(o, &host));
-    Script slow = reg(*host, "slow", "local t = os.clock() while os.clock() - t < 0.05 do end return 1");
-    for (int i = 0; i < kN; ++i) host->evaluate(slow, {}, [&, i](Result r) { tally.record(i, std::move(r)); });
+    Script slow =
+        reg(*host, "slow", "local t = os.clock() while os.clock() - t < 0.05 do end return 1");
+    for (int i = 0; i < kN; ++i)
+      host->evaluate(slow, {}, [&, i](Result r) { tally.record(i, std::move(r)); });
   }  // ~Host: the queue cannot finish in 200 ms
   CHECK(tally.done == kN);
   int ok = 0, cancelled = 0;

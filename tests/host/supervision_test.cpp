@@ -1,5 +1,6 @@
 // Supervision through the public API, with real workers: deadlines, kills, heartbeats,
 // restarts, crash loops, single flight, dispatchers.
+#include <doctest/doctest.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -15,10 +16,8 @@
 #include <sstream>
 #include <thread>
 
-#include <doctest/doctest.h>
-
-#include "outrun/host.h"
 #include "host/host_support.h"
+#include "outrun/host.h"
 #include "test_support.h"
 
 using namespace outrun;
@@ -35,10 +34,12 @@ HostOptions base_options() {
   return o;
 }
 
-std::unique_ptr<Host> start(const HostOptions& o) { return test::start_host(o); }
+std::unique_ptr<Host> start(const HostOptions& o) {
+  return test::start_host(o);
+}
 using test::Collector;
-using test::scripts_on_shards_0_and_1;
 using test::reg;
+using test::scripts_on_shards_0_and_1;
 
 // A script stuck inside one C call: Lua's pattern matcher backtracking, which the count hook
 // cannot interrupt. Only the hard kill at T+G ends it.
@@ -51,6 +52,7 @@ Result get(std::future<Result> f, std::chrono::seconds limit = 30s) {
 }
 
 bool process_gone(int pid) {
+  REQUIRE(pid > 0);
   if (kill(pid, 0) != 0) return true;
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   std::string line;
@@ -112,8 +114,10 @@ TEST_CASE("Supervision: runaway Lua ends `timeout` by the soft limit, however it
       "while true do pcall(function() while true do end end) end",
       "xpcall(function() while true do end end, function() while true do end end) return 1",
       "local co = coroutine.wrap(function() while true do end end) co() return 1",
-      "while true do local ok = coroutine.resume(coroutine.create(function() while true do end end)) end",
-      "do local x <close> = setmetatable({}, {__close = function() while true do end end}) error('x') end",
+      "while true do local ok = coroutine.resume(coroutine.create(function() while true do end "
+      "end)) end",
+      "do local x <close> = setmetatable({}, {__close = function() while true do end end}) "
+      "error('x') end",
       "local function f() return pcall(f) end while true do f() end",
       "error(setmetatable({}, {__tostring = function() while true do end end}))",
   };
@@ -155,7 +159,8 @@ TEST_CASE("Supervision: one runaway among 100 in flight: exactly one killed, the
   auto host = start(o);
   Script stuck = reg(*host, "stuck", kStuckInC);
   std::vector<Script> others;
-  for (int i = 0; i < 99; ++i) others.push_back(reg(*host, "n" + std::to_string(i), "return inputs.x * 2"));
+  for (int i = 0; i < 99; ++i)
+    others.push_back(reg(*host, "n" + std::to_string(i), "return inputs.x * 2"));
   Collector c(100);
   for (int i = 0; i < 50; ++i) host->evaluate(others[i], {{"x", i}}, c.at(i));
   host->evaluate(stuck, {}, c.at(50));
@@ -185,8 +190,9 @@ TEST_CASE("Supervision: slow evaluations queued behind each other never get thei
   constexpr int kN = 20;
   std::vector<Script> slow;
   for (int i = 0; i < kN; ++i)
-    slow.push_back(reg(*host, "slow" + std::to_string(i),
-                       "local t = os.clock() while os.clock() - t < 0.06 do end return " + std::to_string(i)));
+    slow.push_back(
+        reg(*host, "slow" + std::to_string(i),
+            "local t = os.clock() while os.clock() - t < 0.06 do end return " + std::to_string(i)));
   Collector c(kN);
   for (int i = 0; i < kN; ++i) host->evaluate(slow[i], {}, c.at(i));
   REQUIRE(c.wait_all());
@@ -197,7 +203,8 @@ TEST_CASE("Supervision: slow evaluations queued behind each other never get thei
   CHECK(host->shard_stats(0).deaths == 0);
 }
 
-TEST_CASE("Supervision: a stopped (SIGSTOP) worker is killed for silence; its evaluations are retried") {
+TEST_CASE(
+    "Supervision: a stopped (SIGSTOP) worker is killed for silence; its evaluations are retried") {
   auto o = base_options();
   o.heartbeat_interval = 50ms;
   o.silence_limit = 400ms;
@@ -206,9 +213,10 @@ TEST_CASE("Supervision: a stopped (SIGSTOP) worker is killed for silence; its ev
   Script s = reg(*host, "s", "return inputs.x");
   CHECK(host->evaluate(s, {{"x", 1}}).get().status == Status::ok);
   const int pid = host->worker_pids()[0];
+  REQUIRE(pid > 0);  // kill(0, ...) would signal this test's own process group
   REQUIRE(kill(pid, SIGSTOP) == 0);
   Result r = get(host->evaluate(s, {{"x", 2}}));  // sits in the stopped worker's socket
-  CHECK(r.status == Status::ok);  // retried on the restarted worker
+  CHECK(r.status == Status::ok);                  // retried on the restarted worker
   CHECK(r.value == Value(2));
   const ShardStats st = host->shard_stats(0);
   CHECK(st.killed_silence == 1);
@@ -217,11 +225,13 @@ TEST_CASE("Supervision: a stopped (SIGSTOP) worker is killed for silence; its ev
   CHECK(eventually([&] { return process_gone(pid); }));
 }
 
-TEST_CASE("Supervision: a crash-looping worker makes its shard unavailable with a reason, then recovers") {
+TEST_CASE(
+    "Supervision: a crash-looping worker makes its shard unavailable with a reason, then "
+    "recovers") {
   TempDir dir;
   const auto marker = dir.path / "crash";
-  const std::string wrapper =
-      dir.script("worker", "[ -e '" + marker.string() + "' ] && exit 3\nexec '" OUTRUN_TEST_WORKER "' \"$@\"");
+  const std::string wrapper = dir.script(
+      "worker", "[ -e '" + marker.string() + "' ] && exit 3\nexec '" OUTRUN_TEST_WORKER "' \"$@\"");
   auto o = base_options();
   o.worker_path = wrapper;
   o.restart_delay = 5ms;
@@ -249,7 +259,8 @@ TEST_CASE("Supervision: evaluations submitted while a shard restarts wait and th
   o.restart_delay = 200ms;
   auto host = start(o);
   std::vector<Script> scripts;
-  for (int i = 0; i < 20; ++i) scripts.push_back(reg(*host, "w" + std::to_string(i), "return inputs.x"));
+  for (int i = 0; i < 20; ++i)
+    scripts.push_back(reg(*host, "w" + std::to_string(i), "return inputs.x"));
   const int pid = host->worker_pids()[0];
   REQUIRE(!host->kill_shard(0));
   (void)pid;  // submitted at once: they land while the shard is down or just back
@@ -264,7 +275,8 @@ TEST_CASE("Supervision: kill_shard and restart_shard lose nothing") {
   o.shards = 2;
   o.single_flight = SingleFlight::off;
   auto host = start(o);
-  Script s = reg(*host, "k", "local t = os.clock() while os.clock() - t < 0.001 do end return inputs.x");
+  Script s =
+      reg(*host, "k", "local t = os.clock() while os.clock() - t < 0.001 do end return inputs.x");
   constexpr int kN = 400;
   Collector c(kN);
   for (int i = 0; i < kN; ++i) {
@@ -282,8 +294,7 @@ TEST_CASE("Supervision: kill_shard and restart_shard lose nothing") {
 
 TEST_CASE("Supervision: a caller that awaits and resubmits is never refused by itself") {
   auto host = start(base_options());  // single flight: refuse
-  Script s = reg(*host, "tag", "return inputs.x")
-  ;
+  Script s = reg(*host, "tag", "return inputs.x");
   for (int i = 0; i < 10000; ++i) {
     Result r = host->evaluate(s, {{"x", i}}).get();
     REQUIRE(r.status == Status::ok);
@@ -295,8 +306,10 @@ TEST_CASE("Supervision: a caller that awaits and resubmits is never refused by i
   std::function<void(Result)> again = [&](Result r) {
     std::lock_guard lock(mu);
     if (r.status != Status::ok) ++refused;
-    if (--left > 0) host->evaluate(s, {{"x", left}}, again);
-    else cv.notify_all();
+    if (--left > 0)
+      host->evaluate(s, {{"x", left}}, again);
+    else
+      cv.notify_all();
   };
   host->evaluate(s, {{"x", 0}}, again);
   std::unique_lock lock(mu);
@@ -304,13 +317,15 @@ TEST_CASE("Supervision: a caller that awaits and resubmits is never refused by i
   CHECK(refused == 0);
 }
 
-TEST_CASE("Supervision: single flight refuses a second evaluation of a key; coalesce-latest replaces") {
+TEST_CASE(
+    "Supervision: single flight refuses a second evaluation of a key; coalesce-latest replaces") {
   // Generous T: the point is the flight, not the clock (CPU-time loops stretch on a busy machine).
   {
     auto o = base_options();
     o.timeout = 5000ms;
     auto host = start(o);
-    Script slow = reg(*host, "tag", "local t = os.clock() while os.clock() - t < 0.05 do end return inputs.x");
+    Script slow = reg(*host, "tag",
+                      "local t = os.clock() while os.clock() - t < 0.05 do end return inputs.x");
     auto first = host->evaluate(slow, {{"x", 1}});
     Result second = host->evaluate(slow, {{"x", 2}}).get();
     CHECK(second.status == Status::busy);
@@ -325,7 +340,8 @@ TEST_CASE("Supervision: single flight refuses a second evaluation of a key; coal
     o.timeout = 5000ms;
     o.single_flight = SingleFlight::coalesce_latest;
     auto host = start(o);
-    Script slow = reg(*host, "tag", "local t = os.clock() while os.clock() - t < 0.05 do end return inputs.x");
+    Script slow = reg(*host, "tag",
+                      "local t = os.clock() while os.clock() - t < 0.05 do end return inputs.x");
     auto a = host->evaluate(slow, {{"x", 1}});
     auto b = host->evaluate(slow, {{"x", 2}});
     auto c = host->evaluate(slow, {{"x", 3}});
@@ -370,8 +386,9 @@ TEST_CASE("Supervision: a callback that blocks for seconds delays only its own s
 TEST_CASE("Supervision: the group kill takes a worker's children with it") {
   TempDir dir;
   const auto pidfile = dir.path / "child.pid";
-  const std::string wrapper = dir.script(
-      "worker", "sleep 1000 >/dev/null 2>&1 &\necho $! > '" + pidfile.string() + "'\nexec '" OUTRUN_TEST_WORKER "' \"$@\"");
+  const std::string wrapper =
+      dir.script("worker", "sleep 1000 >/dev/null 2>&1 &\necho $! > '" + pidfile.string() +
+                               "'\nexec '" OUTRUN_TEST_WORKER "' \"$@\"");
   auto o = base_options();
   o.worker_path = wrapper;
   auto host = start(o);
@@ -395,13 +412,14 @@ TEST_CASE("Supervision: killing the host with SIGKILL leaves no worker behind") 
     dup2(devnull, 1);
     dup2(devnull, 2);
     setenv("OUTRUN_WORKER", OUTRUN_TEST_WORKER, 1);
-    execl(OUTRUN_TEST_CLI, "outrun", "eval", "--timeout", "600000", "--grace", "600000", "-e", "while true do end",
-          static_cast<char*>(nullptr));
+    execl(OUTRUN_TEST_CLI, "outrun", "eval", "--timeout", "600000", "--grace", "600000", "-e",
+          "while true do end", static_cast<char*>(nullptr));
     _exit(127);
   }
   int worker = 0;
   REQUIRE(eventually([&] {
-    for (const auto& t : std::filesystem::directory_iterator("/proc/" + std::to_string(cli) + "/task")) {
+    for (const auto& t :
+         std::filesystem::directory_iterator("/proc/" + std::to_string(cli) + "/task")) {
       std::ifstream c(t.path() / "children");
       if (c >> worker) return true;
     }
@@ -430,7 +448,9 @@ TEST_CASE("Supervision: a worker that lost its scripts gets their sources again 
   FaultEnv fault("forget-scripts");
   auto host = start(base_options());
   std::vector<Script> scripts;
-  for (int i = 0; i < 5; ++i) scripts.push_back(reg(*host, "ns" + std::to_string(i), "return inputs.x + " + std::to_string(i)));
+  for (int i = 0; i < 5; ++i)
+    scripts.push_back(
+        reg(*host, "ns" + std::to_string(i), "return inputs.x + " + std::to_string(i)));
   for (int round = 0; round < 20; ++round) {
     for (int i = 0; i < 5; ++i) {
       Result r = get(host->evaluate(scripts[i], {{"x", round}}));

@@ -6,7 +6,6 @@
 // tests use a 50 ms soft timeout; should a runaway swallow it, a watchdog names the script and
 // aborts the binary instead of letting it hang.
 #include "sandbox.h"
-#include "value_builder.h"
 
 #include <doctest/doctest.h>
 
@@ -31,6 +30,7 @@
 
 #include "lua_values.h"
 #include "outrun/in_process.h"
+#include "value_builder.h"
 
 using namespace std::chrono_literals;
 using outrun::Array;
@@ -1053,6 +1053,53 @@ TEST_CASE("sandbox globals: what stays available") {
   CHECK(*find(m, "floor") == Value(2));
   CHECK(*find(m, "concat") == Value("1-2-3"));
   CHECK(*find(m, "unpack") == Value(2));
+}
+
+TEST_CASE("sandbox globals: libraries opened on first use behave like opened ones") {
+  Runner r;
+  // Writes before the first read, unknown names, the same function on every read, every lazy
+  // library, across evaluations of one state.
+  Script s = r.add(R"(
+    local ok, err = pcall(function() math.pi = 3 end)
+    local first = math.floor
+    return {
+      write_refused = not ok and err:find("read%-only") ~= nil, pi = math.pi, same = rawequal(first, math.floor),
+      unknown = math.no_such_thing == nil, raw = rawget(math, "pi") == nil, mt = getmetatable(math),
+      co = coroutine.isyieldable(), tab = table.concat({"a", "b"}), utf = utf8.char(72), os = math.type(os.time()),
+      no_exit = os.exit == nil,
+    })");
+  for (int i = 0; i < 3; ++i) {
+    const Result res = r.run(s);
+    REQUIRE_OK(res);
+    const Value& m = res.value;
+    CHECK(*find(m, "write_refused") == Value(true));
+    CHECK(*find(m, "pi") == Value(3.141592653589793));
+    CHECK(*find(m, "same") == Value(true));
+    CHECK(*find(m, "unknown") == Value(true));
+    CHECK(*find(m, "raw") == Value(true));
+    CHECK(*find(m, "mt") == Value(false));
+    CHECK(*find(m, "co") == Value(false));
+    CHECK(*find(m, "tab") == Value("ab"));
+    CHECK(*find(m, "utf") == Value("H"));
+    CHECK(*find(m, "os") == Value("integer"));
+    CHECK(*find(m, "no_exit") == Value(true));
+  }
+}
+
+TEST_CASE(
+    "sandbox globals: a library first used at the memory limit ends memory_limit, then works") {
+  // The library's tables count against the script that first uses it.
+  Runner r(options(320u << 10));
+  Script s = r.add(R"(
+    if inputs.fill then
+      local head  -- a chain of small tables, up to the last few bytes of the limit
+      pcall(function() for i = 1, 1e7 do head = {head} end end)
+      return math.floor(2.5)
+    end
+    return math.floor(2.5)
+  )");
+  CHECK_STATUS(r.run(s, Inputs{{"fill", Value(true)}}), Status::memory_limit);
+  CHECK_VALUE(r.run(s), 2);
 }
 
 TEST_CASE("sandbox globals: load accepts text and refuses binary chunks in every mode") {
