@@ -1,20 +1,30 @@
 // outrun: the command line.
 //
-//   outrun eval [--shards K] [--timeout MS] [--grace MS] [--memory-limit MB]
-//               (-e SOURCE | -f FILE) [-i NAME=VALUE]... [--inputs-json JSON] [--json] [--in-process]
+//   outrun [--socket PATH] eval [--shards K] [--timeout MS] [--grace MS] [--memory-limit MB]
+//               (-e SOURCE | -f FILE) [-i NAME=VALUE]... [--inputs-json JSON] [--json]
+//               [--in-process]
+//   outrun [--socket PATH] stats [--json | --prometheus] | shards | scripts | kill-shard N |
+//   restart-shard N outrun [--socket PATH] bench [--clients C] [--count N] [--shards K]
+//   [--in-process]
+// --socket (or $OUTRUN_SOCKET) sends eval through outrund; the administration commands always
+// talk to outrund (default socket: see outrun::default_client_socket()).
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
-#include <sstream>
-
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
 
 #include "json_values.h"
+#include "outrun/client.h"
 #include "outrun/host.h"
 #include "outrun/in_process.h"
+#include "stats_format.h"
 
 namespace outrun::cli {
 
@@ -33,6 +43,29 @@ struct EvalArgs {
   bool in_process = false;
   std::string key = "cli";
 };
+
+std::string g_socket;  // --socket
+
+// --socket given, or $OUTRUN_SOCKET set: eval and bench go through outrund.
+bool socket_given() {
+  if (!g_socket.empty()) return true;
+  if (const char* env = std::getenv("OUTRUN_SOCKET"); env && *env) {
+    g_socket = env;
+    return true;
+  }
+  return false;
+}
+
+int connect_client(std::unique_ptr<Client>* out) {
+  ClientOptions o;
+  o.socket = g_socket;
+  o.name = "outrun-cli";
+  if (Error err = Client::connect(o, out)) {
+    std::cerr << to_string(err.status) << ": " << err.message << "\n";
+    return 3;
+  }
+  return 0;
+}
 
 int run_eval(const EvalArgs& a) {
   std::string source = a.source;
@@ -73,7 +106,11 @@ int run_eval(const EvalArgs& a) {
   }
 
   std::unique_ptr<Runner> runner;
-  if (a.in_process) {
+  if (!a.in_process && socket_given()) {
+    std::unique_ptr<Client> client;
+    if (int rc = connect_client(&client)) return rc;
+    runner = std::move(client);
+  } else if (a.in_process) {
     InProcessOptions o;
     o.timeout = std::chrono::milliseconds(a.timeout_ms);
     o.memory_limit = static_cast<std::size_t>(a.memory_mb) << 20;
@@ -99,7 +136,8 @@ int run_eval(const EvalArgs& a) {
   const auto t0 = std::chrono::steady_clock::now();
   Result r = runner->evaluate(script, std::move(inputs)).get();
   const auto latency_us =
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
   if (a.json) {
     nlohmann::json j{{"status", std::string(to_string(r.status))},
                      {"value", to_json(r.value)},
@@ -115,6 +153,129 @@ int run_eval(const EvalArgs& a) {
   return r.status == Status::ok ? 0 : 1;
 }
 
+enum class StatsFormat { text, json, prometheus };
+
+int run_admin(const std::string& what, StatsFormat fmt, int shard) {
+  std::unique_ptr<Client> c;
+  if (int rc = connect_client(&c)) return rc;
+  std::string doc;
+  Error err;
+  if (what == "stats")
+    err = c->stats_json(&doc);
+  else if (what == "shards")
+    err = c->shards_json(&doc);
+  else if (what == "scripts")
+    err = c->scripts_json(&doc);
+  else if (what == "kill-shard")
+    err = c->kill_shard(shard);
+  else if (what == "restart-shard")
+    err = c->restart_shard(shard);
+  if (err) {
+    std::cerr << to_string(err.status) << ": " << err.message << "\n";
+    return 1;
+  }
+  if (doc.empty()) {
+    std::cout << (what == "kill-shard" ? "killed" : "restarting") << " shard " << shard << "\n";
+    return 0;
+  }
+  nlohmann::json j = nlohmann::json::parse(doc, nullptr, false);
+  if (j.is_discarded()) {
+    std::cerr << "outrund sent a document that is not JSON\n";
+    return 1;
+  }
+  if (fmt == StatsFormat::json)
+    std::cout << j.dump(2) << "\n";
+  else if (fmt == StatsFormat::prometheus)
+    std::cout << stats_prometheus(j);
+  else if (what == "stats")
+    std::cout << stats_text(j);
+  else if (what == "shards")
+    std::cout << shards_text(j);
+  else
+    std::cout << scripts_text(j);
+  return 0;
+}
+
+struct BenchArgs {
+  int clients = 1;
+  int count = 20000;
+  int shards = 2;
+  bool in_process = false;
+};
+
+// Closed loop: each of C threads evaluates its own script (its own key, so single flight never
+// refuses), waits for the result, and goes again. Prints round-trip percentiles and throughput.
+int run_bench(const BenchArgs& a) {
+  std::unique_ptr<Runner> runner;
+  std::string mode;
+  if (socket_given()) {
+    std::unique_ptr<Client> c;
+    if (int rc = connect_client(&c)) return rc;
+    runner = std::move(c);
+    mode = "daemon (" + g_socket + ")";
+  } else if (a.in_process) {
+    runner = std::make_unique<InProcess>(InProcessOptions{});
+    mode = "in-process";
+  } else {
+    HostOptions o;
+    o.shards = a.shards;
+    std::unique_ptr<Host> h;
+    if (Error err = Host::create(o, &h)) {
+      std::cerr << to_string(err.status) << ": " << err.message << "\n";
+      return 3;
+    }
+    runner = std::move(h);
+    mode = "embedded Host, " + std::to_string(a.shards) + " shards";
+  }
+  std::vector<Script> scripts(a.clients);
+  for (int t = 0; t < a.clients; ++t)
+    if (Error err = runner->register_script("bench." + std::to_string(t),
+                                            "return inputs.a + inputs.b", &scripts[t])) {
+      std::cerr << to_string(err.status) << ": " << err.message << "\n";
+      return 1;
+    }
+  const int per = std::max(1, a.count / a.clients);
+  // Warm up: compile on the workers.
+  for (int t = 0; t < a.clients; ++t) runner->evaluate(scripts[t], {{"a", 1}, {"b", 2}}).get();
+  std::vector<std::vector<uint32_t>> lat(a.clients);
+  std::atomic<int> errors{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> th;
+  for (int t = 0; t < a.clients; ++t)
+    th.emplace_back([&, t] {
+      lat[t].reserve(per);
+      for (int i = 0; i < per; ++i) {
+        const auto s = std::chrono::steady_clock::now();
+        Result r = runner->evaluate(scripts[t], {{"a", i}, {"b", 1}}).get();
+        lat[t].push_back(static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                   std::chrono::steady_clock::now() - s)
+                                                   .count()));
+        if (r.status != Status::ok || !(r.value == Value(int64_t{i} + 1))) errors.fetch_add(1);
+      }
+    });
+  for (auto& x : th) x.join();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<uint32_t> all;
+  for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end());
+  auto q = [&](double p) {
+    return all.empty()
+               ? 0.0
+               : all[std::min(all.size() - 1, static_cast<std::size_t>(p * all.size()))] / 1e3;
+  };
+  nlohmann::json j{{"mode", mode},
+                   {"clients", a.clients},
+                   {"evaluations", all.size()},
+                   {"errors", errors.load()},
+                   {"seconds", secs},
+                   {"per_second", all.size() / secs},
+                   {"p50_us", q(0.5)},
+                   {"p90_us", q(0.9)},
+                   {"p99_us", q(0.99)}};
+  std::cout << j.dump() << "\n";
+  return errors.load() == 0 ? 0 : 1;
+}
+
 }  // namespace
 }  // namespace outrun::cli
 
@@ -122,21 +283,74 @@ int main(int argc, char** argv) {
   using namespace outrun::cli;
   CLI::App app{"outrun: run untrusted Lua 5.4 scripts out of process"};
   app.require_subcommand(1);
+  app.fallthrough();  // --socket before or after the command
+  app.add_option("--socket", g_socket,
+                 "outrund socket (default $OUTRUN_SOCKET, else the daemon's default)");
   EvalArgs ea;
   auto* eval = app.add_subcommand("eval", "evaluate one script and print its result");
-  eval->add_option("--shards", ea.shards, "worker processes")->check(CLI::Range(1, 64))->capture_default_str();
-  eval->add_option("--timeout", ea.timeout_ms, "soft timeout T in ms")->check(CLI::Range(1, 3600000))->capture_default_str();
-  eval->add_option("--grace", ea.grace_ms, "grace G in ms before the worker is killed")->check(CLI::Range(0, 3600000))->capture_default_str();
-  eval->add_option("--memory-limit", ea.memory_mb, "memory per script state, MB")->check(CLI::Range(1, 65536))->capture_default_str();
+  eval->add_option("--shards", ea.shards, "worker processes")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  eval->add_option("--timeout", ea.timeout_ms, "soft timeout T in ms")
+      ->check(CLI::Range(1, 3600000))
+      ->capture_default_str();
+  eval->add_option("--grace", ea.grace_ms, "grace G in ms before the worker is killed")
+      ->check(CLI::Range(0, 3600000))
+      ->capture_default_str();
+  eval->add_option("--memory-limit", ea.memory_mb, "memory per script state, MB")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
   auto* e = eval->add_option("-e,--source", ea.source, "Lua source");
   auto* f = eval->add_option("-f,--file", ea.file, "file with the Lua source");
   e->excludes(f);
-  eval->add_option("-i,--input", ea.inputs, "input NAME=VALUE (true, false, nil, numbers, \"strings\", text)");
+  eval->add_option("-i,--input", ea.inputs,
+                   "input NAME=VALUE (true, false, nil, numbers, \"strings\", text)");
   eval->add_option("--inputs-json", ea.inputs_json, "inputs as a JSON object");
   eval->add_option("--key", ea.key, "script key (routes it to a shard)")->capture_default_str();
   eval->add_flag("--json", ea.json, "print {status, value, error, shard, latency_us}");
   eval->add_flag("--in-process", ea.in_process, "run in this process (trusted scripts, baseline)");
   int rc = 0;
+
+  StatsFormat fmt = StatsFormat::text;
+  bool as_json = false, as_prom = false;
+  auto* stats =
+      app.add_subcommand("stats", "outrund: shards, evaluations by status, latency, clients");
+  auto* sj = stats->add_flag("--json", as_json, "print the JSON document");
+  stats->add_flag("--prometheus", as_prom, "Prometheus text exposition format")->excludes(sj);
+  auto* shards =
+      app.add_subcommand("shards", "outrund: state, pid, uptime, restarts and RSS of each shard");
+  shards->add_flag("--json", as_json, "print the JSON document");
+  auto* scripts =
+      app.add_subcommand("scripts", "outrund: registered scripts with hashes and counts");
+  scripts->add_flag("--json", as_json, "print the JSON document");
+  int shard_n = 0;
+  auto* kill = app.add_subcommand("kill-shard", "outrund: SIGKILL a shard's worker (it restarts)");
+  kill->add_option("shard", shard_n, "shard index")->required();
+  auto* restart =
+      app.add_subcommand("restart-shard", "outrund: restart a shard's worker gracefully");
+  restart->add_option("shard", shard_n, "shard index")->required();
+  BenchArgs ba;
+  auto* bench = app.add_subcommand(
+      "bench", "closed-loop round trips: through outrund with --socket, else embedded");
+  bench->add_option("--clients", ba.clients, "concurrent closed-loop callers")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  bench->add_option("--count", ba.count, "evaluations in total")
+      ->check(CLI::Range(1, 100000000))
+      ->capture_default_str();
+  bench->add_option("--shards", ba.shards, "embedded Host shards")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  bench->add_flag("--in-process", ba.in_process, "InProcess runner instead of an embedded Host");
+  for (auto* sc : {stats, shards, scripts, kill, restart})
+    sc->callback([&, sc] {
+      if (as_prom)
+        fmt = StatsFormat::prometheus;
+      else if (as_json)
+        fmt = StatsFormat::json;
+      rc = run_admin(sc->get_name(), fmt, shard_n);
+    });
+  bench->callback([&] { rc = run_bench(ba); });
   eval->callback([&] {
     if (ea.source.empty() && ea.file.empty()) throw CLI::RequiredError("-e SOURCE or -f FILE");
     rc = run_eval(ea);

@@ -1,0 +1,24 @@
+# cmake --install: the libraries a consumer of outrun::host links (outrun_host is static, so its
+# static dependencies are installed and exported too), the package config for find_package(outrun),
+# and the systemd unit. Binaries and headers are installed next to their targets.
+include(CMakePackageConfigHelpers)
+set_target_properties(outrun_host PROPERTIES EXPORT_NAME host)
+set_target_properties(outrun_sandbox PROPERTIES EXPORT_NAME sandbox)
+set_target_properties(outrun_protocol PROPERTIES EXPORT_NAME protocol)
+install(TARGETS outrun_host outrun_sandbox outrun_protocol EXPORT outrunTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+install(EXPORT outrunTargets NAMESPACE outrun:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/outrun)
+configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/outrunConfig.cmake.in
+  ${CMAKE_CURRENT_BINARY_DIR}/outrunConfig.cmake
+  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/outrun
+  PATH_VARS CMAKE_INSTALL_LIBEXECDIR CMAKE_INSTALL_SBINDIR)
+write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/outrunConfigVersion.cmake
+  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/outrunConfig.cmake ${CMAKE_CURRENT_BINARY_DIR}/outrunConfigVersion.cmake
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/outrun)
+# The unit names /usr/local/sbin/outrund; the installed copy names this prefix's.
+file(READ ${PROJECT_SOURCE_DIR}/scripts/outrund.service OUTRUN_UNIT)
+string(REPLACE "/usr/local/sbin" "${CMAKE_INSTALL_FULL_SBINDIR}" OUTRUN_UNIT "${OUTRUN_UNIT}")
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/outrund.service "${OUTRUN_UNIT}")
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/scripts/outrund.service)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/outrund.service DESTINATION ${CMAKE_INSTALL_LIBDIR}/systemd/system)

@@ -1,0 +1,288 @@
+#include "config.h"
+
+#include <toml++/toml.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <sstream>
+
+namespace outrun::daemon {
+
+std::string default_socket_path() {
+  if (geteuid() == 0) return "/run/outrun/outrund.sock";
+  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x && *x)
+    return std::string(x) + "/outrun/outrund.sock";
+  return "/tmp/outrun-" + std::to_string(geteuid()) + "/outrund.sock";
+}
+
+std::string default_cache_dir() {
+  if (geteuid() == 0) return "/var/cache/outrun";
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/outrun";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/outrun";
+  return "/tmp/outrun-cache-" + std::to_string(geteuid());
+}
+
+namespace {
+
+struct Reader {
+  std::string err;
+  std::string section;
+
+  std::string where(std::string_view key) const { return section + "." + std::string(key); }
+
+  bool integer(const toml::node& n, std::string_view key, int64_t lo, int64_t hi, int64_t* out) {
+    auto v = n.value<int64_t>();
+    if (!v || *v < lo || *v > hi) {
+      err = where(key) + ": expected an integer in [" + std::to_string(lo) + ", " +
+            std::to_string(hi) + "]";
+      return false;
+    }
+    *out = *v;
+    return true;
+  }
+  bool string(const toml::node& n, std::string_view key, std::string* out) {
+    auto v = n.value<std::string>();
+    if (!v) {
+      err = where(key) + ": expected a string";
+      return false;
+    }
+    *out = *v;
+    return true;
+  }
+  bool ms(const toml::node& n, std::string_view key, int64_t lo, std::chrono::milliseconds* out) {
+    int64_t v;
+    if (!integer(n, key, lo, 86'400'000, &v)) return false;
+    *out = std::chrono::milliseconds(v);
+    return true;
+  }
+  bool ids(const toml::node& n, std::string_view key, std::vector<uint32_t>* out) {
+    const toml::array* a = n.as_array();
+    if (!a) {
+      err = where(key) + ": expected an array of integers";
+      return false;
+    }
+    out->clear();
+    for (const auto& e : *a) {
+      auto v = e.value<int64_t>();
+      if (!v || *v < 0 || *v > 0xFFFFFFFELL) {
+        err = where(key) + ": expected an array of integers (uids/gids)";
+        return false;
+      }
+      out->push_back(static_cast<uint32_t>(*v));
+    }
+    return true;
+  }
+};
+
+bool read_daemon(const toml::table& t, DaemonConfig* c, Reader& r) {
+  r.section = "daemon";
+  for (auto&& [k, n] : t) {
+    const std::string_view key = k.str();
+    int64_t v = 0;
+    bool ok = true;
+    if (key == "socket") {
+      ok = r.string(n, key, &c->socket);
+    } else if (key == "socket_mode") {
+      // An integer (0o660 in TOML) or an octal string ("0660").
+      if (auto s = n.value<std::string>()) {
+        char* end = nullptr;
+        const long m = std::strtol(s->c_str(), &end, 8);
+        ok = !s->empty() && *end == 0 && m >= 0 && m <= 0777;
+        if (ok)
+          c->socket_mode = static_cast<unsigned>(m);
+        else
+          r.err = "daemon.socket_mode: expected octal permission bits like \"0660\"";
+      } else if ((ok = r.integer(n, key, 0, 0777, &v))) {
+        c->socket_mode = static_cast<unsigned>(v);
+      }
+    } else if (key == "allowed_uids") {
+      ok = r.ids(n, key, &c->allowed_uids);
+      c->uids_set = true;
+    } else if (key == "allowed_gids") {
+      ok = r.ids(n, key, &c->allowed_gids);
+    } else if (key == "max_clients") {
+      if ((ok = r.integer(n, key, 1, 65536, &v))) c->max_clients = static_cast<int>(v);
+    } else if (key == "max_inflight_per_client") {
+      if ((ok = r.integer(n, key, 1, 10'000'000, &v)))
+        c->max_inflight_per_client = static_cast<uint32_t>(v);
+    } else if (key == "drain_timeout_ms") {
+      ok = r.ms(n, key, 0, &c->drain_timeout);
+    } else if (key == "log_level") {
+      ok = r.string(n, key, &c->log_level);
+    } else if (key == "log_file") {
+      ok = r.string(n, key, &c->log_file);
+    } else if (key == "cache_dir") {
+      ok = r.string(n, key, &c->cache_dir);
+    } else {
+      r.err = "unknown key daemon." + std::string(key);
+      ok = false;
+    }
+    if (!ok) return false;
+  }
+  return true;
+}
+
+bool read_host(const toml::table& t, HostOptions* h, Reader& r) {
+  r.section = "host";
+  for (auto&& [k, n] : t) {
+    const std::string_view key = k.str();
+    int64_t v = 0;
+    bool ok = true;
+    if (key == "shards") {
+      if ((ok = r.integer(n, key, 1, 64, &v))) h->shards = static_cast<int>(v);
+    } else if (key == "timeout_ms") {
+      ok = r.ms(n, key, 1, &h->timeout);
+    } else if (key == "grace_ms") {
+      ok = r.ms(n, key, 0, &h->grace);
+    } else if (key == "memory_limit_mb") {
+      if ((ok = r.integer(n, key, 1, 65536, &v)))
+        h->memory_limit = static_cast<std::size_t>(v) << 20;
+    } else if (key == "worker_address_space_limit_mb") {
+      if ((ok = r.integer(n, key, 0, 1 << 30, &v)))
+        h->worker_address_space_limit = static_cast<std::size_t>(v) << 20;
+    } else if (key == "worker_path") {
+      ok = r.string(n, key, &h->worker_path);
+    } else if (key == "start_timeout_ms") {
+      ok = r.ms(n, key, 1, &h->start_timeout);
+    } else if (key == "shutdown_timeout_ms") {
+      ok = r.ms(n, key, 0, &h->shutdown_timeout);
+    } else if (key == "max_queued_while_down") {
+      if ((ok = r.integer(n, key, 0, 100'000'000, &v)))
+        h->max_queued_while_down = static_cast<std::size_t>(v);
+    } else if (key == "restart_delay_ms") {
+      ok = r.ms(n, key, 0, &h->restart_delay);
+    } else if (key == "heartbeat_interval_ms") {
+      ok = r.ms(n, key, 1, &h->heartbeat_interval);
+    } else if (key == "silence_limit_ms") {
+      ok = r.ms(n, key, 1, &h->silence_limit);
+    } else if (key == "single_flight") {
+      std::string s;
+      if ((ok = r.string(n, key, &s))) {
+        if (s == "refuse")
+          h->single_flight = SingleFlight::refuse;
+        else if (s == "coalesce_latest")
+          h->single_flight = SingleFlight::coalesce_latest;
+        else if (s == "off")
+          h->single_flight = SingleFlight::off;
+        else {
+          r.err = "host.single_flight: expected \"refuse\", \"coalesce_latest\" or \"off\"";
+          ok = false;
+        }
+      }
+    } else if (key == "retries") {
+      if ((ok = r.integer(n, key, 0, 100, &v))) h->retries = static_cast<int>(v);
+    } else if (key == "crash_loop_limit") {
+      if ((ok = r.integer(n, key, 1, 1'000'000, &v))) h->crash_loop_limit = static_cast<int>(v);
+    } else if (key == "crash_loop_window_ms") {
+      ok = r.ms(n, key, 1, &h->crash_loop_window);
+    } else if (key == "crash_loop_cooldown_ms") {
+      ok = r.ms(n, key, 0, &h->crash_loop_cooldown);
+    } else {
+      r.err = "unknown key host." + std::string(key);
+      ok = false;
+    }
+    if (!ok) return false;
+  }
+  return true;
+}
+
+const char* single_flight_name(SingleFlight s) {
+  switch (s) {
+    case SingleFlight::refuse:
+      return "refuse";
+    case SingleFlight::coalesce_latest:
+      return "coalesce_latest";
+    case SingleFlight::off:
+      return "off";
+  }
+  return "refuse";
+}
+
+}  // namespace
+
+std::string load_config_file(const std::string& path, DaemonConfig* cfg) {
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << path << ":" << e.source().begin.line << ":" << e.source().begin.column << ": "
+       << e.description();
+    return os.str();
+  }
+  Reader r;
+  for (auto&& [k, n] : root) {
+    const toml::table* t = n.as_table();
+    if (k.str() == "daemon" && t) {
+      if (!read_daemon(*t, cfg, r)) return path + ": " + r.err;
+    } else if (k.str() == "host" && t) {
+      if (!read_host(*t, &cfg->host, r)) return path + ": " + r.err;
+    } else {
+      return path + ": unknown top-level key or section '" + std::string(k.str()) +
+             "' (expected [daemon] and [host])";
+    }
+  }
+  return {};
+}
+
+std::string finalize_config(DaemonConfig* cfg) {
+  if (cfg->socket.empty()) cfg->socket = default_socket_path();
+  if (cfg->cache_dir.empty()) cfg->cache_dir = default_cache_dir();
+  if (!cfg->uids_set && cfg->allowed_uids.empty()) {
+    cfg->allowed_uids.push_back(static_cast<uint32_t>(geteuid()));
+    if (geteuid() != 0) cfg->allowed_uids.push_back(0);
+  }
+  static const char* levels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+  bool level_ok = false;
+  for (const char* l : levels) level_ok |= cfg->log_level == l;
+  if (!level_ok)
+    return "daemon.log_level: expected trace, debug, info, warn, error, critical or off";
+  if (cfg->socket.size() >= 108) return "daemon.socket: path longer than 107 bytes (sun_path)";
+  if (cfg->host.shards < 1 || cfg->host.shards > 64) return "host.shards: expected 1..64";
+  return {};
+}
+
+std::string to_toml(const DaemonConfig& c) {
+  auto ids = [](const std::vector<uint32_t>& v) {
+    toml::array a;
+    for (uint32_t x : v) a.push_back(static_cast<int64_t>(x));
+    return a;
+  };
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o", c.socket_mode);
+  toml::table d{{"socket", c.socket},
+                {"socket_mode", std::string(mode)},
+                {"allowed_uids", ids(c.allowed_uids)},
+                {"allowed_gids", ids(c.allowed_gids)},
+                {"max_clients", c.max_clients},
+                {"max_inflight_per_client", static_cast<int64_t>(c.max_inflight_per_client)},
+                {"drain_timeout_ms", static_cast<int64_t>(c.drain_timeout.count())},
+                {"log_level", c.log_level},
+                {"log_file", c.log_file},
+                {"cache_dir", c.cache_dir}};
+  const HostOptions& h = c.host;
+  toml::table ho{
+      {"shards", h.shards},
+      {"timeout_ms", static_cast<int64_t>(h.timeout.count())},
+      {"grace_ms", static_cast<int64_t>(h.grace.count())},
+      {"memory_limit_mb", static_cast<int64_t>(h.memory_limit >> 20)},
+      {"worker_address_space_limit_mb", static_cast<int64_t>(h.worker_address_space_limit >> 20)},
+      {"worker_path", h.worker_path},
+      {"start_timeout_ms", static_cast<int64_t>(h.start_timeout.count())},
+      {"shutdown_timeout_ms", static_cast<int64_t>(h.shutdown_timeout.count())},
+      {"max_queued_while_down", static_cast<int64_t>(h.max_queued_while_down)},
+      {"restart_delay_ms", static_cast<int64_t>(h.restart_delay.count())},
+      {"heartbeat_interval_ms", static_cast<int64_t>(h.heartbeat_interval.count())},
+      {"silence_limit_ms", static_cast<int64_t>(h.silence_limit.count())},
+      {"single_flight", std::string(single_flight_name(h.single_flight))},
+      {"retries", h.retries},
+      {"crash_loop_limit", h.crash_loop_limit},
+      {"crash_loop_window_ms", static_cast<int64_t>(h.crash_loop_window.count())},
+      {"crash_loop_cooldown_ms", static_cast<int64_t>(h.crash_loop_cooldown.count())}};
+  toml::table root{{"daemon", d}, {"host", ho}};
+  std::ostringstream os;
+  os << root << "\n";
+  return os.str();
+}
+
+}  // namespace outrun::daemon

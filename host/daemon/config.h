@@ -1,0 +1,45 @@
+// outrund configuration: defaults, the TOML file (toml++), command-line overrides.
+// Every key and its default is documented in design/daemon.md.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "outrun/host.h"
+
+namespace outrun::daemon {
+
+struct DaemonConfig {
+  // [daemon]
+  std::string socket;                  // default: default_socket_path()
+  unsigned socket_mode = 0660;         // permission bits of the socket file
+  std::vector<uint32_t> allowed_uids;  // empty and !uids_set: the daemon's uid and root
+  std::vector<uint32_t> allowed_gids;  // empty: none (besides uids)
+  bool uids_set = false;               // allowed_uids given explicitly (file or flag)
+  int max_clients = 256;
+  uint32_t max_inflight_per_client = 10000;
+  std::chrono::milliseconds drain_timeout{5000};
+  std::string log_level = "info";  // trace, debug, info, warn, error, critical, off
+  std::string log_file;            // empty: stderr (journald under systemd)
+  std::string cache_dir;           // default: default_cache_dir(); reserved (created, unused)
+  // [host]
+  HostOptions host;
+};
+
+std::string default_socket_path();
+std::string default_cache_dir();
+
+// Reads `path` into *cfg (keys not in the file keep their value). Returns an error message, or
+// empty on success. Unknown keys are errors (a typo must not silently fall back to a default).
+std::string load_config_file(const std::string& path, DaemonConfig* cfg);
+
+// Fills defaults that depend on the environment (socket, cache dir, allowed uids) and checks
+// ranges. Returns an error message, or empty.
+std::string finalize_config(DaemonConfig* cfg);
+
+// The effective configuration as TOML (outrund --check-config prints it).
+std::string to_toml(const DaemonConfig& cfg);
+
+}  // namespace outrun::daemon

@@ -1,0 +1,117 @@
+// outrund: serves an outrun::Host on a Unix domain socket. See design/daemon.md.
+//
+//   outrund [--config FILE] [--socket PATH] [--shards K] [--timeout MS] ... [--check-config]
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <iostream>
+
+#include "config.h"
+#include "server.h"
+
+int main(int argc, char** argv) {
+  using namespace outrun::daemon;
+  CLI::App app{
+      "outrund: the outrun daemon (Lua 5.4 scripts in worker processes, served on a Unix socket)"};
+  std::string config_file, socket, socket_mode, log_level, log_file, worker, single_flight;
+  int shards = 0, timeout_ms = 0, grace_ms = -1, memory_mb = 0, drain_ms = -1, max_clients = 0;
+  long max_inflight = 0;
+  std::vector<uint32_t> uids, gids;
+  bool check = false;
+  app.add_option("-c,--config", config_file, "TOML configuration file (design/daemon.md)");
+  app.add_option("-s,--socket", socket, "socket path (daemon.socket)");
+  app.add_option("--socket-mode", socket_mode,
+                 "socket file permission bits, octal (daemon.socket_mode)");
+  app.add_option("--allow-uid", uids, "allowed peer uid, repeatable; replaces daemon.allowed_uids");
+  app.add_option("--allow-gid", gids, "allowed peer gid, repeatable; replaces daemon.allowed_gids");
+  app.add_option("--max-clients", max_clients, "daemon.max_clients")->check(CLI::Range(1, 65536));
+  app.add_option("--max-inflight-per-client", max_inflight, "daemon.max_inflight_per_client")
+      ->check(CLI::Range(1L, 10'000'000L));
+  app.add_option("--drain-timeout", drain_ms, "daemon.drain_timeout_ms")
+      ->check(CLI::Range(0, 86'400'000));
+  app.add_option("--log-level", log_level, "daemon.log_level");
+  app.add_option("--log-file", log_file, "daemon.log_file (empty: stderr)");
+  app.add_option("--shards", shards, "host.shards")->check(CLI::Range(1, 64));
+  app.add_option("--timeout", timeout_ms, "host.timeout_ms")->check(CLI::Range(1, 3'600'000));
+  app.add_option("--grace", grace_ms, "host.grace_ms")->check(CLI::Range(0, 3'600'000));
+  app.add_option("--memory-limit", memory_mb, "host.memory_limit_mb")->check(CLI::Range(1, 65536));
+  app.add_option("--single-flight", single_flight,
+                 "host.single_flight: refuse, coalesce_latest or off");
+  app.add_option("--worker", worker, "host.worker_path");
+  app.add_flag("--check-config", check, "validate the configuration, print it as TOML and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  DaemonConfig cfg;
+  if (config_file.empty()) {
+    // No --config: the system file as root, the user's otherwise, if it exists.
+    std::string def = "/etc/outrun/outrund.toml";
+    if (geteuid() != 0) {
+      const char* x = std::getenv("XDG_CONFIG_HOME");
+      const char* h = std::getenv("HOME");
+      def = x && *x ? std::string(x) + "/outrun/outrund.toml"
+            : h     ? std::string(h) + "/.config/outrun/outrund.toml"
+                    : "";
+    }
+    if (!def.empty() && ::access(def.c_str(), F_OK) == 0) config_file = def;
+  }
+  if (!config_file.empty()) {
+    if (std::string err = load_config_file(config_file, &cfg); !err.empty()) {
+      std::cerr << "outrund: " << err << "\n";
+      return 2;
+    }
+  }
+  if (!socket.empty()) cfg.socket = socket;
+  if (!socket_mode.empty()) {
+    char* end = nullptr;
+    const long m = std::strtol(socket_mode.c_str(), &end, 8);
+    if (*end || m < 0 || m > 0777) {
+      std::cerr << "outrund: --socket-mode expects octal permission bits like 0660\n";
+      return 2;
+    }
+    cfg.socket_mode = static_cast<unsigned>(m);
+  }
+  if (!uids.empty()) {
+    cfg.allowed_uids = uids;
+    cfg.uids_set = true;
+  }
+  if (!gids.empty()) cfg.allowed_gids = gids;
+  if (max_clients) cfg.max_clients = max_clients;
+  if (max_inflight) cfg.max_inflight_per_client = static_cast<uint32_t>(max_inflight);
+  if (drain_ms >= 0) cfg.drain_timeout = std::chrono::milliseconds(drain_ms);
+  if (!log_level.empty()) cfg.log_level = log_level;
+  if (!log_file.empty()) cfg.log_file = log_file;
+  if (shards) cfg.host.shards = shards;
+  if (timeout_ms) cfg.host.timeout = std::chrono::milliseconds(timeout_ms);
+  if (grace_ms >= 0) cfg.host.grace = std::chrono::milliseconds(grace_ms);
+  if (memory_mb) cfg.host.memory_limit = static_cast<std::size_t>(memory_mb) << 20;
+  if (!worker.empty()) cfg.host.worker_path = worker;
+  if (!single_flight.empty()) {
+    if (single_flight == "refuse")
+      cfg.host.single_flight = outrun::SingleFlight::refuse;
+    else if (single_flight == "coalesce_latest")
+      cfg.host.single_flight = outrun::SingleFlight::coalesce_latest;
+    else if (single_flight == "off")
+      cfg.host.single_flight = outrun::SingleFlight::off;
+    else {
+      std::cerr << "outrund: --single-flight expects refuse, coalesce_latest or off\n";
+      return 2;
+    }
+  }
+  if (std::string err = finalize_config(&cfg); !err.empty()) {
+    std::cerr << "outrund: " << err << "\n";
+    return 2;
+  }
+  if (check) {
+    std::cout << to_toml(cfg);
+    return 0;
+  }
+  // Signals are handled on the loop (uv_signal); a client that vanished must not kill us.
+  std::signal(SIGPIPE, SIG_IGN);
+  Server server(std::move(cfg));
+  return server.run();
+}

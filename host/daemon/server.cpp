@@ -1,0 +1,836 @@
+#include "server.h"
+
+#include <fcntl.h>
+#include <flatbuffers/flatbuffers.h>
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "outrun/protocol/frame.h"
+#include "outrun/protocol/frame_writer.h"
+#include "wire_codec.h"
+
+namespace outrun::daemon {
+
+namespace wire = outrun::wire;
+namespace protocol = outrun::protocol;
+
+#ifndef OUTRUN_VERSION
+#define OUTRUN_VERSION "0.0.0"
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Latency histogram
+
+int LatencyHistogram::bucket(uint64_t us) {
+  if (us < kSub) return static_cast<int>(us);
+  const int msb = 63 - std::countl_zero(us);  // >= 3
+  const int sub = static_cast<int>((us >> (msb - 3)) & (kSub - 1));
+  return std::min((msb - 2) * kSub + sub, kBuckets - 1);
+}
+
+uint64_t LatencyHistogram::upper(int b) {
+  if (b < kSub) return static_cast<uint64_t>(b);
+  const int msb = b / kSub + 2;
+  const uint64_t sub = static_cast<uint64_t>(b % kSub);
+  return ((uint64_t{kSub} + sub + 1) << (msb - 3)) - 1;
+}
+
+void LatencyHistogram::record(uint64_t us) {
+  b_[bucket(us)].fetch_add(1, std::memory_order_relaxed);
+  sum_.fetch_add(us, std::memory_order_relaxed);
+  uint64_t m = max_.load(std::memory_order_relaxed);
+  while (us > m && !max_.compare_exchange_weak(m, us, std::memory_order_relaxed)) {
+  }
+}
+
+uint64_t LatencyHistogram::count() const {
+  uint64_t n = 0;
+  for (const auto& b : b_) n += b.load(std::memory_order_relaxed);
+  return n;
+}
+
+uint64_t LatencyHistogram::quantile(double q) const {
+  std::array<uint64_t, kBuckets> snap;
+  uint64_t n = 0;
+  for (int i = 0; i < kBuckets; ++i) n += snap[i] = b_[i].load(std::memory_order_relaxed);
+  if (n == 0) return 0;
+  const uint64_t rank =
+      std::max<uint64_t>(1, static_cast<uint64_t>(q * static_cast<double>(n) + 0.999999));
+  uint64_t seen = 0;
+  for (int i = 0; i < kBuckets; ++i) {
+    seen += snap[i];
+    if (seen >= rank) return std::min(upper(i), max());
+  }
+  return max();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Connection
+
+// One client. Shared by the loop (conns_, the poll handle) and every callback of an evaluation
+// it submitted, so a result that arrives after the client left writes to a closed writer and
+// is dropped; the fd is closed when the last reference goes (never reused under a writer).
+struct Conn : std::enable_shared_from_this<Conn> {
+  Conn(Server* s, int fd_, uint64_t id_)
+      : server(s),
+        fd(fd_),
+        id(id_),
+        writer(fd_, [this] { server->want_write(shared_from_this()); }) {}
+  ~Conn() { ::close(fd); }
+
+  Server* server;
+  const int fd;
+  const uint64_t id;
+  protocol::FrameWriter writer;
+  std::atomic<uint32_t> inflight{0};
+
+  // Loop thread only.
+  uv_poll_t poll{};
+  protocol::FrameReader reader;
+  bool hello = false;
+  bool reading = true;
+  bool write_wait = false;  // polling for writability (the socket was full)
+  bool closing = false;
+  int events = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  pid_t pid = 0;
+  std::string name;
+};
+
+namespace {
+
+thread_local flatbuffers::FlatBufferBuilder t_fbb(4096);
+
+std::span<const uint8_t> frame_of(flatbuffers::FlatBufferBuilder& f, wire::Body type,
+                                  flatbuffers::Offset<void> body) {
+  f.FinishSizePrefixed(wire::CreateFrame(f, type, body));
+  return {f.GetBufferPointer(), f.GetSize()};
+}
+
+flatbuffers::Offset<wire::Result> encode_result(flatbuffers::FlatBufferBuilder& f, uint64_t id,
+                                                const Result& r) {
+  flatbuffers::Offset<wire::Value> v;
+  flatbuffers::Offset<flatbuffers::String> e;
+  if (r.status == Status::ok)
+    v = detail::encode_value(f, r.value);
+  else
+    e = f.CreateString(r.error);
+  wire::ResultBuilder b(f);
+  b.add_id(id);
+  b.add_status(static_cast<wire::Status>(r.status));
+  if (r.status == Status::ok)
+    b.add_value(v);
+  else
+    b.add_error(e);
+  return b.Finish();
+}
+
+void send_result(Conn& c, uint64_t id, const Result& r) {
+  auto& f = t_fbb;
+  f.Clear();
+  auto item = encode_result(f, id, r);
+  auto items = f.CreateVector(&item, 1);
+  c.writer.write(frame_of(f, wire::Body::Results, wire::CreateResults(f, items).Union()));
+}
+
+void reply_error_hello(int fd, const std::string& why) {
+  flatbuffers::FlatBufferBuilder f(256);
+  auto e = f.CreateString(why);
+  auto v = f.CreateString(OUTRUN_VERSION);
+  wire::ServerHelloBuilder b(f);
+  b.add_protocol_version(protocol::kProtocolVersion);
+  b.add_server_version(v);
+  b.add_error(e);
+  auto body = b.Finish();
+  auto bytes = frame_of(f, wire::Body::ServerHello, body.Union());
+  (void)!::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+uint64_t now_us() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+std::string hex(const std::array<uint8_t, 32>& h) {
+  static const char* d = "0123456789abcdef";
+  std::string s(64, '0');
+  for (int i = 0; i < 32; ++i) {
+    s[2 * i] = d[h[i] >> 4];
+    s[2 * i + 1] = d[h[i] & 15];
+  }
+  return s;
+}
+
+// Seconds since the process started (/proc/PID/stat field 22 against /proc/uptime); -1 unknown.
+double process_uptime_s(int pid) {
+  if (pid <= 0) return -1;
+  std::ifstream st("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(st, line)) return -1;
+  const auto rp = line.rfind(')');
+  if (rp == std::string::npos) return -1;
+  std::istringstream is(line.substr(rp + 2));
+  std::string f;
+  unsigned long long start = 0;
+  for (int i = 3; i <= 22 && (is >> f); ++i)
+    if (i == 22) start = std::stoull(f);
+  std::ifstream up("/proc/uptime");
+  double uptime = 0;
+  if (!(up >> uptime)) return -1;
+  const long hz = sysconf(_SC_CLK_TCK);
+  return std::max(0.0, uptime - static_cast<double>(start) / static_cast<double>(hz));
+}
+
+void sd_notify(const char* msg) {
+  const char* path = std::getenv("NOTIFY_SOCKET");
+  if (!path || !*path || std::strlen(path) >= sizeof(sockaddr_un::sun_path)) return;
+  int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path, path, std::strlen(path));
+  if (a.sun_path[0] == '@') a.sun_path[0] = 0;  // abstract namespace
+  const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + std::strlen(path));
+  (void)!::sendto(fd, msg, std::strlen(msg), MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&a), len);
+  ::close(fd);
+}
+
+bool mkdirs(const std::string& dir, mode_t mode) {
+  if (dir.empty()) return true;
+  struct stat st;
+  if (::stat(dir.c_str(), &st) == 0) return S_ISDIR(st.st_mode);
+  const auto slash = dir.rfind('/');
+  if (slash != std::string::npos && slash > 0 && !mkdirs(dir.substr(0, slash), mode)) return false;
+  return ::mkdir(dir.c_str(), mode) == 0 || errno == EEXIST;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Server
+
+Server::Server(DaemonConfig cfg) : cfg_(std::move(cfg)) {}
+
+Server::~Server() {
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+}
+
+void Server::reopen_logs() {
+  std::shared_ptr<spdlog::logger> lg;
+  try {
+    if (cfg_.log_file.empty())
+      lg = std::make_shared<spdlog::logger>(
+          "outrund", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+    else
+      lg = std::make_shared<spdlog::logger>(
+          "outrund", std::make_shared<spdlog::sinks::basic_file_sink_mt>(cfg_.log_file));
+  } catch (const spdlog::spdlog_ex& e) {
+    spdlog::error("cannot open log file {}: {}", cfg_.log_file, e.what());
+    return;
+  }
+  lg->set_level(spdlog::level::from_str(cfg_.log_level));
+  lg->flush_on(spdlog::level::info);
+  spdlog::set_default_logger(lg);
+}
+
+bool Server::open_socket(std::string* err) {
+  const std::string& path = cfg_.socket;
+  const auto slash = path.rfind('/');
+  if (slash != std::string::npos && slash > 0 && !mkdirs(path.substr(0, slash), 0755)) {
+    *err = "cannot create the directory of " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path, path.data(), path.size());
+  // A socket file left by a daemon that died: remove it, unless a daemon still answers there.
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      *err = path + " exists and is not a socket";
+      return false;
+    }
+    int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const bool alive =
+        probe >= 0 && ::connect(probe, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    if (probe >= 0) ::close(probe);
+    if (alive) {
+      *err = "another daemon is listening on " + path;
+      return false;
+    }
+    ::unlink(path.c_str());
+  }
+  listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (listen_fd_ < 0) {
+    *err = std::string("socket: ") + std::strerror(errno);
+    return false;
+  }
+  // The file is created with the configured mode (no window with wider permissions).
+  const mode_t old = ::umask(0777 & ~static_cast<mode_t>(cfg_.socket_mode));
+  const int rc = ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  ::umask(old);
+  if (rc != 0) {
+    *err = "bind " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  ::chmod(path.c_str(), static_cast<mode_t>(cfg_.socket_mode));
+  if (::listen(listen_fd_, 128) != 0) {
+    *err = std::string("listen: ") + std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+int Server::run() {
+  reopen_logs();
+  started_ = std::chrono::steady_clock::now();
+  if (!mkdirs(cfg_.cache_dir, 0755))
+    spdlog::warn("cannot create cache directory {}", cfg_.cache_dir);
+  if (Error e = Host::create(cfg_.host, &host_)) {
+    spdlog::critical("cannot start the workers: {}", e.message);
+    return 3;
+  }
+  std::string err;
+  if (!open_socket(&err)) {
+    spdlog::critical("{}", err);
+    host_.reset();
+    return 1;
+  }
+  uv_loop_init(&loop_);
+  loop_.data = this;
+  uv_poll_init(&loop_, &listen_poll_, listen_fd_);
+  listen_poll_.data = this;
+  uv_poll_start(&listen_poll_, UV_READABLE, &Server::on_listen);
+  listening_ = true;
+  uv_async_init(&loop_, &async_, &Server::on_async);
+  async_.data = this;
+  {
+    std::lock_guard lock(wake_mu_);
+    wake_open_ = true;
+  }
+  for (auto [h, sig] : {std::pair{&sigterm_, SIGTERM}, {&sigint_, SIGINT}, {&sighup_, SIGHUP}}) {
+    uv_signal_init(&loop_, h);
+    h->data = this;
+    uv_signal_start(h, &Server::on_signal, sig);
+  }
+  uv_timer_init(&loop_, &drain_timer_);
+  drain_timer_.data = this;
+  spdlog::info("outrund {} listening on {} (mode {:04o}), {} shards, pid {}", OUTRUN_VERSION,
+               cfg_.socket, cfg_.socket_mode, host_->shards(), getpid());
+  sd_notify("READY=1\nSTATUS=serving");
+
+  uv_run(&loop_, UV_RUN_DEFAULT);
+
+  // Every handle is closed. Stop the workers: what is still in flight ends `cancelled`; its
+  // callbacks write to closed connections and drop the frames.
+  host_.reset();
+  conns_.clear();
+  uv_loop_close(&loop_);
+  spdlog::info("outrund stopped");
+  spdlog::default_logger()->flush();
+  return 0;
+}
+
+void Server::wake() {
+  std::lock_guard lock(wake_mu_);
+  if (wake_open_) uv_async_send(&async_);
+}
+
+void Server::want_write(const std::shared_ptr<Conn>& c) {
+  {
+    std::lock_guard lock(wake_mu_);
+    if (!wake_open_) return;
+    want_write_.push_back(c);
+  }
+  wake();
+}
+
+void Server::on_async(uv_async_t* h) {
+  auto* s = static_cast<Server*>(h->data);
+  std::vector<std::shared_ptr<Conn>> v;
+  {
+    std::lock_guard lock(s->wake_mu_);
+    v.swap(s->want_write_);
+  }
+  for (auto& c : v) {
+    if (c->closing) continue;
+    c->write_wait = true;
+    s->update_poll(c.get());
+  }
+}
+
+void Server::on_signal(uv_signal_t* h, int sig) {
+  auto* s = static_cast<Server*>(h->data);
+  if (sig == SIGHUP) {
+    spdlog::info("SIGHUP: reopening logs");
+    s->reopen_logs();
+    return;
+  }
+  s->begin_drain();
+}
+
+void Server::begin_drain() {
+  if (draining_) return;
+  draining_ = true;
+  spdlog::info("stopping: no new connections; draining {} evaluations in flight (up to {} ms)",
+               counters_.inflight.load(), cfg_.drain_timeout.count());
+  sd_notify("STOPPING=1");
+  if (listening_) {
+    uv_close(reinterpret_cast<uv_handle_t*>(&listen_poll_), nullptr);
+    listening_ = false;
+    ::unlink(cfg_.socket.c_str());
+  }
+  for (auto& [p, c] : conns_) {
+    c->reading = false;
+    update_poll(p);
+  }
+  drain_deadline_ = std::chrono::steady_clock::now() + cfg_.drain_timeout;
+  uv_timer_start(&drain_timer_, &Server::on_drain_timer, 0, 5);
+}
+
+void Server::on_drain_timer(uv_timer_t* h) {
+  auto* s = static_cast<Server*>(h->data);
+  bool pending_writes = false;
+  for (auto& [p, c] : s->conns_) pending_writes |= c->write_wait;
+  const bool idle = s->counters_.inflight.load() == 0 && !pending_writes;
+  if (idle || std::chrono::steady_clock::now() >= s->drain_deadline_) {
+    if (!idle)
+      spdlog::warn("drain deadline passed with {} evaluations in flight; they end cancelled",
+                   s->counters_.inflight.load());
+    s->finish();
+  }
+}
+
+void Server::finish() {
+  if (finished_) return;
+  finished_ = true;
+  uv_timer_stop(&drain_timer_);
+  uv_close(reinterpret_cast<uv_handle_t*>(&drain_timer_), nullptr);
+  for (uv_signal_t* h : {&sigterm_, &sigint_, &sighup_})
+    uv_close(reinterpret_cast<uv_handle_t*>(h), nullptr);
+  std::vector<Conn*> all;
+  for (auto& [p, c] : conns_) all.push_back(p);
+  for (Conn* c : all) close_conn(c, "daemon stopping");
+  {
+    std::lock_guard lock(wake_mu_);
+    wake_open_ = false;
+    want_write_.clear();
+    uv_close(reinterpret_cast<uv_handle_t*>(&async_), nullptr);
+  }
+}
+
+void Server::on_listen(uv_poll_t* h, int status, int) {
+  auto* s = static_cast<Server*>(h->data);
+  if (status < 0) {
+    spdlog::error("listening socket: {}", uv_strerror(status));
+    return;
+  }
+  s->accept_all();
+}
+
+void Server::accept_all() {
+  for (int n = 0; n < 64; ++n) {
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) spdlog::warn("accept: {}", std::strerror(errno));
+      return;
+    }
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      ::close(fd);
+      continue;
+    }
+    const bool uid_ok = std::find(cfg_.allowed_uids.begin(), cfg_.allowed_uids.end(), cred.uid) !=
+                        cfg_.allowed_uids.end();
+    const bool gid_ok = std::find(cfg_.allowed_gids.begin(), cfg_.allowed_gids.end(), cred.gid) !=
+                        cfg_.allowed_gids.end();
+    if (!uid_ok && !gid_ok) {
+      ++clients_refused_;
+      spdlog::warn("refused a client: pid {} uid {} gid {} is not allowed", cred.pid, cred.uid,
+                   cred.gid);
+      reply_error_hello(fd, "permission denied: uid " + std::to_string(cred.uid) + " gid " +
+                                std::to_string(cred.gid) + " is not allowed by outrund");
+      ::close(fd);
+      continue;
+    }
+    if (static_cast<int>(conns_.size()) >= cfg_.max_clients) {
+      ++clients_refused_;
+      spdlog::warn("refused a client: {} clients connected (max_clients)", conns_.size());
+      reply_error_hello(fd, "too many clients");
+      ::close(fd);
+      continue;
+    }
+    auto c = std::make_shared<Conn>(this, fd, next_conn_id_++);
+    c->uid = cred.uid;
+    c->gid = cred.gid;
+    c->pid = cred.pid;
+    uv_poll_init(&loop_, &c->poll, fd);
+    c->poll.data = c.get();
+    conns_.emplace(c.get(), c);
+    ++clients_total_;
+    update_poll(c.get());
+    spdlog::debug("client {} connected: pid {} uid {}", c->id, cred.pid, cred.uid);
+  }
+}
+
+void Server::update_poll(Conn* c) {
+  if (c->closing) return;
+  int ev = 0;
+  if (c->write_wait)
+    ev |= UV_WRITABLE;
+  else if (c->reading)
+    ev |= UV_READABLE;  // a client that does not read its results is not read
+  if (ev == c->events) return;
+  c->events = ev;
+  if (ev == 0)
+    uv_poll_stop(&c->poll);
+  else
+    uv_poll_start(&c->poll, ev, &Server::on_conn);
+}
+
+void Server::on_conn(uv_poll_t* h, int status, int events) {
+  auto* c = static_cast<Conn*>(h->data);
+  c->server->conn_event(c, status, events);
+}
+
+void Server::conn_event(Conn* c, int status, int events) {
+  if (c->closing) return;
+  if (status < 0) {
+    close_conn(c, uv_strerror(status));
+    return;
+  }
+  auto self = conns_.at(c);
+  if (events & UV_WRITABLE) {
+    switch (c->writer.flush_from_loop()) {
+      case protocol::FrameWriter::Flush::kDone:
+        c->write_wait = false;
+        update_poll(c);
+        break;
+      case protocol::FrameWriter::Flush::kMore:
+        break;
+      case protocol::FrameWriter::Flush::kClosed:
+        close_conn(c, "write failed");
+        return;
+    }
+  }
+  if ((events & UV_READABLE) && c->reading) {
+    const long n = c->reader.read_from(c->fd);
+    if (n == -EAGAIN) return;
+    if (n <= 0) {
+      close_conn(c, n == 0 ? "disconnected" : std::strerror(static_cast<int>(-n)));
+      return;
+    }
+    handle_frames(self);
+  }
+}
+
+void Server::close_conn(Conn* c, const char* why) {
+  if (c->closing) return;
+  c->closing = true;
+  c->writer.close();
+  spdlog::debug("client {} closed: {} ({} in flight dropped)", c->id, why, c->inflight.load());
+  auto it = conns_.find(c);
+  // The poll handle lives in the Conn: keep the Conn until libuv is done with it.
+  auto* keep = new std::shared_ptr<Conn>(it->second);
+  conns_.erase(it);
+  c->poll.data = keep;
+  uv_close(reinterpret_cast<uv_handle_t*>(&c->poll),
+           [](uv_handle_t* h) { delete static_cast<std::shared_ptr<Conn>*>(h->data); });
+}
+
+void Server::handle_frames(const std::shared_ptr<Conn>& c) {
+  protocol::FrameView fv;
+  while (!c->closing && c->reader.next(fv)) {
+    if (!handle_frame(c, fv.frame)) {
+      ++violations_;
+      spdlog::warn("client {} (pid {}) violated the protocol; disconnected", c->id, c->pid);
+      close_conn(c.get(), "protocol violation");
+      return;
+    }
+  }
+  if (!c->closing && c->reader.error() != protocol::FrameError::kNone) {
+    ++violations_;
+    spdlog::warn("client {} (pid {}) sent a bad frame ({}); disconnected", c->id, c->pid,
+                 protocol::to_string(c->reader.error()));
+    close_conn(c.get(), "bad frame");
+  }
+}
+
+bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr) {
+  const auto* frame = static_cast<const wire::Frame*>(frame_ptr);
+  flatbuffers::FlatBufferBuilder& f = t_fbb;
+  if (!c->hello) {
+    if (frame->body_type() != wire::Body::ClientHello) return false;
+    const auto* h = frame->body_as_ClientHello();
+    if (h->protocol_version() != protocol::kProtocolVersion) {
+      reply_error_hello(c->fd, "protocol version " + std::to_string(h->protocol_version()) +
+                                   " not supported; outrund speaks " +
+                                   std::to_string(protocol::kProtocolVersion));
+      return false;
+    }
+    c->hello = true;
+    if (h->client_name()) c->name = h->client_name()->str().substr(0, 64);
+    f.Clear();
+    auto v = f.CreateString(OUTRUN_VERSION);
+    wire::ServerHelloBuilder b(f);
+    b.add_protocol_version(protocol::kProtocolVersion);
+    b.add_shards(host_->shards());
+    b.add_server_version(v);
+    b.add_max_inflight(cfg_.max_inflight_per_client);
+    auto body = b.Finish();
+    c->writer.write(frame_of(f, wire::Body::ServerHello, body.Union()));
+    return true;
+  }
+  switch (frame->body_type()) {
+    case wire::Body::Register: {
+      const auto* r = frame->body_as_Register();
+      Script script;
+      Error e;
+      if (!r->key() || !r->source())
+        e = Error{Status::invalid_argument, "register needs a key and a source"};
+      else
+        e = host_->register_script(r->key()->string_view(), r->source()->string_view(), &script);
+      if (!e) {
+        const uint32_t id = script.record()->id;
+        while (scripts_.size() <= id) scripts_.emplace_back();
+        scripts_[id].script = script;
+      }
+      f.Clear();
+      flatbuffers::Offset<flatbuffers::String> err;
+      flatbuffers::Offset<flatbuffers::Vector<uint8_t>> sha;
+      if (e)
+        err = f.CreateString(e.message);
+      else
+        sha = f.CreateVector(script.sha256().data(), 32);
+      wire::RegisteredBuilder b(f);
+      b.add_request_id(r->request_id());
+      b.add_status(static_cast<wire::Status>(e.status));
+      if (e) {
+        b.add_error(err);
+      } else {
+        b.add_handle(script.record()->id);
+        b.add_sha256(sha);
+        b.add_shard(static_cast<int>(script.shard()));
+      }
+      auto body = b.Finish();
+      c->writer.write(frame_of(f, wire::Body::Registered, body.Union()));
+      return true;
+    }
+    case wire::Body::Evaluate: {
+      const auto* items = frame->body_as_Evaluate()->items();
+      if (!items) return true;
+      std::vector<Request> batch;
+      std::vector<uint64_t> ids;
+      batch.reserve(items->size());
+      ids.reserve(items->size());
+      const uint64_t t0 = now_us();
+      for (const wire::Evaluation* e : *items) {
+        Result refused;
+        refused.status = Status::ok;
+        if (e->script_id() >= scripts_.size() || !scripts_[e->script_id()].script.valid()) {
+          refused = Result{Status::invalid_argument,
+                           {},
+                           "unknown script handle " + std::to_string(e->script_id()),
+                           -1};
+        } else if (draining_) {
+          refused = Result{Status::unavailable, {}, "outrund is stopping", -1};
+        } else if (c->inflight.load(std::memory_order_relaxed) + batch.size() >=
+                   cfg_.max_inflight_per_client) {
+          refused =
+              Result{Status::busy,
+                     {},
+                     "too many evaluations in flight for this client (max_inflight_per_client)",
+                     -1};
+        }
+        Inputs inputs;
+        if (refused.status == Status::ok && e->inputs()) {
+          inputs.reserve(e->inputs()->size());
+          for (const wire::Input* in : *e->inputs()) {
+            Value v;
+            if (in->value() && !detail::decode_value(in->value(), &v)) {
+              refused = Result{Status::invalid_argument,
+                               {},
+                               "input '" + in->name()->str() + "' is not a valid value",
+                               -1};
+              break;
+            }
+            inputs.push_back(Input{in->name()->str(), std::move(v)});
+          }
+        }
+        if (refused.status != Status::ok) {
+          counters_.by_status[static_cast<int>(refused.status)].fetch_add(
+              1, std::memory_order_relaxed);
+          send_result(*c, e->id(), refused);
+          continue;
+        }
+        batch.push_back(Request{scripts_[e->script_id()].script, std::move(inputs)});
+        ids.push_back(e->id());
+      }
+      if (batch.empty()) return true;
+      c->inflight.fetch_add(static_cast<uint32_t>(batch.size()), std::memory_order_relaxed);
+      counters_.inflight.fetch_add(batch.size(), std::memory_order_relaxed);
+      Counters* ctr = &counters_;
+      auto deliver = [c, ctr, t0](uint64_t id, ScriptEntry* entry, const Result& r) {
+        ctr->latency.record(now_us() - t0);
+        const int st = static_cast<int>(r.status);
+        ctr->by_status[st].fetch_add(1, std::memory_order_relaxed);
+        entry->by_status[st].fetch_add(1, std::memory_order_relaxed);
+        send_result(*c, id, r);
+        c->inflight.fetch_sub(1, std::memory_order_relaxed);
+        ctr->inflight.fetch_sub(1, std::memory_order_relaxed);
+      };
+      if (batch.size() == 1) {
+        ScriptEntry* entry = &scripts_[batch[0].script.record()->id];
+        host_->evaluate(batch[0].script, std::move(batch[0].inputs),
+                        [deliver, id = ids[0], entry](Result r) { deliver(id, entry, r); });
+      } else {
+        auto shared =
+            std::make_shared<std::pair<std::vector<uint64_t>, std::vector<ScriptEntry*>>>();
+        shared->first = std::move(ids);
+        for (const Request& rq : batch) shared->second.push_back(&scripts_[rq.script.record()->id]);
+        host_->evaluate_batch(std::move(batch), [deliver, shared](std::size_t i, Result r) {
+          deliver(shared->first[i], shared->second[i], r);
+        });
+      }
+      return true;
+    }
+    case wire::Body::Control: {
+      const auto* ctl = frame->body_as_Control();
+      Error e;
+      std::string json;
+      switch (ctl->command()) {
+        case wire::ControlCommand::Stats:
+          json = stats_json(false);
+          break;
+        case wire::ControlCommand::Shards:
+          json = stats_json(true);
+          break;
+        case wire::ControlCommand::ListScripts:
+          json = scripts_json();
+          break;
+        case wire::ControlCommand::KillShard:
+          e = host_->kill_shard(ctl->shard());
+          if (!e) spdlog::info("client {} (pid {}): kill shard {}", c->id, c->pid, ctl->shard());
+          break;
+        case wire::ControlCommand::RestartShard:
+          e = host_->restart_shard(ctl->shard());
+          if (!e) spdlog::info("client {} (pid {}): restart shard {}", c->id, c->pid, ctl->shard());
+          break;
+        default:
+          e = Error{Status::invalid_argument, "unknown control command"};
+      }
+      f.Clear();
+      auto err = e ? f.CreateString(e.message) : flatbuffers::Offset<flatbuffers::String>();
+      auto js = json.empty() ? flatbuffers::Offset<flatbuffers::String>() : f.CreateString(json);
+      wire::ControlReplyBuilder b(f);
+      b.add_request_id(ctl->request_id());
+      b.add_status(static_cast<wire::Status>(e.status));
+      if (e) b.add_error(err);
+      if (!json.empty()) b.add_json(js);
+      auto body = b.Finish();
+      c->writer.write(frame_of(f, wire::Body::ControlReply, body.Union()));
+      return true;
+    }
+    default:
+      return false;  // a second hello, or a frame only the daemon sends
+  }
+}
+
+std::string Server::stats_json(bool shards_only) const {
+  using nlohmann::json;
+  json shards = json::array();
+  for (int i = 0; i < host_->shards(); ++i) {
+    const ShardStats s = host_->shard_stats(i);
+    shards.push_back(json{{"index", s.index},
+                          {"state", s.state},
+                          {"pid", s.pid},
+                          {"uptime_s", process_uptime_s(s.pid)},
+                          {"starts", s.starts},
+                          {"restarts", s.starts > 0 ? s.starts - 1 : 0},
+                          {"deaths", s.deaths},
+                          {"death_causes",
+                           {{"killed_overrun", s.killed_overrun},
+                            {"killed_silence", s.killed_silence},
+                            {"killed_requested", s.killed_requested},
+                            {"crashed", s.crashed},
+                            {"exited", s.exited},
+                            {"protocol_violation", s.protocol_violations}}},
+                          {"last_death", s.last_death},
+                          {"evaluations", s.evaluations},
+                          {"retried", s.retried},
+                          {"worker_evaluations", s.worker_evaluations},
+                          {"worker_compiles", s.worker_compiles},
+                          {"worker_scripts", s.worker_scripts},
+                          {"rss_bytes", s.worker_rss_bytes},
+                          {"peak_rss_bytes", s.worker_peak_rss_bytes},
+                          {"heartbeat_age_ms", s.heartbeat_age_ms}});
+  }
+  if (shards_only) return json{{"shards", shards}}.dump();
+  json by_status = json::object();
+  for (int i = 0; i < kStatusCount; ++i)
+    by_status[std::string(to_string(static_cast<Status>(i)))] =
+        counters_.by_status[i].load(std::memory_order_relaxed);
+  const auto& h = counters_.latency;
+  json j{{"version", OUTRUN_VERSION},
+         {"pid", getpid()},
+         {"uptime_s",
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count()},
+         {"clients", conns_.size()},
+         {"clients_total", clients_total_},
+         {"clients_refused", clients_refused_},
+         {"client_protocol_violations", violations_},
+         {"inflight", counters_.inflight.load(std::memory_order_relaxed)},
+         {"scripts", scripts_.size()},
+         {"evaluations", by_status},
+         {"latency_us",
+          {{"count", h.count()},
+           {"p50", h.quantile(0.5)},
+           {"p90", h.quantile(0.9)},
+           {"p99", h.quantile(0.99)},
+           {"p999", h.quantile(0.999)},
+           {"max", h.max()},
+           {"sum", h.sum()}}},
+         {"shards", shards}};
+  return j.dump();
+}
+
+std::string Server::scripts_json() const {
+  using nlohmann::json;
+  json arr = json::array();
+  for (const ScriptEntry& e : scripts_) {
+    if (!e.script.valid()) continue;
+    json by_status = json::object();
+    uint64_t total = 0;
+    for (int i = 0; i < kStatusCount; ++i) {
+      const uint64_t n = e.by_status[i].load(std::memory_order_relaxed);
+      total += n;
+      if (n) by_status[std::string(to_string(static_cast<Status>(i)))] = n;
+    }
+    arr.push_back(json{{"handle", e.script.record()->id},
+                       {"key", e.script.key()},
+                       {"sha256", hex(e.script.sha256())},
+                       {"shard", e.script.shard()},
+                       {"evaluations", total},
+                       {"by_status", by_status}});
+  }
+  return json{{"scripts", arr}}.dump();
+}
+
+}  // namespace outrun::daemon

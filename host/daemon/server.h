@@ -1,0 +1,119 @@
+// outrund: one outrun::Host served on a Unix domain socket. Design: design/daemon.md.
+#pragma once
+
+#include <uv.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "config.h"
+#include "outrun/host.h"
+
+namespace outrun::daemon {
+
+struct Conn;
+
+// Log-linear latency histogram in microseconds (8 buckets per power of two: <= 12.5% error),
+// lock-free: recorded on dispatcher threads, read by stats.
+class LatencyHistogram {
+ public:
+  void record(uint64_t us);
+  // q in [0,1]; upper edge of the bucket holding the q-quantile (0 when empty).
+  uint64_t quantile(double q) const;
+  uint64_t count() const;
+  uint64_t max() const { return max_.load(std::memory_order_relaxed); }
+  uint64_t sum() const { return sum_.load(std::memory_order_relaxed); }
+
+ private:
+  static constexpr int kSub = 8;
+  static constexpr int kBuckets = 64 * kSub;
+  static int bucket(uint64_t us);
+  static uint64_t upper(int b);
+  std::array<std::atomic<uint64_t>, kBuckets> b_{};
+  std::atomic<uint64_t> max_{0};
+  std::atomic<uint64_t> sum_{0};
+};
+
+inline constexpr int kStatusCount = 11;  // outrun::Status values
+
+// Per registered script (by Host record id): what `outrun scripts` shows.
+struct ScriptEntry {
+  Script script;
+  std::array<std::atomic<uint64_t>, kStatusCount> by_status{};
+};
+
+struct Counters {
+  std::array<std::atomic<uint64_t>, kStatusCount> by_status{};
+  std::atomic<uint64_t> inflight{0};
+  LatencyHistogram latency;
+};
+
+class Server {
+ public:
+  explicit Server(DaemonConfig cfg);
+  ~Server();
+  // Starts the host and the socket, serves until SIGTERM/SIGINT, drains, stops. Returns the
+  // process exit code.
+  int run();
+
+  // Internal, used by connections.
+  void want_write(const std::shared_ptr<Conn>& c);
+  Counters& counters() { return counters_; }
+
+ private:
+  static void on_listen(uv_poll_t* h, int status, int events);
+  static void on_conn(uv_poll_t* h, int status, int events);
+  static void on_async(uv_async_t* h);
+  static void on_signal(uv_signal_t* h, int sig);
+  static void on_drain_timer(uv_timer_t* h);
+
+  bool open_socket(std::string* err);
+  void accept_all();
+  void conn_event(Conn* c, int status, int events);
+  void handle_frames(const std::shared_ptr<Conn>& c);
+  bool handle_frame(const std::shared_ptr<Conn>& c, const void* frame);  // false: violation
+  void close_conn(Conn* c, const char* why);
+  void update_poll(Conn* c);
+  void begin_drain();
+  void finish();
+  void wake();
+  void reopen_logs();
+
+  std::string stats_json(bool shards_only) const;
+  std::string scripts_json() const;
+
+  DaemonConfig cfg_;
+  std::unique_ptr<Host> host_;
+  uv_loop_t loop_{};
+  uv_poll_t listen_poll_{};
+  uv_async_t async_{};
+  uv_signal_t sigterm_{}, sigint_{}, sighup_{};
+  uv_timer_t drain_timer_{};
+  int listen_fd_ = -1;
+  bool listening_ = false;
+  bool draining_ = false;
+  bool finished_ = false;
+  std::chrono::steady_clock::time_point started_, drain_deadline_;
+
+  std::mutex wake_mu_;  // guards wake_open_, want_write_
+  bool wake_open_ = false;
+  std::vector<std::shared_ptr<Conn>> want_write_;
+
+  // Loop thread only.
+  std::unordered_map<Conn*, std::shared_ptr<Conn>> conns_;
+  uint64_t next_conn_id_ = 1;
+  uint64_t clients_total_ = 0, clients_refused_ = 0, violations_ = 0;
+  std::deque<ScriptEntry> scripts_;  // index = Host record id; grows on the loop thread only
+
+  Counters counters_;
+};
+
+}  // namespace outrun::daemon

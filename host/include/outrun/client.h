@@ -1,0 +1,62 @@
+// outrun::Client: the Runner interface over a connection to the outrund daemon
+// (design/daemon.md). Scripts run in the daemon's workers; this process only sends frames.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "outrun/runner.h"
+
+namespace outrun {
+
+struct ClientOptions {
+  // Path of the daemon's socket. Empty: $OUTRUN_SOCKET, else the daemon's default
+  // (/run/outrun/outrund.sock as root, $XDG_RUNTIME_DIR/outrun/outrund.sock otherwise).
+  std::string socket;
+  // Shown in the daemon's logs.
+  std::string name = "outrun::Client";
+  // How long connect() waits for the daemon's hello, and register/control calls for their reply.
+  std::chrono::milliseconds reply_timeout{10000};
+};
+
+class Client final : public Runner {
+ public:
+  // Connects and exchanges hellos. Fails with `unavailable` when no daemon listens there or it
+  // refused this process (the daemon's message says why: permission, too many clients).
+  static Error connect(const ClientOptions& options, std::unique_ptr<Client>* out);
+
+  // Closes the connection; evaluations still in flight end `cancelled` before this returns.
+  ~Client() override;
+
+  // Registration goes to the daemon (a round trip); the handle is valid while this Client lives.
+  Error register_script(std::string_view key, std::string_view source, Script* out) override;
+  // Callbacks and futures complete on the client's reader thread. A callback should not block:
+  // the reader does not read while it runs. If the connection is lost, what is in flight ends
+  // `unavailable`.
+  void evaluate(const Script& script, Inputs inputs, Callback done) override;
+  std::future<Result> evaluate(const Script& script, Inputs inputs) override;
+  void evaluate_batch(std::vector<Request> requests, BatchCallback done) override;
+
+  // The daemon's shard count (from its hello) and whether the connection is still up.
+  int shards() const;
+  bool connected() const;
+
+  // Administration (JSON documents as in design/daemon.md).
+  Error stats_json(std::string* out);
+  Error shards_json(std::string* out);
+  Error scripts_json(std::string* out);
+  Error kill_shard(int shard);
+  Error restart_shard(int shard);
+
+  struct Impl;
+
+ private:
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The socket path ClientOptions::socket = "" resolves to.
+std::string default_client_socket();
+
+}  // namespace outrun

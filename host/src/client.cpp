@@ -1,0 +1,479 @@
+// outrun::Client: Runner over a Unix socket to outrund. One reader thread completes results;
+// callers write their own frames (one writer at a time, frames queued meanwhile are merged into
+// the next send). Design: design/daemon.md.
+#include "outrun/client.h"
+
+#include <flatbuffers/flatbuffers.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include "outrun/protocol/frame.h"
+#include "wire_codec.h"
+
+namespace outrun {
+
+namespace wire = outrun::wire;
+namespace protocol = outrun::protocol;
+
+std::string default_client_socket() {
+  if (const char* s = std::getenv("OUTRUN_SOCKET"); s && *s) return s;
+  if (geteuid() == 0) return "/run/outrun/outrund.sock";
+  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x && *x)
+    return std::string(x) + "/outrun/outrund.sock";
+  return "/tmp/outrun-" + std::to_string(geteuid()) + "/outrund.sock";
+}
+
+namespace {
+struct Reply {
+  Status status = Status::ok;
+  std::string error;
+  std::string json;
+  uint32_t handle = 0;
+  int shard = -1;
+  std::array<uint8_t, 32> sha{};
+};
+Reply failed(Status st, std::string why) {
+  Reply r;
+  r.status = st;
+  r.error = std::move(why);
+  return r;
+}
+}  // namespace
+
+struct Client::Impl {
+  int fd = -1;
+  int shards = 0;
+  std::chrono::milliseconds reply_timeout{};
+  std::thread reader_thread;
+  std::atomic<bool> alive{true};
+
+  // Writing: one sender at a time; frames appended meanwhile go out with its next send.
+  std::mutex wmu;
+  std::vector<uint8_t> wpending;
+  bool wbusy = false;
+
+  // Completions.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::unordered_map<uint64_t, Callback> evals;                // by evaluation id
+  std::unordered_map<uint64_t, std::optional<Reply>> replies;  // by request id, waiting
+  uint64_t next_eval = 1;
+  uint64_t next_request = 1;
+  bool dead = false;  // reader ended: nothing more will complete
+  std::string dead_reason;
+
+  // Scripts by daemon handle (records never move).
+  std::mutex smu;
+  std::deque<detail::ScriptRecord> records;
+  std::unordered_map<uint32_t, const detail::ScriptRecord*> by_handle;
+
+  ~Impl() {
+    if (fd >= 0) {
+      ::shutdown(fd, SHUT_RDWR);
+      if (reader_thread.joinable()) reader_thread.join();
+      ::close(fd);
+    }
+  }
+
+  // Sends `bytes` (blocking); merges with frames other threads queued meanwhile.
+  bool send(std::span<const uint8_t> bytes) {
+    std::vector<uint8_t> mine;
+    {
+      std::lock_guard lock(wmu);
+      wpending.insert(wpending.end(), bytes.begin(), bytes.end());
+      if (wbusy) return true;
+      wbusy = true;
+      mine.swap(wpending);
+    }
+    bool ok = true;
+    for (;;) {
+      std::size_t off = 0;
+      while (ok && off < mine.size()) {
+        const ssize_t n = ::send(fd, mine.data() + off, mine.size() - off, MSG_NOSIGNAL);
+        if (n > 0)
+          off += static_cast<std::size_t>(n);
+        else if (n < 0 && errno == EINTR)
+          continue;
+        else
+          ok = false;
+      }
+      mine.clear();
+      std::lock_guard lock(wmu);
+      if (!ok) wpending.clear();
+      if (wpending.empty()) {
+        wbusy = false;
+        return ok;
+      }
+      mine.swap(wpending);
+    }
+  }
+
+  void fail_all(Status st, const std::string& why) {
+    std::unordered_map<uint64_t, Callback> e;
+    {
+      std::lock_guard lock(mu);
+      dead = true;
+      dead_reason = why;
+      e.swap(evals);
+      for (auto& [id, r] : replies)
+        if (!r) r = failed(Status::unavailable, why);
+    }
+    cv.notify_all();
+    for (auto& [id, cb] : e) cb(Result{st, {}, why, -1});
+  }
+
+  void read_loop() {
+    protocol::FrameReader reader;
+    std::string why = "the connection to outrund was lost";
+    for (;;) {
+      const long n = reader.read_from(fd);
+      if (n <= 0) break;
+      protocol::FrameView fv;
+      while (reader.next(fv)) handle(fv.frame);
+      if (reader.error() != protocol::FrameError::kNone) {
+        why = std::string("outrund sent a bad frame: ") + protocol::to_string(reader.error());
+        break;
+      }
+    }
+    alive = false;
+    fail_all(closing ? Status::cancelled : Status::unavailable,
+             closing ? "the client was closed" : why);
+  }
+  std::atomic<bool> closing{false};
+
+  void handle(const wire::Frame* f) {
+    switch (f->body_type()) {
+      case wire::Body::Results: {
+        const auto* items = f->body_as_Results()->items();
+        if (!items) return;
+        for (const wire::Result* r : *items) {
+          Callback cb;
+          {
+            std::lock_guard lock(mu);
+            auto it = evals.find(r->id());
+            if (it == evals.end()) continue;
+            cb = std::move(it->second);
+            evals.erase(it);
+          }
+          Result out;
+          out.status = static_cast<Status>(r->status());
+          if (static_cast<int>(out.status) > static_cast<int>(Status::invalid_argument)) {
+            out = Result{Status::runtime_error, {}, "outrund sent an unknown status", -1};
+          } else if (out.status == Status::ok) {
+            if (r->value() && !detail::decode_value(r->value(), &out.value))
+              out = Result{Status::runtime_error, {}, "outrund sent an invalid value", -1};
+          } else if (r->error()) {
+            out.error = r->error()->str();
+          }
+          cb(std::move(out));
+        }
+        return;
+      }
+      case wire::Body::Registered: {
+        const auto* r = f->body_as_Registered();
+        Reply rep;
+        rep.status = static_cast<Status>(r->status());
+        if (r->error()) rep.error = r->error()->str();
+        rep.handle = r->handle();
+        rep.shard = r->shard();
+        if (r->sha256() && r->sha256()->size() == 32)
+          std::memcpy(rep.sha.data(), r->sha256()->data(), 32);
+        complete(r->request_id(), std::move(rep));
+        return;
+      }
+      case wire::Body::ControlReply: {
+        const auto* r = f->body_as_ControlReply();
+        Reply rep;
+        rep.status = static_cast<Status>(r->status());
+        if (r->error()) rep.error = r->error()->str();
+        if (r->json()) rep.json = r->json()->str();
+        complete(r->request_id(), std::move(rep));
+        return;
+      }
+      default:
+        return;
+    }
+  }
+
+  void complete(uint64_t id, Reply&& r) {
+    {
+      std::lock_guard lock(mu);
+      auto it = replies.find(id);
+      if (it == replies.end()) return;
+      it->second = std::move(r);
+    }
+    cv.notify_all();
+  }
+
+  // Sends a request frame built by `build(request_id)` and waits for its reply.
+  template <class Build>
+  Reply request(Build&& build) {
+    uint64_t id;
+    {
+      std::lock_guard lock(mu);
+      if (dead) return failed(Status::unavailable, dead_reason);
+      id = next_request++;
+      replies.emplace(id, std::nullopt);
+    }
+    flatbuffers::FlatBufferBuilder f(1024);
+    build(f, id);
+    if (!send({f.GetBufferPointer(), f.GetSize()})) {
+      std::lock_guard lock(mu);
+      replies.erase(id);
+      return failed(Status::unavailable, "cannot write to outrund");
+    }
+    std::unique_lock lock(mu);
+    const bool got = cv.wait_for(lock, reply_timeout, [&] { return replies[id].has_value(); });
+    Reply r = got ? std::move(*replies[id])
+                  : failed(Status::unavailable, "outrund did not answer in time");
+    replies.erase(id);
+    return r;
+  }
+
+  Reply control(wire::ControlCommand cmd, int shard) {
+    return request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
+      auto body = wire::CreateControl(f, id, cmd, shard);
+      f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Control, body.Union()));
+    });
+  }
+};
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Client::~Client() {
+  impl_->closing = true;
+  impl_.reset();
+}
+
+Error Client::connect(const ClientOptions& options, std::unique_ptr<Client>* out) {
+  out->reset();
+  const std::string path = options.socket.empty() ? default_client_socket() : options.socket;
+  sockaddr_un a{};
+  if (path.size() >= sizeof a.sun_path)
+    return Error{Status::invalid_argument, "socket path too long: " + path};
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path, path.data(), path.size());
+  auto impl = std::make_unique<Impl>();
+  impl->reply_timeout = options.reply_timeout;
+  impl->fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (impl->fd < 0)
+    return Error{Status::unavailable, std::string("socket: ") + std::strerror(errno)};
+  if (::connect(impl->fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
+    return Error{Status::unavailable,
+                 "cannot connect to outrund at " + path + ": " + std::strerror(errno)};
+
+  // Hello, then wait for the daemon's (with a receive timeout, cleared afterwards).
+  flatbuffers::FlatBufferBuilder f(256);
+  auto name = f.CreateString(options.name);
+  auto hello = wire::CreateClientHello(f, protocol::kProtocolVersion, name);
+  f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::ClientHello, hello.Union()));
+  if (!impl->send({f.GetBufferPointer(), f.GetSize()}))
+    return Error{Status::unavailable, "outrund at " + path + " closed the connection"};
+  timeval tv{};
+  tv.tv_sec = options.reply_timeout.count() / 1000;
+  tv.tv_usec = (options.reply_timeout.count() % 1000) * 1000;
+  ::setsockopt(impl->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  protocol::FrameReader reader(protocol::kMaxFrameSize, 4096);
+  protocol::FrameView fv;
+  bool got = false;
+  while (!got) {
+    const long n = reader.read_from(impl->fd);
+    if (n <= 0) {
+      return Error{Status::unavailable, n == 0 ? "outrund at " + path + " closed the connection"
+                                               : "no hello from outrund at " + path + ": " +
+                                                     std::strerror(static_cast<int>(-n))};
+    }
+    if (reader.next(fv))
+      got = true;
+    else if (reader.error() != protocol::FrameError::kNone)
+      return Error{Status::unavailable, "outrund sent a bad frame"};
+  }
+  if (fv.frame->body_type() != wire::Body::ServerHello)
+    return Error{Status::unavailable, "outrund did not answer with its hello"};
+  const auto* sh = fv.frame->body_as_ServerHello();
+  if (sh->error())
+    return Error{Status::unavailable, "outrund refused the connection: " + sh->error()->str()};
+  if (sh->protocol_version() != protocol::kProtocolVersion)
+    return Error{Status::unavailable,
+                 "outrund speaks protocol " + std::to_string(sh->protocol_version())};
+  impl->shards = sh->shards();
+  if (reader.buffered() != 0)
+    return Error{Status::unavailable, "outrund sent frames before its hello was answered"};
+  tv = timeval{};
+  ::setsockopt(impl->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  Impl* raw = impl.get();
+  impl->reader_thread = std::thread([raw] { raw->read_loop(); });
+  out->reset(new Client(std::move(impl)));
+  return {};
+}
+
+int Client::shards() const {
+  return impl_->shards;
+}
+bool Client::connected() const {
+  return impl_->alive.load();
+}
+
+Error Client::register_script(std::string_view key, std::string_view source, Script* out) {
+  *out = Script();
+  if (key.empty() || key.size() > kMaxKeySize)
+    return Error{Status::invalid_argument,
+                 "script key must be 1.." + std::to_string(kMaxKeySize) + " bytes"};
+  if (source.size() > kMaxSourceSize)
+    return Error{Status::invalid_argument, "script source larger than 1 MiB"};
+  Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
+    auto k = f.CreateString(key);
+    auto s = f.CreateString(source);
+    auto body = wire::CreateRegister(f, id, k, s);
+    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Register, body.Union()));
+  });
+  if (r.status != Status::ok) return Error{r.status, r.error};
+  std::lock_guard lock(impl_->smu);
+  auto it = impl_->by_handle.find(r.handle);
+  if (it != impl_->by_handle.end() && it->second->sha256 == r.sha && it->second->key == key) {
+    *out = Script(it->second);
+    return {};
+  }
+  detail::ScriptRecord& rec = impl_->records.emplace_back();
+  rec.owner = impl_.get();
+  rec.id = r.handle;
+  rec.shard = static_cast<uint32_t>(std::max(0, r.shard));
+  rec.key = std::string(key);
+  rec.source = std::string(source);
+  rec.sha256 = r.sha;
+  rec.chunk_name = rec.key;
+  impl_->by_handle[r.handle] = &rec;
+  *out = Script(&rec);
+  return {};
+}
+
+void Client::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
+  auto shared_done = std::make_shared<BatchCallback>(std::move(done));
+  // Thread-local builder: nothing below runs caller code until the frames are sent (failures
+  // are completed at the end), so a callback that submits again cannot clobber it.
+  static thread_local flatbuffers::FlatBufferBuilder f(4096);
+  std::vector<flatbuffers::Offset<wire::Evaluation>> items;
+  std::vector<std::size_t> in_frame;  // request indices in the frame being built
+  std::vector<std::pair<uint64_t, std::size_t>> ids;
+  std::vector<std::pair<std::size_t, Result>> failed;
+  auto add = [&](std::size_t i, uint64_t id, std::string* err) {
+    detail::InputsOffset inputs;
+    if (!detail::encode_inputs(f, requests[i].inputs, &inputs, err)) return false;
+    wire::EvaluationBuilder eb(f);
+    eb.add_id(id);
+    eb.add_script_id(requests[i].script.record()->id);
+    eb.add_inputs(inputs);
+    items.push_back(eb.Finish());
+    return true;
+  };
+  auto flush = [&] {
+    if (items.empty()) return;
+    bool dead;
+    std::string why;
+    {
+      std::lock_guard lock(impl_->mu);
+      dead = impl_->dead;
+      why = impl_->dead_reason;
+      if (!dead)
+        for (auto& [id, i] : ids)
+          impl_->evals.emplace(id,
+                               [shared_done, i = i](Result r) { (*shared_done)(i, std::move(r)); });
+    }
+    if (dead) {
+      for (auto& [id, i] : ids) failed.emplace_back(i, Result{Status::unavailable, {}, why, -1});
+    } else {
+      auto vec = f.CreateVector(items);
+      auto body = wire::CreateEvaluate(f, vec);
+      f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Evaluate, body.Union()));
+      impl_->send({f.GetBufferPointer(), f.GetSize()});  // if it fails, the reader fails them
+    }
+    items.clear();
+    in_frame.clear();
+    ids.clear();
+    f.Clear();
+  };
+  f.Clear();
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const Script& sc = requests[i].script;
+    if (!sc.valid() || sc.record()->owner != impl_.get()) {
+      failed.emplace_back(
+          i, Result{Status::invalid_argument, {}, "script handle is not from this client", -1});
+      continue;
+    }
+    uint64_t id;
+    {
+      std::lock_guard lock(impl_->mu);
+      id = impl_->next_eval++;
+    }
+    std::string err;
+    if (!add(i, id, &err)) {
+      // The builder holds garbage: rebuild this frame's earlier items (they encoded before).
+      failed.emplace_back(i, Result{Status::invalid_argument, {}, err, -1});
+      f.Clear();
+      items.clear();
+      for (std::size_t k = 0; k < in_frame.size(); ++k) add(in_frame[k], ids[k].first, &err);
+      continue;
+    }
+    in_frame.push_back(i);
+    ids.emplace_back(id, i);
+    if (f.GetSize() > (4u << 20)) flush();
+  }
+  flush();
+  for (auto& [i, r] : failed) (*shared_done)(i, std::move(r));
+}
+
+void Client::evaluate(const Script& script, Inputs inputs, Callback done) {
+  std::vector<Request> one;
+  one.push_back(Request{script, std::move(inputs)});
+  evaluate_batch(std::move(one),
+                 [done = std::move(done)](std::size_t, Result r) { done(std::move(r)); });
+}
+
+std::future<Result> Client::evaluate(const Script& script, Inputs inputs) {
+  auto p = std::make_shared<std::promise<Result>>();
+  auto fut = p->get_future();
+  evaluate(script, std::move(inputs), [p](Result r) { p->set_value(std::move(r)); });
+  return fut;
+}
+
+namespace {
+Error to_error(const Reply& r) {
+  return r.status == Status::ok ? Error{} : Error{r.status, r.error};
+}
+}  // namespace
+
+Error Client::stats_json(std::string* out) {
+  Reply r = impl_->control(wire::ControlCommand::Stats, 0);
+  *out = r.json;
+  return to_error(r);
+}
+Error Client::shards_json(std::string* out) {
+  Reply r = impl_->control(wire::ControlCommand::Shards, 0);
+  *out = r.json;
+  return to_error(r);
+}
+Error Client::scripts_json(std::string* out) {
+  Reply r = impl_->control(wire::ControlCommand::ListScripts, 0);
+  *out = r.json;
+  return to_error(r);
+}
+Error Client::kill_shard(int shard) {
+  return to_error(impl_->control(wire::ControlCommand::KillShard, shard));
+}
+Error Client::restart_shard(int shard) {
+  return to_error(impl_->control(wire::ControlCommand::RestartShard, shard));
+}
+
+}  // namespace outrun

@@ -1,0 +1,445 @@
+// Integration tests of outrund: the real daemon binary on a temporary socket, real clients.
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <flatbuffers/flatbuffers.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "outrun/client.h"
+#include "outrun/protocol/frame.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+namespace wire = outrun::wire;
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/outrund-test-XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  return tmpl;
+}
+
+bool can_connect(const std::string& path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  close(fd);
+  return ok;
+}
+
+bool process_alive(int pid) {
+  std::ifstream st("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(st, line)) return false;
+  const auto rp = line.rfind(')');
+  return rp != std::string::npos && line.size() > rp + 2 && line[rp + 2] != 'Z';
+}
+
+// The daemon, started on a temporary socket; SIGKILLed if a test forgets to stop it.
+struct Daemon {
+  std::string dir, socket;
+  pid_t pid = -1;
+
+  explicit Daemon(std::vector<std::string> extra = {}) {
+    dir = temp_dir();
+    socket = dir + "/outrund.sock";
+    std::vector<std::string> args{
+        OUTRUN_TEST_DAEMON, "--socket", socket,     "--worker", OUTRUN_TEST_WORKER,
+        "--log-level",      "warn",     "--shards", "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    for (int i = 0; i < 2000 && !can_connect(socket); ++i) {
+      int st;
+      REQUIRE(waitpid(pid, &st, WNOHANG) == 0);  // the daemon must not have died
+      std::this_thread::sleep_for(5ms);
+    }
+    REQUIRE(can_connect(socket));
+  }
+  // SIGTERM, then the exit status (-1 if it did not exit in 30 s).
+  int stop() {
+    if (pid < 0) return -1;
+    kill(pid, SIGTERM);
+    int st = 0;
+    for (int i = 0; i < 3000; ++i) {
+      if (waitpid(pid, &st, WNOHANG) == pid) {
+        pid = -1;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return -1;
+  }
+  ~Daemon() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    std::remove(socket.c_str());
+    rmdir(dir.c_str());
+  }
+  std::unique_ptr<outrun::Client> client() const {
+    outrun::ClientOptions o;
+    o.socket = socket;
+    std::unique_ptr<outrun::Client> c;
+    outrun::Error e = outrun::Client::connect(o, &c);
+    INFO(e.message);
+    REQUIRE(!e);
+    return c;
+  }
+  nlohmann::json stats() const {
+    std::string s;
+    REQUIRE(!client()->stats_json(&s));
+    return nlohmann::json::parse(s);
+  }
+};
+
+int raw_connect(const std::string& path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+std::vector<uint8_t> hello_frame() {
+  flatbuffers::FlatBufferBuilder f;
+  auto h = wire::CreateClientHello(f, outrun::protocol::kProtocolVersion, f.CreateString("test"));
+  f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::ClientHello, h.Union()));
+  return {f.GetBufferPointer(), f.GetBufferPointer() + f.GetSize()};
+}
+
+// Reads until the daemon closes the connection; true if it did (within the receive timeout).
+bool closed_by_peer(int fd) {
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n == 0) return true;
+    if (n < 0) return errno == ECONNRESET;
+  }
+}
+
+void check_client_works(const Daemon& d, const std::string& key) {
+  auto c = d.client();
+  outrun::Script s;
+  REQUIRE(!c->register_script(key, "return inputs.x * 10", &s));
+  outrun::Result r = c->evaluate(s, {{"x", 4}}).get();
+  REQUIRE(r.status == outrun::Status::ok);
+  CHECK(r.value == outrun::Value(int64_t{40}));
+}
+
+}  // namespace
+
+TEST_CASE("outrund: 8 concurrent clients get every result right") {
+  Daemon d;
+  constexpr int kClients = 8, kEach = 300;
+  std::atomic<int> wrong{0}, done{0};
+  std::vector<std::thread> th;
+  for (int t = 0; t < kClients; ++t)
+    th.emplace_back([&, t] {
+      auto c = d.client();
+      outrun::Script s;
+      if (c->register_script("client." + std::to_string(t), "return inputs.a * 1000 + inputs.t",
+                             &s)) {
+        wrong += kEach;
+        return;
+      }
+      // Half one at a time, half as a batch.
+      for (int i = 0; i < kEach / 2; ++i) {
+        outrun::Result r = c->evaluate(s, {{"a", i}, {"t", t}}).get();
+        if (r.status != outrun::Status::ok || !(r.value == outrun::Value(int64_t{i} * 1000 + t)))
+          ++wrong;
+        ++done;
+      }
+      // A batch of one key would be refused by single flight: one key per request.
+      std::vector<outrun::Script> keys(kEach / 2);
+      for (int i = 0; i < kEach / 2; ++i)
+        if (c->register_script("client." + std::to_string(t) + "." + std::to_string(i),
+                               "return inputs.a * 1000 + inputs.t", &keys[i]))
+          ++wrong;
+      std::vector<outrun::Request> batch;
+      for (int i = 0; i < kEach / 2; ++i)
+        batch.push_back(outrun::Request{keys[i], {{"a", i}, {"t", t}}});
+      std::promise<void> all;
+      std::atomic<int> left{kEach / 2};
+      c->evaluate_batch(std::move(batch), [&](std::size_t i, outrun::Result r) {
+        if (r.status != outrun::Status::ok || !(r.value == outrun::Value(int64_t(i) * 1000 + t)))
+          ++wrong;
+        ++done;
+        if (--left == 0) all.set_value();
+      });
+      all.get_future().wait();
+    });
+  for (auto& x : th) x.join();
+  CHECK(wrong.load() == 0);
+  CHECK(done.load() == kClients * kEach);
+  const auto st = d.stats();
+  CHECK(st["evaluations"]["ok"].get<int>() == kClients * kEach);
+  CHECK(st["inflight"].get<int>() == 0);
+  CHECK(d.stop() == 0);
+}
+
+TEST_CASE(
+    "outrund: garbage, an oversized frame and a mid-batch disconnect affect only their client") {
+  Daemon d;
+  auto good = d.client();
+  outrun::Script s;
+  REQUIRE(!good->register_script("good", "return inputs.x + 1", &s));
+  REQUIRE(good->evaluate(s, {{"x", 1}}).get().status == outrun::Status::ok);
+
+  SUBCASE("garbage") {
+    int fd = raw_connect(d.socket);
+    const char junk[] = "\x10\x00\x00\x00this is not a flatbuffer at all";
+    REQUIRE(write(fd, junk, sizeof junk) > 0);
+    CHECK(closed_by_peer(fd));
+    close(fd);
+  }
+  SUBCASE("garbage after a valid hello") {
+    int fd = raw_connect(d.socket);
+    auto h = hello_frame();
+    REQUIRE(write(fd, h.data(), h.size()) == static_cast<ssize_t>(h.size()));
+    const char junk[] =
+        "\x20\x00\x00\x00\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"
+        "\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff";
+    REQUIRE(write(fd, junk, sizeof junk - 1) > 0);
+    CHECK(closed_by_peer(fd));
+    close(fd);
+  }
+  SUBCASE("oversized frame") {
+    int fd = raw_connect(d.socket);
+    auto h = hello_frame();
+    REQUIRE(write(fd, h.data(), h.size()) == static_cast<ssize_t>(h.size()));
+    const uint32_t len = outrun::protocol::kMaxFrameSize + 1;
+    uint8_t prefix[4] = {uint8_t(len), uint8_t(len >> 8), uint8_t(len >> 16), uint8_t(len >> 24)};
+    REQUIRE(write(fd, prefix, 4) == 4);
+    CHECK(closed_by_peer(fd));
+    close(fd);
+  }
+  SUBCASE("a frame that is not a client frame") {
+    int fd = raw_connect(d.socket);
+    auto h = hello_frame();
+    REQUIRE(write(fd, h.data(), h.size()) == static_cast<ssize_t>(h.size()));
+    flatbuffers::FlatBufferBuilder f;
+    f.FinishSizePrefixed(
+        wire::CreateFrame(f, wire::Body::Shutdown, wire::CreateShutdown(f).Union()));
+    REQUIRE(write(fd, f.GetBufferPointer(), f.GetSize()) == static_cast<ssize_t>(f.GetSize()));
+    CHECK(closed_by_peer(fd));
+    close(fd);
+  }
+  SUBCASE("disconnect mid-batch") {
+    for (int round = 0; round < 3; ++round) {
+      auto c = d.client();
+      std::vector<outrun::Script> keys(500);
+      for (int i = 0; i < 500; ++i)
+        REQUIRE(!c->register_script(
+            "flood." + std::to_string(i),
+            "local x = 0 for i = 1, 20000 do x = x + i end return x + inputs.i", &keys[i]));
+      std::vector<outrun::Request> batch;
+      for (int i = 0; i < 500; ++i) batch.push_back(outrun::Request{keys[i], {{"i", i}}});
+      std::atomic<int> called{0};
+      c->evaluate_batch(std::move(batch), [&](std::size_t, outrun::Result) { ++called; });
+      c.reset();                    // gone with most of its batch in flight
+      CHECK(called.load() == 500);  // every callback ran exactly once (cancelled locally)
+    }
+  }
+  // The good client and new clients are unaffected; nothing stays in flight.
+  for (int i = 0; i < 5; ++i) {
+    outrun::Result r = good->evaluate(s, {{"x", i}}).get();
+    REQUIRE(r.status == outrun::Status::ok);
+    CHECK(r.value == outrun::Value(int64_t{i} + 1));
+  }
+  check_client_works(d, "fresh");
+  nlohmann::json st;
+  for (int i = 0; i < 1000; ++i) {
+    st = d.stats();
+    if (st["inflight"].get<int>() == 0 && st["clients"].get<int>() == 2)
+      break;  // good + the stats client
+    std::this_thread::sleep_for(10ms);
+  }
+  CHECK(st["inflight"].get<int>() == 0);
+  CHECK(st["clients"].get<int>() == 2);
+  good.reset();
+  CHECK(d.stop() == 0);
+}
+
+TEST_CASE("outrund: a uid that is not allowed is refused") {
+  Daemon d({"--allow-uid", "4242", "--allow-gid", "4242"});
+  outrun::ClientOptions o;
+  o.socket = d.socket;
+  std::unique_ptr<outrun::Client> c;
+  outrun::Error e = outrun::Client::connect(o, &c);
+  CHECK(e.status == outrun::Status::unavailable);
+  CHECK(e.message.find("permission denied") != std::string::npos);
+  CHECK(!c);
+  CHECK(d.stop() == 0);
+}
+
+TEST_CASE("outrund: SIGTERM drains in-flight evaluations, exits 0, leaves no worker") {
+  Daemon d({"--timeout", "20000", "--grace", "1000"});
+  auto c = d.client();
+  const auto st = d.stats();
+  std::vector<int> workers;
+  for (const auto& s : st["shards"]) workers.push_back(s["pid"].get<int>());
+  REQUIRE(workers.size() == 2);
+  for (int w : workers) REQUIRE(process_alive(w));
+
+  constexpr int kN = 6;
+  std::vector<outrun::Script> keys(kN);
+  for (int i = 0; i < kN; ++i)
+    REQUIRE(!c->register_script(
+        "slow." + std::to_string(i),
+        "local x = 0 for i = 1, 3000000 do x = x + 1 end return x + inputs.i", &keys[i]));
+  std::vector<std::future<outrun::Result>> fs;
+  for (int i = 0; i < kN; ++i) fs.push_back(c->evaluate(keys[i], {{"i", i}}));
+  // Once the daemon has them all in flight, stop it.
+  for (int i = 0; i < 2000; ++i) {
+    if (d.stats()["inflight"].get<int>() == kN) break;
+    std::this_thread::sleep_for(1ms);
+  }
+  kill(d.pid, SIGTERM);
+  for (int i = 0; i < kN; ++i) {
+    outrun::Result r = fs[i].get();
+    INFO(r.error);
+    CHECK(r.status == outrun::Status::ok);
+    CHECK(r.value == outrun::Value(int64_t{3000000} + i));
+  }
+  CHECK(d.stop() == 0);
+  for (int w : workers) CHECK(!process_alive(w));
+  CHECK(!can_connect(d.socket));
+}
+
+TEST_CASE("outrund: outrun stats --prometheus is Prometheus text; kill-shard restarts a shard") {
+  Daemon d;
+  check_client_works(d, "prom");
+  auto run = [&](const std::string& args) {
+    const std::string cmd = std::string(OUTRUN_TEST_CLI) + " --socket " + d.socket + " " + args;
+    FILE* p = popen(cmd.c_str(), "r");
+    REQUIRE(p);
+    std::string out;
+    char buf[4096];
+    while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    const int rc = pclose(p);
+    INFO(cmd);
+    REQUIRE(rc == 0);
+    return out;
+  };
+  REQUIRE(run("kill-shard 0").find("killed shard 0") != std::string::npos);
+  nlohmann::json st;
+  for (int i = 0; i < 1000; ++i) {
+    st = nlohmann::json::parse(run("shards --json"));
+    if (st["shards"][0]["restarts"].get<int>() >= 1 && st["shards"][0]["state"] == "running") break;
+    std::this_thread::sleep_for(10ms);
+  }
+  CHECK(st["shards"][0]["restarts"].get<int>() >= 1);
+  CHECK(st["shards"][0]["death_causes"]["killed_requested"].get<int>() == 1);
+
+  const std::string text = run("stats --prometheus");
+  // The text exposition format, line by line.
+  static const std::regex help(R"(# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) .*)");
+  static const std::regex type(
+      R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|summary|histogram|untyped))");
+  static const std::regex sample(
+      R"(([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*")(,[a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*")*\})? ([-+]?([0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?|NaN|\+Inf|-Inf)))");
+  std::set<std::string> typed;
+  std::map<std::string, std::string> type_of;
+  std::set<std::string> sample_names;
+  std::istringstream is(text);
+  std::string line;
+  int samples = 0;
+  while (std::getline(is, line)) {
+    std::smatch m;
+    INFO(line);
+    if (line.empty()) continue;
+    if (std::regex_match(line, m, help)) continue;
+    if (std::regex_match(line, m, type)) {
+      CHECK(typed.insert(m[1]).second);  // one TYPE per family
+      type_of[m[1]] = m[2];
+      continue;
+    }
+    REQUIRE(std::regex_match(line, m, sample));
+    std::string name = m[1];
+    std::string family = name;
+    for (const char* suffix : {"_sum", "_count"})
+      if (!type_of.count(family) && family.size() > std::strlen(suffix) &&
+          family.compare(family.size() - std::strlen(suffix), std::string::npos, suffix) == 0)
+        family = family.substr(0, family.size() - std::strlen(suffix));
+    CHECK(type_of.count(family) == 1);  // TYPE comes before the family's samples
+    ++samples;
+    sample_names.insert(name);
+  }
+  CHECK(samples > 20);
+  for (const char* n :
+       {"outrun_up", "outrun_evaluations_total", "outrun_shard_up", "outrun_shard_restarts_total",
+        "outrun_evaluation_latency_seconds", "outrun_evaluation_latency_seconds_count",
+        "outrun_shard_rss_bytes", "outrun_shard_uptime_seconds"})
+    CHECK(sample_names.count(n) == 1);
+  CHECK(text.find("outrun_evaluations_total{status=\"ok\"} 1\n") != std::string::npos);
+
+  const std::string scripts = run("scripts --json");
+  const auto sj = nlohmann::json::parse(scripts);
+  REQUIRE(sj["scripts"].size() == 1);
+  CHECK(sj["scripts"][0]["key"] == "prom");
+  CHECK(sj["scripts"][0]["sha256"].get<std::string>().size() == 64);
+  CHECK(sj["scripts"][0]["evaluations"] == 1);
+  CHECK(run("eval -e 'return inputs.a + 1' -i a=41") == "42\n");
+  CHECK(d.stop() == 0);
+}
+
+TEST_CASE("outrund --check-config reads TOML and rejects unknown keys") {
+  const std::string dir = temp_dir();
+  const std::string good = dir + "/good.toml", bad = dir + "/bad.toml";
+  std::ofstream(good)
+      << "[daemon]\nsocket = \"" << dir
+      << "/s.sock\"\nsocket_mode = \"0600\"\nallowed_uids = [0, 1000]\n"
+      << "[host]\nshards = 3\ntimeout_ms = 250\nsingle_flight = \"coalesce_latest\"\n";
+  std::ofstream(bad) << "[host]\nshard = 3\n";
+  auto run = [](const std::string& args, int* rc) {
+    FILE* p = popen((std::string(OUTRUN_TEST_DAEMON) + " " + args + " 2>&1").c_str(), "r");
+    std::string out;
+    char buf[4096];
+    while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    *rc = WEXITSTATUS(pclose(p));
+    return out;
+  };
+  int rc = 0;
+  std::string out = run("--check-config --config " + good + " --shards 4", &rc);
+  CHECK(rc == 0);
+  CHECK(out.find("shards = 4") != std::string::npos);  // the flag overrides the file
+  CHECK(out.find("timeout_ms = 250") != std::string::npos);
+  CHECK(out.find("socket_mode = '0600'") != std::string::npos);
+  CHECK(out.find("coalesce_latest") != std::string::npos);
+  out = run("--check-config --config " + bad, &rc);
+  CHECK(rc == 2);
+  CHECK(out.find("unknown key host.shard") != std::string::npos);
+  std::remove(good.c_str());
+  std::remove(bad.c_str());
+  rmdir(dir.c_str());
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# cmake --install into a temporary prefix, then build and run a project that find_package(outrun)
+# and evaluates a script with the installed library and worker.
+set -euo pipefail
+build="$1"
+consumer="$2"
+tmp="$(mktemp -d /tmp/outrun-install-XXXXXX)"
+trap 'rm -rf "$tmp"' EXIT
+cmake --install "$build" --prefix "$tmp/prefix" >"$tmp/install.log"
+for f in sbin/outrund bin/outrun libexec/outrun/outrun-worker include/outrun/host.h include/outrun/client.h \
+         lib/systemd/system/outrund.service lib/cmake/outrun/outrunConfig.cmake; do
+  [ -e "$tmp/prefix/$f" ] || { echo "not installed: $f"; exit 1; }
+done
+grep -q "ExecStart=$tmp/prefix/sbin/outrund" "$tmp/prefix/lib/systemd/system/outrund.service"
+cmake -S "$consumer" -B "$tmp/build" -G Ninja -DCMAKE_PREFIX_PATH="$tmp/prefix" -DCMAKE_BUILD_TYPE=Release >"$tmp/configure.log"
+cmake --build "$tmp/build" >"$tmp/build.log" || { cat "$tmp/build.log"; exit 1; }
+out="$("$tmp/build/consumer")"
+echo "consumer printed: $out"
+[ "$out" = "1.5" ]
