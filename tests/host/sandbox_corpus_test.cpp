@@ -44,7 +44,7 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
 // ---------------------------------------------------------------------------------------------
 
 enum class Profile : std::size_t {
-  standard,      // 2000 ms timeout, 16 MiB (the default memory limit)
+  standard,      // 20 s timeout, 16 MiB (the default memory limit)
   small_memory,  // memory bombs: 8 MiB
   soft_timeout,  // runaways: 200 ms timeout (5 s grace: the worker itself must stop them)
   large_memory,  // huge values that need a raised limit: 128 MiB
@@ -57,10 +57,12 @@ struct ProfileOptions {
   std::size_t memory_limit;
 };
 constexpr std::array<ProfileOptions, kProfiles> kProfileOptions = {{
-    {"standard", 2000ms, 16 * kMiB},
-    {"small_memory", 2000ms, 8 * kMiB},
+    // Long timeouts where the case is not about them: sanitizer builds and a loaded machine run
+    // the deep-recursion cases several times slower.
+    {"standard", 20000ms, 16 * kMiB},
+    {"small_memory", 20000ms, 8 * kMiB},
     {"soft_timeout", 200ms, 16 * kMiB},
-    {"large_memory", 2000ms, 128 * kMiB},
+    {"large_memory", 20000ms, 128 * kMiB},
 }};
 
 // ---------------------------------------------------------------------------------------------
@@ -769,7 +771,9 @@ TEST_CASE(
       }
       // The same sandbox: the same answer either way.
       CHECK(out.status == in.status);
-      CHECK(out.error == in.error);
+      // Which of several faults a result conversion meets first follows the table's traversal
+      // order, which Lua seeds per state: `return _G` finds a function or the _G._G cycle.
+      if (c.name != "env_return_g") CHECK(out.error == in.error);
       CHECK(out.value == in.value);
     }
 
