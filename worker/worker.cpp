@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -67,6 +68,15 @@ void attempt_escape(const wire::Evaluation* e) {
     std::fflush(stderr);
     _exit(70);
   }
+}
+
+// The soft timeout in nanoseconds. timeout_us comes from the host's frame and may be any u64:
+// past 2^40 us (12.7 days) it is saturated, so that neither `* 1000` nor the deadline
+// (start + timeout) can overflow int64 -- undefined behaviour that in practice put the
+// deadline in the past (found with tests/fuzz; tests/protocol/fuzz_regressions_test.cpp).
+int64_t timeout_ns(uint64_t timeout_us) {
+  constexpr uint64_t kMaxTimeoutUs = uint64_t{1} << 40;
+  return static_cast<int64_t>(std::min(timeout_us, kMaxTimeoutUs) * 1000);
 }
 
 }  // namespace
@@ -217,7 +227,7 @@ void Worker::evaluate(const wire::Evaluation* e) {
     page->running_id.store(e->id(), std::memory_order_release);
   }
   const auto outcome = s->state->run(sandbox::push_wire_inputs, e->inputs(),
-                                     static_cast<int64_t>(e->timeout_us()) * 1000, now_ns_);
+                                     timeout_ns(e->timeout_us()), now_ns_);
   if (page) {
     page->running_id.store(0, std::memory_order_release);
     page->evaluations.fetch_add(1, std::memory_order_relaxed);

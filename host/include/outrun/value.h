@@ -32,17 +32,20 @@ struct Value {
   using Variant = std::variant<Nil, bool, int64_t, double, std::string, Bytes, Array, Map>;
   Variant v;
 
+  // The converting constructors are defined below MapEntry: their bodies construct (and, on an
+  // exception, destroy) the variant, which needs Map's element type complete. GCC accepts them
+  // inline here; clang with libstdc++ (the fuzz build, design/fuzzing.md) does not.
   Value() = default;
-  Value(Nil) {}
-  Value(bool b) : v(b) {}
-  Value(int i) : v(int64_t{i}) {}
-  Value(int64_t i) : v(i) {}
-  Value(double d) : v(d) {}
-  Value(const char* s) : v(std::string(s)) {}
-  Value(std::string s) : v(std::move(s)) {}
-  Value(Bytes b) : v(std::move(b)) {}
-  Value(Array a) : v(std::move(a)) {}
-  Value(Map m) : v(std::move(m)) {}
+  Value(Nil);
+  Value(bool b);
+  Value(int i);
+  Value(int64_t i);
+  Value(double d);
+  Value(const char* s);
+  Value(std::string s);
+  Value(Bytes b);
+  Value(Array a);
+  Value(Map m);
 
   bool is_nil() const { return std::holds_alternative<Nil>(v); }
   template <class T> bool is() const { return std::holds_alternative<T>(v); }
@@ -56,6 +59,17 @@ struct MapEntry {
   Value value;
   friend bool operator==(const MapEntry&, const MapEntry&) = default;
 };
+
+inline Value::Value(Nil) {}
+inline Value::Value(bool b) : v(b) {}
+inline Value::Value(int i) : v(int64_t{i}) {}
+inline Value::Value(int64_t i) : v(i) {}
+inline Value::Value(double d) : v(d) {}
+inline Value::Value(const char* s) : v(std::string(s)) {}
+inline Value::Value(std::string s) : v(std::move(s)) {}
+inline Value::Value(Bytes b) : v(std::move(b)) {}
+inline Value::Value(Array a) : v(std::move(a)) {}
+inline Value::Value(Map m) : v(std::move(m)) {}
 
 inline bool operator==(const Value& a, const Value& b) { return a.v == b.v; }
 
