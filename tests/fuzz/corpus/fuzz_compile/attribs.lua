@@ -1,0 +1,1 @@
+goto x; ::x:: local a <const> = 1; local b <close> = nil; return a

@@ -1,0 +1,1 @@
+return (inputs.a + inputs.b) / 2

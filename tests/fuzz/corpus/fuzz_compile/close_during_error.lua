@@ -1,0 +1,1 @@
+do local x <close> = setmetatable({}, {__close = function(_, e) seen = e end}) error('boom') end

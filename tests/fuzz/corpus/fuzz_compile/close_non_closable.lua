@@ -1,0 +1,1 @@
+local x <close> = 42 return 1

@@ -1,0 +1,2 @@
+local x <close> = setmetatable({}, {__close = function() error('in close') end})
+return 1

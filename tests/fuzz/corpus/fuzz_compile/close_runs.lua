@@ -1,0 +1,1 @@
+do local x <close> = setmetatable({}, {__close = function() closed = true end}) end return closed

@@ -1,0 +1,1 @@
+return rawequal(_G, _ENV) and rawequal(_G._G, _G) and rawequal(_G._G._G, _G)

@@ -1,0 +1,1 @@
+return load('return x', 'n', 't', {x = 1})()

@@ -1,0 +1,1 @@
+return load('return print', '=inner', 't', nil)()

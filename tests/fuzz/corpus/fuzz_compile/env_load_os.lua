@@ -1,0 +1,1 @@
+return load('os.exit()', '=inner', 't', {os = os})()

@@ -1,0 +1,1 @@
+local _ENV = {} return string.upper('a')

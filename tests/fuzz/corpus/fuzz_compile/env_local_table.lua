@@ -1,0 +1,1 @@
+local _ENV = {x = 5} return x

@@ -1,0 +1,1 @@
+local _ENV = setmetatable({}, {__index = _G}) z = 3 return rawget(_G, 'z') == nil and z

@@ -1,0 +1,1 @@
+_ENV.x = 1 _ENV['y'] = 2 return x + y

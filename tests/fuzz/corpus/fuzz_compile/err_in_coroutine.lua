@@ -1,0 +1,4 @@
+local f = coroutine.wrap(function()
+  error('in co')
+end)
+f()

@@ -1,0 +1,1 @@
+return select(2, xpcall(error, function(e) error('h') end, 'x'))

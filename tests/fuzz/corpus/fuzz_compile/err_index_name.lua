@@ -1,0 +1,1 @@
+error(setmetatable({}, {__index = function() error('trap') end, __name = 'MyError'}))

@@ -1,0 +1,1 @@
+error(coroutine.create(function() end))

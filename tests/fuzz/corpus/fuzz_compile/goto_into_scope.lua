@@ -1,0 +1,4 @@
+goto f
+local x
+::f::
+return x

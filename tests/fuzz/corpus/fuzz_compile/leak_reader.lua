@@ -1,0 +1,1 @@
+return {leaked == nil, leaked_g == nil, leaked_raw == nil, leaked_env == nil, getmetatable(_G) == nil, nothing == nil, ('abc'):upper()}

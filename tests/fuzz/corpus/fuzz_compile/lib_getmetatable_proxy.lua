@@ -1,0 +1,1 @@
+return {getmetatable(string), getmetatable(''), getmetatable(math)}

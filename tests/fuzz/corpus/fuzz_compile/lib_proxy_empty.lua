@@ -1,0 +1,1 @@
+return {next(string) == nil, rawget(string, 'upper') == nil, #string}

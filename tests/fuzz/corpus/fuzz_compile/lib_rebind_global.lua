@@ -1,0 +1,1 @@
+string = {upper = function() return 'fake' end} return string.upper('a')

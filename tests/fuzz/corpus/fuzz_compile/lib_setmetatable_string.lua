@@ -1,0 +1,1 @@
+setmetatable(string, {__index = function() return 'pwned' end})

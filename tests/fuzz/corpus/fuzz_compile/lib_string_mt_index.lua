@@ -1,0 +1,1 @@
+getmetatable('').__index = {upper = function() return 'pwned' end}

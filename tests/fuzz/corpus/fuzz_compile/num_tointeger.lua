@@ -1,0 +1,1 @@
+return {math.tointeger(3.0), math.tointeger(3.5) == nil, math.tointeger('8')}

@@ -1,0 +1,1 @@
+return math.maxinteger + 1 == math.mininteger and math.mininteger // -1

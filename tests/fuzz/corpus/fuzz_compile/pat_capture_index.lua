@@ -1,0 +1,1 @@
+return string.gsub('abc', 'a', '%2')

@@ -1,0 +1,1 @@
+return string.find('abc', '%f')

@@ -1,0 +1,1 @@
+return string.find('a.b[c', '[c', 1, true)

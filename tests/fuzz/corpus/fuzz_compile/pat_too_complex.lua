@@ -1,0 +1,1 @@
+return string.match(string.rep('a', 300), string.rep('a?', 250))

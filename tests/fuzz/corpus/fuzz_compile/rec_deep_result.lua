@@ -1,0 +1,1 @@
+local function f(n) if n == 0 then return {} end return {f(n - 1)} end return f(100)

@@ -1,0 +1,1 @@
+local t = {} for i = 1, 3000 do t[i] = setmetatable({}, {__index = t[i - 1]}) end return t[3000].x

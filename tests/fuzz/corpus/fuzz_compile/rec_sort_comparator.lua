@@ -1,0 +1,1 @@
+local function cmp(a, b) table.sort({3, 2, 1}, cmp) return a < b end table.sort({3, 2, 1}, cmp)

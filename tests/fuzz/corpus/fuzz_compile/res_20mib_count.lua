@@ -1,0 +1,1 @@
+return #string.rep('x', 20 * 2^20)

@@ -1,0 +1,1 @@
+local t = {} t[0/0] = 1 return t

@@ -1,0 +1,1 @@
+local t = {} t[nil] = 1 return t

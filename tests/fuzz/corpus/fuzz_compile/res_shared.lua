@@ -1,0 +1,1 @@
+local s = {1} return {a = s, b = s}

@@ -1,0 +1,1 @@
+return coroutine.create(function() end)

@@ -1,0 +1,1 @@
+return collectgarbage('count') > 0

@@ -1,0 +1,1 @@
+return package.loadlib('libc.so.6', 'system')

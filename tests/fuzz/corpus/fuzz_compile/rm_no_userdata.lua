@@ -1,0 +1,1 @@
+return io == nil and debug == nil and package == nil

@@ -1,0 +1,1 @@
+return os.execute('id')

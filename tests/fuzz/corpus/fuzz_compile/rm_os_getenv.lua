@@ -1,0 +1,1 @@
+return os.getenv('HOME')

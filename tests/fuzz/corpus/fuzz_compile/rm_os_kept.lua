@@ -1,0 +1,1 @@
+return {type(os.clock()), type(os.time()), os.difftime(2, 1)}

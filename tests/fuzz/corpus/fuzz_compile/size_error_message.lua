@@ -1,0 +1,1 @@
+error(string.rep('x', 20 * 2^20))

@@ -1,0 +1,1 @@
+return string.format('%99999d', 1)

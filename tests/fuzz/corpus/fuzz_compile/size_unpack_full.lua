@@ -1,0 +1,1 @@
+return table.unpack({}, math.mininteger, math.maxinteger)

@@ -1,0 +1,2 @@
+local a = 1
+local s = 'unfinished

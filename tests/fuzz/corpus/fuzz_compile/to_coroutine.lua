@@ -1,0 +1,1 @@
+coroutine.wrap(function() while true do end end)()

@@ -1,0 +1,1 @@
+return load(function() while true do end end)

@@ -1,0 +1,1 @@
+table.sort({3, 2, 1}, function() while true do end end)

@@ -1,0 +1,1 @@
+local function f() return f() end return f()

@@ -1,0 +1,1 @@
+return tostring(setmetatable({}, {__tostring = function() while true do end end}))

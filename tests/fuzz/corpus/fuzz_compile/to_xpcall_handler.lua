@@ -1,0 +1,1 @@
+return xpcall(function() while true do end end, function() while true do end end)

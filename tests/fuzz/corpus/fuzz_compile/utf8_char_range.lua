@@ -1,0 +1,1 @@
+return utf8.char(-1)

@@ -1,0 +1,1 @@
+return utf8.codepoint('\xff')

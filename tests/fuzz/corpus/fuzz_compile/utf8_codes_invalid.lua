@@ -1,0 +1,1 @@
+for _ in utf8.codes('a\xffb') do end

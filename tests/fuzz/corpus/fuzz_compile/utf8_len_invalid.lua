@@ -1,0 +1,1 @@
+local n, pos = utf8.len('a\xffb') return {n == nil, pos}

@@ -1,0 +1,312 @@
+// fuzz_make_seeds DIR: writes the binary seed corpora of the fuzz targets into DIR/<target>/
+// (tests/fuzz/corpus/ in the repository), built with the same FlatBuffers builders the host and
+// the worker use, so every fuzzer starts from real Hello/Evaluate/Results/Shutdown frames.
+// The Lua seeds of fuzz_compile are plain files, kept by hand.
+//
+//   build-fuzz/fuzz/fuzz_make_seeds tests/fuzz/corpus
+//
+// Targets that take fuzzer choices from the back of the input (FuzzedDataProvider) get them
+// appended in the byte order FuzzedDataProvider reads them (see Tail).
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "outrun/protocol/frame.h"
+#include "outrun/protocol/wire_value.h"
+#include "outrun/value.h"
+#include "wire_codec.h"
+
+using namespace outrun;
+using ByteVec = std::vector<uint8_t>;
+using Ref = flatbuffers::Offset<wire::Value>;
+
+namespace {
+
+std::string g_dir;
+
+void write_seed(const std::string& target, const std::string& name, const ByteVec& b) {
+  const std::string dir = g_dir + "/" + target;
+  mkdir(dir.c_str(), 0755);
+  const std::string path = dir + "/" + name;
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f || std::fwrite(b.data(), 1, b.size(), f) != b.size() || std::fclose(f) != 0) {
+    std::perror(path.c_str());
+    std::exit(1);
+  }
+}
+
+ByteVec finish(flatbuffers::FlatBufferBuilder& fbb, wire::Body type,
+               flatbuffers::Offset<void> body) {
+  fbb.FinishSizePrefixed(wire::CreateFrame(fbb, type, body));
+  return ByteVec(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+}
+
+ByteVec cat(std::initializer_list<ByteVec> parts) {
+  ByteVec out;
+  for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+ByteVec hello(uint16_t version = protocol::kProtocolVersion) {
+  flatbuffers::FlatBufferBuilder fbb(64);
+  return finish(fbb, wire::Body::Hello, wire::CreateHello(fbb, version, 4242).Union());
+}
+
+ByteVec shutdown() {
+  flatbuffers::FlatBufferBuilder fbb(64);
+  return finish(fbb, wire::Body::Shutdown, wire::CreateShutdown(fbb).Union());
+}
+
+// A value of every kind, nested.
+Value sample_value() {
+  return Value(Map{{"alarm", Value(true)},
+                   {"level", Value(int64_t{-7})},
+                   {"mean", Value(2.5)},
+                   {"name", Value("Line1.Avg")},
+                   {"raw", Value(outrun::Bytes{std::string("\xff\x00\x01", 3)})},
+                   {"nil", Value()},
+                   {"list", Value(Array{Value(1), Value(Array{Value("x")}), Value(Map{})})},
+                   {"nan", Value(std::numeric_limits<double>::quiet_NaN())}});
+}
+
+Value nested(int depth) {
+  Value v(int64_t{1});
+  for (int i = 0; i < depth; ++i) v = Value(Array{v});
+  return v;
+}
+
+struct Res {
+  uint64_t id;
+  wire::Status status;
+  const Value* value;
+  const char* error;
+};
+
+ByteVec results(const std::vector<Res>& rs) {
+  flatbuffers::FlatBufferBuilder fbb(1024);
+  std::vector<flatbuffers::Offset<wire::Result>> items;
+  for (const auto& r : rs) {
+    Ref v = r.value ? detail::encode_value(fbb, *r.value) : Ref();
+    auto e = r.error ? fbb.CreateString(r.error) : flatbuffers::Offset<flatbuffers::String>();
+    items.push_back(wire::CreateResult(fbb, r.id, r.status, v, e));
+  }
+  return finish(fbb, wire::Body::Results,
+                wire::CreateResults(fbb, fbb.CreateVector(items)).Union());
+}
+
+struct Eval {
+  uint64_t id;
+  uint32_t script_id;
+  const char* source;  // null: by id only
+  uint64_t timeout_us;
+  Inputs inputs;
+};
+
+ByteVec evaluate(const std::vector<Eval>& es) {
+  flatbuffers::FlatBufferBuilder fbb(1024);
+  std::vector<flatbuffers::Offset<wire::Evaluation>> items;
+  for (const auto& e : es) {
+    detail::InputsOffset inputs;
+    std::string err;
+    if (!detail::encode_inputs(fbb, e.inputs, &inputs, &err)) std::abort();
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> sha;
+    flatbuffers::Offset<flatbuffers::String> src, name;
+    if (e.source) {
+      uint8_t h[32];
+      for (int i = 0; i < 32; ++i) h[i] = static_cast<uint8_t>(std::strlen(e.source) * 31 + i);
+      sha = fbb.CreateVector(h, 32);
+      src = fbb.CreateString(e.source);
+      name = fbb.CreateString("Line1.Script" + std::to_string(e.script_id));
+    }
+    items.push_back(
+        wire::CreateEvaluation(fbb, e.id, e.script_id, sha, src, name, e.timeout_us, inputs));
+  }
+  return finish(fbb, wire::Body::Evaluate,
+                wire::CreateEvaluate(fbb, fbb.CreateVector(items)).Union());
+}
+
+// An Evaluate frame whose input map has keys and items of different lengths (only a broken or
+// hostile host sends one; the worker answers InvalidArgument).
+ByteVec evaluate_bad_inputs() {
+  flatbuffers::FlatBufferBuilder fbb(256);
+  protocol::WireValueBuilder b(fbb);
+  const auto one = b.integer(1);
+  const auto items = fbb.CreateVector(std::vector<Ref>{one, one});
+  const auto keys = fbb.CreateVectorOfStrings(std::vector<std::string>{"k"});
+  const auto bad = wire::CreateValue(fbb, wire::ValueKind::Map, false, 0, 0, 0, 0, items, keys);
+  const auto in = wire::CreateInput(fbb, fbb.CreateString("a"), bad);
+  const auto inputs = fbb.CreateVector(&in, 1);
+  const auto e = wire::CreateEvaluation(fbb, 99, 1, 0, 0, 0, 1000, inputs);
+  return finish(fbb, wire::Body::Evaluate,
+                wire::CreateEvaluate(fbb, fbb.CreateVector(&e, 1)).Union());
+}
+
+// Choices a target reads from the back of its input with FuzzedDataProvider: each value is
+// written as ConsumeIntegralInRange(min, max) reads it (big-endian from the last byte back, as
+// many bytes as max - min needs).
+class Tail {
+ public:
+  Tail& pick(uint64_t value_minus_min, uint64_t range) {
+    int n = 0;
+    while (n < 8 && (range >> (8 * n)) > 0) ++n;
+    for (int i = n - 1; i >= 0; --i)
+      order_.push_back(static_cast<uint8_t>(value_minus_min >> (8 * i)));
+    return *this;
+  }
+  ByteVec after(const ByteVec& front) const {
+    ByteVec out = front;
+    out.insert(out.end(), order_.rbegin(), order_.rend());
+    return out;
+  }
+
+ private:
+  ByteVec order_;
+};
+
+constexpr uint64_t kId0 = uint64_t{1} << 32;
+
+// fuzz_frame_reader: bound (6 choices), capacity (5), fd, pieces (1..64), cuts (0..65536).
+ByteVec reader_seed(const ByteVec& stream, int bound, int capacity, bool fd,
+                    std::vector<uint64_t> cuts) {
+  Tail t;
+  t.pick(bound, 5).pick(capacity, 4).pick(fd, 255).pick(cuts.size() - 1, 63);
+  for (auto c : cuts) t.pick(c, 65536);
+  return t.after(stream);
+}
+
+// fuzz_host_results: slots (0..16), pieces (0..16), cuts (1..16384).
+ByteVec host_seed(const ByteVec& stream, int slots, std::vector<uint64_t> cuts) {
+  Tail t;
+  t.pick(slots, 16).pick(cuts.size(), 16);
+  for (auto c : cuts) t.pick(c - 1, 16383);
+  return t.after(stream);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: fuzz_make_seeds DIR\n");
+    return 2;
+  }
+  g_dir = argv[1];
+
+  const Value sample = sample_value();
+  const Value i42(int64_t{42}), deep32 = nested(32), deep33 = nested(33);
+  const ByteVec results_mixed =
+      results({{kId0 | 0, wire::Status::Ok, &sample, nullptr},
+               {kId0 | 1, wire::Status::RuntimeError, nullptr, "Line1.Avg:1: attempt to add"},
+               {kId0 | 2, wire::Status::NeedSource, nullptr, nullptr},
+               {kId0 | 3, wire::Status::Ok, &deep32, nullptr}});
+  const ByteVec results_one = results({{kId0 | 0, wire::Status::Ok, &i42, nullptr}});
+  const ByteVec eval_basic =
+      evaluate({{kId0 | 0,
+                 0,
+                 "return (inputs.a + inputs.b) / 2",
+                 100000,
+                 {{"a", Value(1)}, {"b", Value(2)}}},
+                {kId0 | 1, 0, nullptr, 100000, {{"a", Value(3)}, {"b", Value(4.5)}}}});
+
+  // ---- fuzz_frame_reader -----------------------------------------------------------------
+  const ByteVec worker_stream = cat({hello(), results_mixed, shutdown(), results_one});
+  write_seed("fuzz_frame_reader", "worker_stream_append",
+             reader_seed(worker_stream, 0, 0, false, {5, 17, 100}));
+  write_seed("fuzz_frame_reader", "worker_stream_fd",
+             reader_seed(worker_stream, 0, 1, true, {3, 64, 1}));
+  write_seed("fuzz_frame_reader", "host_stream",
+             reader_seed(cat({eval_basic, shutdown(), eval_basic}), 0, 2, false, {1}));
+  write_seed("fuzz_frame_reader", "small_bound",
+             reader_seed(cat({hello(), results_one}), 4, 0, true, {7}));
+  write_seed("fuzz_frame_reader", "undersized",
+             reader_seed(cat({hello(), ByteVec{4, 0, 0, 0, 1, 2, 3, 4}}), 0, 0, false, {2}));
+  write_seed("fuzz_frame_reader", "oversized",
+             reader_seed(cat({hello(), ByteVec{0, 0, 0, 2, 1, 2}}), 0, 4, false, {9}));
+
+  // ---- fuzz_host_results -----------------------------------------------------------------
+  write_seed("fuzz_host_results", "mixed",
+             host_seed(cat({hello(), results_mixed, results_one}), 4, {13, 200}));
+  write_seed("fuzz_host_results", "one_by_one", host_seed(cat({hello(), results_one}), 1, {1}));
+  write_seed(
+      "fuzz_host_results", "too_deep",
+      host_seed(cat({hello(), results({{kId0, wire::Status::Ok, &deep33, nullptr}})}), 1, {}));
+  write_seed("fuzz_host_results", "before_hello", host_seed(cat({results_one, hello()}), 1, {}));
+  write_seed("fuzz_host_results", "bad_version", host_seed(hello(2), 0, {}));
+  write_seed(
+      "fuzz_host_results", "host_status",
+      host_seed(cat({hello(), results({{kId0, wire::Status::Killed, nullptr, "no"}})}), 1, {}));
+  write_seed("fuzz_host_results", "need_source_twice",
+             host_seed(cat({hello(), results({{kId0, wire::Status::NeedSource, nullptr, nullptr}}),
+                            results({{kId0, wire::Status::NeedSource, nullptr, nullptr}})}),
+                       1, {}));
+
+  // ---- fuzz_worker_input -----------------------------------------------------------------
+  write_seed("fuzz_worker_input", "basic", eval_basic);
+  write_seed(
+      "fuzz_worker_input", "statuses",
+      evaluate({{1,
+                 1,
+                 "return {x = inputs.x, n = #inputs.t, s = inputs.s}",
+                 1000,
+                 {{"x", sample}, {"t", Value(Array{Value(1), Value(2)})}, {"s", Value("é")}}},
+                {2, 2, "return (", 1000, {}},
+                {3, 3, "error('boom')", 1000, {}},
+                {4, 4, "while true do end", 1000, {}},
+                {5, 5, "local t = {} for i = 1, 1e9 do t[i] = ('x'):rep(64) end", 1000, {}},
+                {6, 6, "return function() end", 1000, {}},
+                {7, 77, nullptr, 1000, {}},
+                {8, 1u << 22, nullptr, 1000, {}},
+                {9, 1, nullptr, 1000, {{"x", deep32}}}}));
+  write_seed("fuzz_worker_input", "shutdown_then_more", cat({eval_basic, shutdown(), eval_basic}));
+  write_seed("fuzz_worker_input", "bad_inputs", cat({eval_basic, evaluate_bad_inputs()}));
+  write_seed("fuzz_worker_input", "garbage_after",
+             cat({eval_basic, ByteVec{16, 0, 0, 0, 1, 2, 3}, ByteVec(13, 0xee)}));
+  write_seed("fuzz_worker_input", "results_to_worker", cat({hello(), results_one, eval_basic}));
+  write_seed("fuzz_worker_input", "replace_source",
+             cat({evaluate({{1, 9, "return 1", 1000, {}}}),
+                  evaluate({{2, 9, "return inputs.v", 1000, {{"v", deep32}}}})}));
+
+  write_seed("fuzz_worker_input", "huge_timeouts",  // tests/protocol/fuzz_regressions_test.cpp
+             evaluate({{1,
+                        0,
+                        "local n = 0 for i = 1, 100000 do n = n + i end return n",
+                        std::numeric_limits<uint64_t>::max(),
+                        {}},
+                       {2, 0, nullptr, uint64_t{1} << 62, {}}}));
+
+  // ---- fuzz_value_decode -----------------------------------------------------------------
+  auto raw = [](const Value& v) {
+    flatbuffers::FlatBufferBuilder fbb(256);
+    fbb.Finish(detail::encode_value(fbb, v));
+    ByteVec b{0};
+    b.insert(b.end(), fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+    return b;
+  };
+  write_seed("fuzz_value_decode", "raw_sample", raw(sample));
+  write_seed("fuzz_value_decode", "raw_deep32", raw(deep32));
+  write_seed("fuzz_value_decode", "raw_deep33", raw(deep33));
+  write_seed("fuzz_value_decode", "raw_string", raw(Value("hello")));
+  {
+    // A map whose keys and items differ in length.
+    flatbuffers::FlatBufferBuilder fbb(256);
+    protocol::WireValueBuilder b(fbb);
+    const auto items = fbb.CreateVector(std::vector<Ref>{b.integer(1)});
+    fbb.Finish(wire::CreateValue(fbb, wire::ValueKind::Map, false, 0, 0, 0, 0, items));
+    ByteVec s{0};
+    s.insert(s.end(), fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+    write_seed("fuzz_value_decode", "raw_bad_map", s);
+  }
+  // Programs (odd first byte): a byte pattern the builder reads as a mix of operations.
+  for (int i = 0; i < 4; ++i) {
+    ByteVec p{1};
+    for (int j = 0; j < 48 + 16 * i; ++j) p.push_back(static_cast<uint8_t>(j * (7 + 2 * i) + i));
+    write_seed("fuzz_value_decode", "program" + std::to_string(i), p);
+  }
+  std::printf("seeds written to %s\n", g_dir.c_str());
+  return 0;
+}
