@@ -16,9 +16,13 @@ write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/outrunConfigVersion
   VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/outrunConfig.cmake ${CMAKE_CURRENT_BINARY_DIR}/outrunConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/outrun)
-# The unit names /usr/local/sbin/outrund; the installed copy names this prefix's.
-file(READ ${PROJECT_SOURCE_DIR}/scripts/outrund.service OUTRUN_UNIT)
-string(REPLACE "/usr/local/sbin" "${CMAKE_INSTALL_FULL_SBINDIR}" OUTRUN_UNIT "${OUTRUN_UNIT}")
-file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/outrund.service "${OUTRUN_UNIT}")
-set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/scripts/outrund.service)
-install(FILES ${CMAKE_CURRENT_BINARY_DIR}/outrund.service DESTINATION ${CMAKE_INSTALL_LIBDIR}/systemd/system)
+# The unit names /usr/local/sbin/outrund; the installed copy names the install prefix's (computed at
+# install time, so `cmake --install --prefix P` is honoured).
+install(CODE "
+  file(READ \"${PROJECT_SOURCE_DIR}/scripts/outrund.service\" unit)
+  string(REPLACE \"/usr/local/sbin\" \"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_SBINDIR}\" unit \"\${unit}\")
+  set(dest \"\$ENV{DESTDIR}\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_LIBDIR}/systemd/system\")
+  file(MAKE_DIRECTORY \"\${dest}\")
+  file(WRITE \"\${dest}/outrund.service\" \"\${unit}\")
+  message(STATUS \"Installing: \${dest}/outrund.service\")
+")
