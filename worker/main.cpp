@@ -27,10 +27,10 @@
 
 namespace {
 
-// --profile PREFIX: gperftools' CPU profiler, written to PREFIX.<pid>.prof,, loaded with dlopen so
-// production workers carry no profiler. The profile file is opened before confinement; samples are
-// recorded only between SIGUSR1 (start) and SIGUSR2 (stop), so outrun-perf profiles exactly its
-// measured window. The file is complete when the worker exits cleanly (Shutdown).
+// --profile PREFIX: gperftools' CPU profiler, written to PREFIX.<pid>.prof and loaded with dlopen,
+// so production workers carry no profiler. The profile file is opened before confinement;
+// samples are recorded only between SIGUSR1 (start) and SIGUSR2 (stop), so outrun-perf profiles
+// exactly its measured window. The file is complete when the worker exits cleanly (Shutdown).
 std::atomic<int> g_profile_recording{0};
 struct ProfilerOptionsAbi {  // gperftools/profiler.h: struct ProfilerOptions
   int (*filter_in_thread)(void* arg);
