@@ -84,7 +84,8 @@ class Paced {
   int64_t first_measured() const { return first_measured_; }
   int64_t measured() const { return total_ - first_measured_; }
   int64_t intended(int64_t i) const {
-    return t0_ + static_cast<int64_t>(static_cast<double>(i) * period_ns_);
+    return t0_.load(std::memory_order_relaxed) +
+           static_cast<int64_t>(static_cast<double>(i) * period_ns_);
   }
 
   // Completion of send i (any thread): records its latency from the intended send time.
@@ -103,7 +104,7 @@ class Paced {
   // `drain_timeout_ns` passed. Returns false on timeout.
   template <class Send, class Start>
   bool run(Send&& send, Start&& window_start, int64_t drain_timeout_ns = 10'000'000'000) {
-    t0_ = mono_ns() + 1'000'000;
+    t0_.store(mono_ns() + 1'000'000, std::memory_order_relaxed);
     for (int64_t i = 0; i < total_; ++i) {
       sleep_until_ns(intended(i));
       if (i == first_measured_) window_start();
@@ -125,7 +126,7 @@ class Paced {
   double period_ns_;
   int64_t first_measured_;
   int64_t total_;
-  int64_t t0_ = 0;
+  std::atomic<int64_t> t0_{0};  // set by run(), read by completing threads
   std::mutex mu_;
   Histogram hist_;
   std::atomic<int64_t> done_{0};
