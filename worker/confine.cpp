@@ -87,8 +87,9 @@ constexpr int kAllowed[] = {
 
 // While a gperftools CPU profile is recorded (outrun-perf --profile): SIGPROF timer and the
 // profile's already open file (written with write, closed with close).
+// (mincore: its stack walker checks that a frame's page is mapped.)
 constexpr int kAllowedProfiling[] = {SCMP_SYS(setitimer), SCMP_SYS(getitimer),
-                                     SCMP_SYS(rt_sigaction)};
+                                     SCMP_SYS(rt_sigaction), SCMP_SYS(mincore)};
 
 // Sanitizer builds only (CI's ASan/TSan runs). Their runtimes make calls of their own while the
 // worker serves (access, sigaltstack and mincore around longjmp, pipe2 for memory probes, ...),
@@ -161,8 +162,9 @@ std::string confine(const ConfineOptions& o) {
   if (!set_limit(RLIMIT_NOFILE, static_cast<rlim_t>(o.socket_fd) + 1, "RLIMIT_NOFILE", &error))
     return error;
   if (!set_limit(RLIMIT_NPROC, 0, "RLIMIT_NPROC", &error)) return error;
-  // Its stderr is a pipe to the host, never a file: no file may grow.
-  if (!set_limit(RLIMIT_FSIZE, 0, "RLIMIT_FSIZE", &error)) return error;
+  // Its stderr is a pipe to the host, never a file: no file may grow (except, when profiling,
+  // the profile opened before confinement).
+  if (!o.profiling && !set_limit(RLIMIT_FSIZE, 0, "RLIMIT_FSIZE", &error)) return error;
   if (!set_limit(RLIMIT_CORE, 0, "RLIMIT_CORE", &error)) return error;
   if (o.address_space_limit != 0 && !built_with_sanitizer() &&
       !set_limit(RLIMIT_AS, static_cast<rlim_t>(o.address_space_limit), "RLIMIT_AS", &error))
