@@ -142,6 +142,47 @@ inline uint64_t touch_frame(const wire::Frame* f) {
     case wire::Body::Shutdown:
       h += 5;
       break;
+    // Client <-> daemon frames (design/daemon.md) share the schema and the framing.
+    case wire::Body::ClientHello: {
+      const auto* b = f->body_as_ClientHello();
+      h += b->protocol_version();
+      if (const auto* s = b->client_name()) h += s->str().size();
+      break;
+    }
+    case wire::Body::ServerHello: {
+      const auto* b = f->body_as_ServerHello();
+      h += b->protocol_version() + static_cast<uint64_t>(b->shards()) + b->max_inflight();
+      if (const auto* s = b->server_version()) h += s->str().size();
+      if (const auto* s = b->error()) h += s->str().size();
+      break;
+    }
+    case wire::Body::Register: {
+      const auto* b = f->body_as_Register();
+      h += b->request_id();
+      if (const auto* s = b->key()) h += s->str().size();
+      if (const auto* s = b->source()) h += s->str().size();
+      break;
+    }
+    case wire::Body::Registered: {
+      const auto* b = f->body_as_Registered();
+      h += b->request_id() + static_cast<uint64_t>(b->status()) + b->handle() +
+           static_cast<uint64_t>(b->shard());
+      if (const auto* s = b->error()) h += s->str().size();
+      break;
+    }
+    case wire::Body::Control: {
+      const auto* b = f->body_as_Control();
+      h +=
+          b->request_id() + static_cast<uint64_t>(b->command()) + static_cast<uint64_t>(b->shard());
+      break;
+    }
+    case wire::Body::ControlReply: {
+      const auto* b = f->body_as_ControlReply();
+      h += b->request_id() + static_cast<uint64_t>(b->status());
+      if (const auto* s = b->error()) h += s->str().size();
+      if (const auto* s = b->json()) h += s->str().size();
+      break;
+    }
     default:
       break;
   }

@@ -44,11 +44,40 @@ struct Expected {
   uint32_t script_id;
 };
 
-// Clamps timeouts in place (see above) and lists the evaluations the worker must answer.
-// Returns false to refuse the input.
-bool bound_stream(ByteVec& stream, std::vector<Expected>* expected) {
+// Clamps timeouts in place (see above). Fields of a fuzzed buffer may overlap other fields,
+// vtables or vector lengths, so the writes are planned on the unchanged frame first and made
+// after; the caller then reads the stream again (it may no longer verify as it did).
+void clamp_timeouts(ByteVec& stream) {
   const StreamModel m = model_stream(stream);
   uint64_t spent = 0;
+  for (const auto& f : m.frames) {
+    if (f.body != wire::Body::Evaluate) continue;
+    Aligned copy(std::span<const uint8_t>(stream.data() + f.offset, f.size));
+    const wire::Frame* frame = protocol::verify_frame(copy.data(), f.size);
+    FUZZ_CHECK(frame != nullptr);
+    const auto* items = frame->body_as_Evaluate()->items();
+    if (!items) continue;
+    std::vector<std::pair<std::size_t, uint64_t>> writes;  // offset in the frame, value
+    for (const wire::Evaluation* e : *items) {
+      const uint64_t t = std::min({e->timeout_us(), kMaxTimeoutUs, kBudgetUs - spent});
+      spent += t;
+      // The field may be absent (default 0: already the smallest). Generated tables inherit
+      // flatbuffers::Table privately, at offset 0.
+      const auto* table = reinterpret_cast<const flatbuffers::Table*>(e);
+      if (const uint8_t* p = table->GetAddressOf(wire::Evaluation::VT_TIMEOUT_US))
+        writes.emplace_back(static_cast<std::size_t>(p - copy.data()), t);
+    }
+    for (const auto& [off, t] : writes) flatbuffers::WriteScalar<uint64_t>(copy.data() + off, t);
+    std::memcpy(stream.data() + f.offset, copy.data(), f.size);
+  }
+}
+
+// Lists the evaluations the worker must answer, from the stream as the worker gets it. Returns
+// false to refuse the input: too many evaluations or sources, or timeouts over the bounds
+// (possible only where the clamp's writes overlapped other fields).
+bool expected_answers(const ByteVec& stream, std::vector<Expected>* expected) {
+  const StreamModel m = model_stream(stream);
+  uint64_t total = 0;
   std::size_t sources = 0;
   for (const auto& f : m.frames) {
     if (f.body != wire::Body::Evaluate) continue;
@@ -60,17 +89,11 @@ bool bound_stream(ByteVec& stream, std::vector<Expected>* expected) {
     for (const wire::Evaluation* e : *items) {
       if (expected->size() == kMaxEvaluations) return false;
       if (e->source() && ++sources > kMaxSources) return false;
+      if (e->timeout_us() > kMaxTimeoutUs) return false;
+      total += e->timeout_us();
+      if (total > kBudgetUs) return false;
       expected->push_back({e->id(), e->script_id()});
-      const uint64_t t = std::min({e->timeout_us(), kMaxTimeoutUs, kBudgetUs - spent});
-      spent += t;
-      // The field may be absent (default 0: already the smallest). Writes go to the copy, which
-      // verification proved aligned, then back into the stream.
-      // (Generated tables inherit flatbuffers::Table privately, at offset 0.)
-      const auto* table = reinterpret_cast<const flatbuffers::Table*>(e);
-      if (const uint8_t* p = table->GetAddressOf(wire::Evaluation::VT_TIMEOUT_US))
-        flatbuffers::WriteScalar<uint64_t>(const_cast<uint8_t*>(p), t);
     }
-    std::memcpy(stream.data() + f.offset, copy.data(), f.size);
   }
   return true;
 }
@@ -100,8 +123,9 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size > kMaxInput) return -1;
   ByteVec stream(data, data + size);
+  clamp_timeouts(stream);
   std::vector<Expected> expected;
-  if (!bound_stream(stream, &expected)) return -1;
+  if (!expected_answers(stream, &expected)) return -1;
   const StreamModel model = model_stream(stream);
 
   int sv[2];
@@ -170,6 +194,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
   }
+  if (std::getenv("OUTRUN_FUZZ_VERBOSE"))  // when reproducing a finding by hand
+    std::fprintf(stderr, "exit %d, stream error %s, %zu frames, %zu evaluations, %zu answered\n",
+                 rc, protocol::to_string(model.error), model.frames.size(), expected.size(),
+                 answered);
   FUZZ_CHECK(hello);
   FUZZ_CHECK(reader.error() == protocol::FrameError::kNone);
   FUZZ_CHECK(reader.buffered() == 0);

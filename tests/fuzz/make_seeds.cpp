@@ -228,6 +228,22 @@ int main(int argc, char** argv) {
   write_seed("fuzz_frame_reader", "oversized",
              reader_seed(cat({hello(), ByteVec{0, 0, 0, 2, 1, 2}}), 0, 4, false, {9}));
 
+  {
+    // Client <-> daemon frames share the framing and the schema (design/daemon.md).
+    flatbuffers::FlatBufferBuilder a(256), b(256), c(256);
+    const ByteVec client_hello = finish(
+        a, wire::Body::ClientHello,
+        wire::CreateClientHello(a, protocol::kProtocolVersion, a.CreateString("fuzz")).Union());
+    const ByteVec reg =
+        finish(b, wire::Body::Register,
+               wire::CreateRegister(b, 7, b.CreateString("Line1.Avg"), b.CreateString("return 1"))
+                   .Union());
+    const ByteVec control = finish(
+        c, wire::Body::Control, wire::CreateControl(c, 8, wire::ControlCommand::Stats, 0).Union());
+    write_seed("fuzz_frame_reader", "client_stream",
+               reader_seed(cat({client_hello, reg, control, eval_basic}), 0, 3, true, {11, 2}));
+  }
+
   // ---- fuzz_host_results -----------------------------------------------------------------
   write_seed("fuzz_host_results", "mixed",
              host_seed(cat({hello(), results_mixed, results_one}), 4, {13, 200}));
