@@ -18,7 +18,7 @@
 namespace outrun::worker {
 
 struct ConfineOptions {
-  int socket_fd = 3;                    // the host's socket: the highest fd the worker keeps
+  int socket_fd = 3;                    // the highest fd the worker keeps (its sockets to the host)
   std::size_t address_space_limit = 0;  // RLIMIT_AS in bytes; 0 = none
   bool profiling = false;               // a gperftools profile is being written (SIGPROF, its fd)
 };

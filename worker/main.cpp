@@ -1,7 +1,7 @@
 // outrun-worker: runs scripts for one outrun host. Started by the host (uv_spawn, own process
 // group) with its end of a socketpair as fd 3; not meant to be run by hand.
 //
-//   outrun-worker --fd 3 --host-pid PID [--memory-limit BYTES] [--status-page NAME]
+//   outrun-worker --fd 3 [--out-fd 4] --host-pid PID [--memory-limit BYTES] [--status-page NAME]
 //                 [--heartbeat-ms MS] [--address-space-limit BYTES] [--profile FILE]
 //
 // Start-up order: die-with-host, close stray fds, map the status page, start the heartbeat
@@ -14,6 +14,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
 #include <csignal>
@@ -96,6 +97,8 @@ int main(int argc, char** argv) {
     unsigned long long n = 0;
     if (std::strcmp(a, "--fd") == 0 && parse_u64(v, &n) && n <= 1024) {
       opts.fd = static_cast<int>(n);
+    } else if (std::strcmp(a, "--out-fd") == 0 && parse_u64(v, &n) && n <= 1024) {
+      opts.out_fd = static_cast<int>(n);
     } else if (std::strcmp(a, "--host-pid") == 0 && parse_u64(v, &n)) {
       host_pid = n;
     } else if (std::strcmp(a, "--memory-limit") == 0 && parse_u64(v, &n) && n > 0) {
@@ -124,8 +127,10 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   // Nothing but stdio and the host's socket: fds the host process leaked without CLOEXEC are not
   // the worker's business.
-  close_range(static_cast<unsigned>(opts.fd) + 1, ~0u, 0);
-  for (int fd = 3; fd < opts.fd; ++fd) close(fd);
+  const int last_fd = std::max(opts.fd, opts.out_fd);
+  close_range(static_cast<unsigned>(last_fd) + 1, ~0u, 0);
+  for (int fd = 3; fd < last_fd; ++fd)
+    if (fd != opts.fd && fd != opts.out_fd) close(fd);
 
   // The status page: mapped before anything runs, so the host sees heartbeats from the start.
   std::unique_ptr<boost::interprocess::mapped_region> region;
@@ -187,7 +192,7 @@ int main(int argc, char** argv) {
       !start_profiler(profile_file + "." + std::to_string(getpid()) + ".prof"))
     _exit(kExitUsage);
   ConfineOptions confine_options;
-  confine_options.socket_fd = opts.fd;
+  confine_options.socket_fd = last_fd;
   confine_options.address_space_limit = static_cast<std::size_t>(address_space_limit);
   confine_options.profiling = !profile_file.empty();
   if (const std::string err = confine(confine_options); !err.empty()) {

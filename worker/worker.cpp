@@ -81,11 +81,13 @@ int64_t timeout_ns(uint64_t timeout_us) {
 
 }  // namespace
 
-Worker::Worker(const WorkerOptions& options) : opts_(options) {}
+Worker::Worker(const WorkerOptions& options) : opts_(options) {
+  if (opts_.out_fd < 0) opts_.out_fd = opts_.fd;
+}
 
 bool Worker::write_all(const uint8_t* data, std::size_t size) {
   while (size > 0) {
-    const ssize_t n = ::send(opts_.fd, data, size, MSG_NOSIGNAL);
+    const ssize_t n = ::send(opts_.out_fd, data, size, MSG_NOSIGNAL);
     if (n > 0) {
       data += n;
       size -= static_cast<std::size_t>(n);
@@ -226,8 +228,8 @@ void Worker::evaluate(const wire::Evaluation* e) {
     page->running_since_ns.store(now_ns_, std::memory_order_relaxed);
     page->running_id.store(e->id(), std::memory_order_release);
   }
-  const auto outcome = s->state->run(sandbox::push_wire_inputs, e->inputs(),
-                                     timeout_ns(e->timeout_us()), now_ns_);
+  const auto outcome =
+      s->state->run(sandbox::push_wire_inputs, e->inputs(), timeout_ns(e->timeout_us()), now_ns_);
   if (page) {
     page->running_id.store(0, std::memory_order_release);
     page->evaluations.fetch_add(1, std::memory_order_relaxed);

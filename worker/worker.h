@@ -31,7 +31,8 @@ enum class TestFault : uint8_t {
 };
 
 struct WorkerOptions {
-  int fd = 3;  // the stream socket to the host (blocking)
+  int fd = 3;       // frames from the host arrive here (a stream socket, blocking)
+  int out_fd = -1;  // results go to the host here; -1: the same socket as `fd`
   TestFault fault = TestFault::kNone;
   std::size_t memory_limit = 16u << 20;  // per script state
   protocol::StatusPage* page = nullptr;  // shared with the host; may be null (tests)

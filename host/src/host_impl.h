@@ -105,6 +105,7 @@ struct Host::Impl {
   void worker_died(detail::WorkerProcess* w, detail::DeathCause cause, const std::string& why);
   static void on_exit(uv_process_t* p, int64_t status, int term_signal);
   static void on_poll(uv_poll_t* h, int status, int events);
+  static void on_wpoll(uv_poll_t* h, int status, int events);
   static void on_linger_expired(uv_timer_t* t);
   static void on_err_alloc(uv_handle_t* h, size_t suggested, uv_buf_t* buf);
   static void on_err_read(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf);

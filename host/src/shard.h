@@ -72,13 +72,17 @@ enum class DeathCause : uint8_t {
 struct WorkerProcess {
   Shard* shard = nullptr;
   uv_process_t process{};
-  uv_poll_t poll{};
-  uv_timer_t linger{};         // after end-of-stream: how long we wait for the exit status
+  uv_poll_t poll{};     // readable: results on `fd`
+  uv_poll_t wpoll{};    // writable: `wfd`, only while a frame waits for room (FrameWriter hand-off)
+  uv_timer_t linger{};  // after end-of-stream: how long we wait for the exit status
   uv_pipe_t err_pipe{};        // the worker's stderr, logged by the host; closes at its EOF
   std::string err_line;        // a partial line of it
   std::size_t err_logged = 0;  // bytes of it logged so far (bounded)
   int pid = 0;
-  int fd = -1;
+  // One socket per direction (two socketpairs): a worker blocked reading frames is never woken
+  // by the host draining its results (one shared socket has one wait queue for both directions).
+  int fd = -1;   // the host reads results here
+  int wfd = -1;  // the host writes frames here (owned by `writer`)
   int open_handles = 0;
   bool poll_started = false;
   bool poll_writable = false;

@@ -1,10 +1,9 @@
 // Supervision (loop thread): the deadline of the running evaluation, heartbeats, restarts with
 // backoff and a crash-loop limit, drills, shutdown.
 #include <signal.h>
+#include <spdlog/spdlog.h>
 
 #include <cassert>
-
-#include <spdlog/spdlog.h>
 
 #include "host_impl.h"
 
@@ -17,17 +16,24 @@ using detail::WorkerProcess;
 
 namespace {
 
-uint64_t ceil_ms(int64_t ns) { return ns <= 0 ? 0 : static_cast<uint64_t>((ns + 999'999) / 1'000'000); }
+uint64_t ceil_ms(int64_t ns) {
+  return ns <= 0 ? 0 : static_cast<uint64_t>((ns + 999'999) / 1'000'000);
+}
 
 }  // namespace
 
 const char* detail::to_string(ShardState s) {
   switch (s) {
-    case ShardState::kRunning: return "running";
-    case ShardState::kDown: return "down";
-    case ShardState::kCrashLoop: return "crash_loop";
-    case ShardState::kStopping: return "stopping";
-    case ShardState::kStopped: return "stopped";
+    case ShardState::kRunning:
+      return "running";
+    case ShardState::kDown:
+      return "down";
+    case ShardState::kCrashLoop:
+      return "crash_loop";
+    case ShardState::kStopping:
+      return "stopping";
+    case ShardState::kStopped:
+      return "stopped";
   }
   return "unknown";
 }
@@ -65,19 +71,23 @@ void Host::Impl::on_watchdog(uv_timer_t* t) {
   if (!w || w->dead) return;
   const int64_t now = monotonic_ns();
   if (w->page) {
-    const int64_t beat = std::max(w->page->heartbeat_ns.load(std::memory_order_relaxed), w->started_ns);
+    const int64_t beat =
+        std::max(w->page->heartbeat_ns.load(std::memory_order_relaxed), w->started_ns);
     const int64_t silent = now - beat;
     if (silent > std::chrono::nanoseconds(self->opts.silence_limit).count()) {
       self->kill_worker(w, DeathCause::kSilence,
-                        "was silent for " + std::to_string(silent / 1'000'000) + " ms (no heartbeat) and was killed");
+                        "was silent for " + std::to_string(silent / 1'000'000) +
+                            " ms (no heartbeat) and was killed");
       return;
     }
     uint64_t id = 0;
     int64_t since = 0;
-    if (protocol::read_running(*w->page, &id, &since) && id != 0 && now >= since + self->hard_deadline_ns) {
+    if (protocol::read_running(*w->page, &id, &since) && id != 0 &&
+        now >= since + self->hard_deadline_ns) {
       w->overrun_id = id;
       self->kill_worker(w, DeathCause::kOverrun,
-                        "was killed: an evaluation ran past T+G (" + std::to_string(self->opts.timeout.count()) + "+" +
+                        "was killed: an evaluation ran past T+G (" +
+                            std::to_string(self->opts.timeout.count()) + "+" +
                             std::to_string(self->opts.grace.count()) + " ms)");
       return;
     }
@@ -103,10 +113,11 @@ void Host::Impl::schedule_restart(Shard& sh, DeathCause cause, bool immediate,
         std::lock_guard lock(sh.stats_mu);
         last = sh.last_death;
       }
-      enter_crash_loop(sh, "shard " + std::to_string(sh.index) + " is in a crash loop: its worker crashed " +
-                               std::to_string(sh.recent_crashes.size()) + " times in " +
-                               std::to_string(opts.crash_loop_window.count()) + " ms (last: " + last +
-                               "); next start in " + std::to_string(opts.crash_loop_cooldown.count()) + " ms");
+      enter_crash_loop(
+          sh, "shard " + std::to_string(sh.index) + " is in a crash loop: its worker crashed " +
+                  std::to_string(sh.recent_crashes.size()) + " times in " +
+                  std::to_string(opts.crash_loop_window.count()) + " ms (last: " + last +
+                  "); next start in " + std::to_string(opts.crash_loop_cooldown.count()) + " ms");
       return;
     }
     sh.quick_crashes = uptime < kHealthyUptime ? sh.quick_crashes + 1 : 0;
@@ -127,7 +138,8 @@ void Host::Impl::enter_crash_loop(Shard& sh, const std::string& why) {
     std::lock_guard lock(sh.mu);
     set_state(sh, ShardState::kCrashLoop);
     sh.unavailable_reason = why;
-    for (uint32_t idx : sh.waiting) end_slot(sh, idx, Result{Status::unavailable, {}, why, sh.index}, &ended, &promoted);
+    for (uint32_t idx : sh.waiting)
+      end_slot(sh, idx, Result{Status::unavailable, {}, why, sh.index}, &ended, &promoted);
     sh.waiting.clear();
     place_promoted(sh, promoted, &ended);
   }
@@ -135,7 +147,8 @@ void Host::Impl::enter_crash_loop(Shard& sh, const std::string& why) {
   sh.recent_crashes.clear();
   sh.quick_crashes = 0;
   sh.restart_timer.data = &sh;
-  uv_timer_start(&sh.restart_timer, &Impl::on_restart, static_cast<uint64_t>(opts.crash_loop_cooldown.count()), 0);
+  uv_timer_start(&sh.restart_timer, &Impl::on_restart,
+                 static_cast<uint64_t>(opts.crash_loop_cooldown.count()), 0);
 }
 
 void Host::Impl::on_restart(uv_timer_t* t) {
@@ -155,10 +168,10 @@ void Host::Impl::on_restart(uv_timer_t* t) {
 void Host::Impl::on_wakeup(uv_async_t* a) {
   Impl* self = static_cast<Impl*>(a->data);
   for (auto& sh : self->shards) {
-    if (sh->write_blocked.exchange(false, std::memory_order_acq_rel) && sh->worker && !sh->worker->dead &&
-        !sh->worker->stream_ended && !sh->worker->poll_writable) {
+    if (sh->write_blocked.exchange(false, std::memory_order_acq_rel) && sh->worker &&
+        !sh->worker->dead && !sh->worker->stream_ended && !sh->worker->poll_writable) {
       sh->worker->poll_writable = true;
-      uv_poll_start(&sh->worker->poll, UV_READABLE | UV_WRITABLE, &Impl::on_poll);
+      uv_poll_start(&sh->worker->wpoll, UV_WRITABLE, &Impl::on_wpoll);
     }
   }
   if (self->stopping.load() && !self->shutdown_started) {
@@ -179,7 +192,8 @@ void Host::Impl::run_commands() {
     Shard& sh = *shards[static_cast<std::size_t>(i)];
     WorkerProcess* w = sh.worker;
     if (kind == CommandKind::kKill) {
-      if (w && !w->dead) kill_worker(w, DeathCause::kRequested, "was killed on request (kill_shard)");
+      if (w && !w->dead)
+        kill_worker(w, DeathCause::kRequested, "was killed on request (kill_shard)");
       continue;
     }
     // Restart: the worker answers what it has, exits; new evaluations wait for its successor.
@@ -194,9 +208,11 @@ void Host::Impl::run_commands() {
     w->restart_requested = true;
     // It must exit by itself within shutdown_timeout, or it is killed: what waits for its
     // successor must not wait forever.
-    uv_timer_start(&w->linger, &Impl::on_restart_overdue, static_cast<uint64_t>(opts.shutdown_timeout.count()), 0);
+    uv_timer_start(&w->linger, &Impl::on_restart_overdue,
+                   static_cast<uint64_t>(opts.shutdown_timeout.count()), 0);
     flatbuffers::FlatBufferBuilder f(64);
-    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Shutdown, wire::CreateShutdown(f).Union()));
+    f.FinishSizePrefixed(
+        wire::CreateFrame(f, wire::Body::Shutdown, wire::CreateShutdown(f).Union()));
     std::shared_ptr<protocol::FrameWriter> writer;
     {
       std::lock_guard lock(sh.mu);
@@ -230,21 +246,25 @@ void Host::Impl::begin_shutdown() {
       set_state(sh, sh.worker ? ShardState::kStopping : ShardState::kStopped);
       if (sh.writer && sh.writer->enqueue({f.GetBufferPointer(), f.GetSize()})) writer = sh.writer;
       for (uint32_t idx : sh.waiting)
-        end_slot(sh, idx, Result{Status::cancelled, {}, "the host shut down before it ran", sh.index}, &ended, &promoted);
+        end_slot(sh, idx,
+                 Result{Status::cancelled, {}, "the host shut down before it ran", sh.index},
+                 &ended, &promoted);
       sh.waiting.clear();
       place_promoted(sh, promoted, &ended);
     }
     if (writer) writer->write_pending();
     deliver_all(sh, ended);
   }
-  uv_timer_start(&shutdown_timer, &Impl::on_shutdown_timeout, static_cast<uint64_t>(opts.shutdown_timeout.count()), 0);
+  uv_timer_start(&shutdown_timer, &Impl::on_shutdown_timeout,
+                 static_cast<uint64_t>(opts.shutdown_timeout.count()), 0);
   maybe_finish_shutdown();
 }
 
 void Host::Impl::on_shutdown_timeout(uv_timer_t* t) {
   Impl* self = static_cast<Impl*>(t->loop->data);
   for (auto& sh : self->shards)
-    if (sh->worker) self->kill_worker(sh->worker, DeathCause::kRequested, "did not stop in time and was killed");
+    if (sh->worker)
+      self->kill_worker(sh->worker, DeathCause::kRequested, "did not stop in time and was killed");
 }
 
 void Host::Impl::maybe_finish_shutdown() {

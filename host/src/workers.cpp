@@ -81,22 +81,42 @@ Error Host::Impl::spawn(Shard& sh) {
   w->page->version.store(protocol::kStatusPageVersion);
   w->page->magic.store(protocol::kStatusPageMagic, std::memory_order_release);
 
-  int sv[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+  // Frames to the worker go through one socketpair, results back through another.
+  int to_worker[2], from_worker[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, to_worker) != 0) {
     bip::shared_memory_object::remove(w->page_name.c_str());
     delete w;
     return {Status::unavailable, std::string("socketpair failed: ") + strerror(errno)};
   }
-  fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK);
-  w->fd = sv[0];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, from_worker) != 0) {
+    close(to_worker[0]);
+    close(to_worker[1]);
+    bip::shared_memory_object::remove(w->page_name.c_str());
+    delete w;
+    return {Status::unavailable, std::string("socketpair failed: ") + strerror(errno)};
+  }
+  fcntl(to_worker[0], F_SETFL, fcntl(to_worker[0], F_GETFL) | O_NONBLOCK);
+  fcntl(from_worker[0], F_SETFL, fcntl(from_worker[0], F_GETFL) | O_NONBLOCK);
+  w->wfd = to_worker[0];
+  w->fd = from_worker[0];
   const std::string host_pid = std::to_string(getpid());
   const std::string mem = std::to_string(opts.memory_limit);
   const std::string hb = std::to_string(opts.heartbeat_interval.count());
   const std::string as_limit = std::to_string(opts.worker_address_space_limit);
-  std::vector<const char*> args = {worker_path.c_str(), "--fd",           "3",
-                                   "--host-pid",        host_pid.c_str(), "--memory-limit",
-                                   mem.c_str(),         "--status-page",  w->page_name.c_str(),
-                                   "--heartbeat-ms",    hb.c_str(),       "--address-space-limit",
+  std::vector<const char*> args = {worker_path.c_str(),
+                                   "--fd",
+                                   "3",
+                                   "--out-fd",
+                                   "4",
+                                   "--host-pid",
+                                   host_pid.c_str(),
+                                   "--memory-limit",
+                                   mem.c_str(),
+                                   "--status-page",
+                                   w->page_name.c_str(),
+                                   "--heartbeat-ms",
+                                   hb.c_str(),
+                                   "--address-space-limit",
                                    as_limit.c_str()};
   std::string profile;
   if (!opts.worker_profile_prefix.empty()) {
@@ -109,28 +129,32 @@ Error Host::Impl::spawn(Shard& sh) {
   // The worker's stderr is a pipe the host reads and logs (bounded), never a file it could grow.
   uv_pipe_init(&loop, &w->err_pipe, 0);
   w->err_pipe.data = w;
-  uv_stdio_container_t stdio[4];
+  uv_stdio_container_t stdio[5];
   stdio[0].flags = UV_IGNORE;
   stdio[1].flags = UV_IGNORE;
   stdio[2].flags = static_cast<uv_stdio_flags>(UV_CREATE_PIPE | UV_WRITABLE_PIPE);
   stdio[2].data.stream = reinterpret_cast<uv_stream_t*>(&w->err_pipe);
   stdio[3].flags = UV_INHERIT_FD;
-  stdio[3].data.fd = sv[1];
+  stdio[3].data.fd = to_worker[1];
+  stdio[4].flags = UV_INHERIT_FD;
+  stdio[4].data.fd = from_worker[1];
   uv_process_options_t o{};
   o.file = worker_path.c_str();
   o.args = const_cast<char**>(args.data());
   o.exit_cb = &Impl::on_exit;
   o.flags = UV_PROCESS_DETACHED;  // setsid(): its own session and process group
-  o.stdio_count = 4;
+  o.stdio_count = 5;
   o.stdio = stdio;
   w->process.data = w;
   const int rc = uv_spawn(&loop, &w->process, &o);
-  close(sv[1]);
+  close(to_worker[1]);
+  close(from_worker[1]);
   ++live_workers;
   w->started_at = std::chrono::steady_clock::now();
   w->started_ns = monotonic_ns();
   if (rc != 0) {
-    close(sv[0]);
+    close(w->fd);
+    close(w->wfd);
     bip::shared_memory_object::remove(w->page_name.c_str());
     w->dead = w->exited = true;
     w->open_handles = 2;
@@ -139,7 +163,7 @@ Error Host::Impl::spawn(Shard& sh) {
     return {Status::unavailable, "cannot start worker '" + worker_path + "': " + uv_strerror(rc)};
   }
   w->pid = w->process.pid;
-  w->open_handles = 4;
+  w->open_handles = 5;
   uv_read_start(reinterpret_cast<uv_stream_t*>(&w->err_pipe), &Impl::on_err_alloc,
                 &Impl::on_err_read);
   uv_timer_init(&loop, &w->linger);
@@ -147,8 +171,10 @@ Error Host::Impl::spawn(Shard& sh) {
   uv_poll_init(&loop, &w->poll, w->fd);
   w->poll.data = w;
   uv_poll_start(&w->poll, UV_READABLE, &Impl::on_poll);
+  uv_poll_init(&loop, &w->wpoll, w->wfd);
+  w->wpoll.data = w;
   w->poll_started = true;
-  const int fd = w->fd;
+  const int fd = w->wfd;
   Impl* self = this;
   Shard* shp = &sh;
   w->writer = std::shared_ptr<FrameWriter>(
@@ -184,8 +210,9 @@ Error Host::Impl::spawn(Shard& sh) {
 void Host::Impl::on_handle_closed(uv_handle_t* h) {
   auto* w = static_cast<WorkerProcess*>(h->data);
   Impl* self = static_cast<Impl*>(h->loop->data);
-  if (h == reinterpret_cast<uv_handle_t*>(&w->poll))
-    w->writer.reset();  // fd closes with the last ref
+  if (h == reinterpret_cast<uv_handle_t*>(&w->poll)) close(w->fd);
+  if (h == reinterpret_cast<uv_handle_t*>(&w->wpoll))
+    w->writer.reset();  // wfd closes with the last ref
   if (--w->open_handles == 0) {
     delete w;
     --self->live_workers;
@@ -211,6 +238,7 @@ void Host::Impl::stream_ended(WorkerProcess* w) {
   if (w->dead || w->stream_ended) return;
   w->stream_ended = true;
   uv_poll_stop(&w->poll);
+  uv_poll_stop(&w->wpoll);
   uv_timer_start(&w->linger, &Impl::on_linger_expired, kLingerMs, 0);
 }
 
@@ -266,8 +294,18 @@ void Host::Impl::on_poll(uv_poll_t* h, int status, int events) {
     self->stream_ended(w);
     return;
   }
-  if (events & UV_WRITABLE) self->flush_writer(w);
   if (events & UV_READABLE) self->read_worker(w);
+}
+
+void Host::Impl::on_wpoll(uv_poll_t* h, int status, int events) {
+  auto* w = static_cast<WorkerProcess*>(h->data);
+  Impl* self = static_cast<Impl*>(h->loop->data);
+  if (w->dead) return;
+  if (status < 0) {  // the worker's end is gone
+    self->stream_ended(w);
+    return;
+  }
+  if (events & UV_WRITABLE) self->flush_writer(w);
 }
 
 void Host::Impl::flush_writer(WorkerProcess* w) {
@@ -282,7 +320,7 @@ void Host::Impl::flush_writer(WorkerProcess* w) {
     case FrameWriter::Flush::kDone:
       if (w->poll_writable && !w->dead && !w->stream_ended) {
         w->poll_writable = false;
-        uv_poll_start(&w->poll, UV_READABLE, &Impl::on_poll);
+        uv_poll_stop(&w->wpoll);
       }
       return;
   }
@@ -461,7 +499,9 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
     drain(w);
   if (w->poll_started) {
     uv_poll_stop(&w->poll);
+    uv_poll_stop(&w->wpoll);
     uv_close(reinterpret_cast<uv_handle_t*>(&w->poll), &Impl::on_handle_closed);
+    uv_close(reinterpret_cast<uv_handle_t*>(&w->wpoll), &Impl::on_handle_closed);
     uv_close(reinterpret_cast<uv_handle_t*>(&w->linger), &Impl::on_handle_closed);
     w->poll_started = false;
   }

@@ -122,18 +122,20 @@ TEST_CASE(
   const int pid = host->worker_pids().at(0);
   CHECK(proc_status_field(pid, "NoNewPrivs") == "1");
   CHECK(proc_status_field(pid, "Seccomp") == "2");  // filter mode
-  CHECK(proc_limit(pid, "Max open files") == "4");
+  CHECK(proc_limit(pid, "Max open files") == "5");
   CHECK(proc_limit(pid, "Max processes") == "0");
   CHECK(proc_limit(pid, "Max file size") == "0");
   CHECK(proc_limit(pid, "Max core file size") == "0");
   if (!kSanitized)
     CHECK(proc_limit(pid, "Max address space") == std::to_string(std::size_t{1} << 30));
-  // stdin/stdout are /dev/null, stderr is a pipe (socket) to the host, 3 is the host's socket.
-  CHECK(open_fds(pid) == std::set<int>{0, 1, 2, 3});
+  // stdin/stdout are /dev/null, stderr is a pipe (socket) to the host, 3 and 4 the sockets
+  // frames come in and results go out.
+  CHECK(open_fds(pid) == std::set<int>{0, 1, 2, 3, 4});
   CHECK(fd_target(pid, 0) == "/dev/null");
   CHECK(fd_target(pid, 1) == "/dev/null");
   CHECK(fd_target(pid, 2).rfind("socket:", 0) == 0);
   CHECK(fd_target(pid, 3).rfind("socket:", 0) == 0);
+  CHECK(fd_target(pid, 4).rfind("socket:", 0) == 0);
 }
 
 TEST_CASE(
