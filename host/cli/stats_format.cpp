@@ -118,6 +118,20 @@ std::string stats_prometheus(const nlohmann::json& j) {
              "Peak resident set of the shard's current worker.");
     for (const auto& s : sh)
       p.sample("outrun_shard_peak_rss_bytes", shard_label(s), s.value("peak_rss_bytes", 0));
+    p.family("outrun_shard_evaluation_latency_seconds", "summary",
+             "Round trip in the daemon of the evaluations this shard ran (upper bucket edges).");
+    for (const auto& s : sh) {
+      if (!s.contains("latency_us")) continue;
+      const auto& l = s["latency_us"];
+      for (auto [q, k] :
+           {std::pair{"0.5", "p50"}, {"0.9", "p90"}, {"0.99", "p99"}, {"0.999", "p999"}})
+        p.sample("outrun_shard_evaluation_latency_seconds",
+                 shard_label(s) + ",quantile=\"" + q + "\"", l.value(k, 0) / 1e6);
+      p.sample("outrun_shard_evaluation_latency_seconds_sum", shard_label(s),
+               l.value("sum", 0) / 1e6);
+      p.sample("outrun_shard_evaluation_latency_seconds_count", shard_label(s),
+               l.value("count", 0));
+    }
     p.family("outrun_shard_heartbeat_age_seconds", "gauge",
              "Age of the worker's last heartbeat (-1 while down).");
     for (const auto& s : sh) {
@@ -132,19 +146,22 @@ std::string stats_prometheus(const nlohmann::json& j) {
 std::string shards_text(const nlohmann::json& doc) {
   std::ostringstream os;
   char line[512];
-  std::snprintf(line, sizeof line, "%-5s %-10s %-8s %10s %8s %8s %12s %10s  %s\n", "SHARD", "STATE",
-                "PID", "UPTIME_S", "RESTARTS", "DEATHS", "EVALUATIONS", "RSS_KB", "LAST DEATH");
+  std::snprintf(line, sizeof line, "%-5s %-10s %-8s %10s %8s %8s %12s %10s %8s %8s  %s\n", "SHARD",
+                "STATE", "PID", "UPTIME_S", "RESTARTS", "DEATHS", "EVALUATIONS", "RSS_KB", "P50_US",
+                "P99_US", "LAST DEATH");
   os << line;
   if (!doc.contains("shards")) return os.str();
   for (const auto& s : doc["shards"]) {
-    std::snprintf(line, sizeof line, "%-5d %-10s %-8d %10.1f %8llu %8llu %12llu %10llu  %s\n",
-                  s.value("index", 0), s.value("state", "").c_str(), s.value("pid", 0),
-                  s.value("uptime_s", -1.0),
-                  static_cast<unsigned long long>(s.value("restarts", 0ull)),
-                  static_cast<unsigned long long>(s.value("deaths", 0ull)),
-                  static_cast<unsigned long long>(s.value("evaluations", 0ull)),
-                  static_cast<unsigned long long>(s.value("rss_bytes", 0ull) / 1024),
-                  s.value("last_death", "").c_str());
+    const nlohmann::json lat = s.value("latency_us", nlohmann::json::object());
+    std::snprintf(
+        line, sizeof line, "%-5d %-10s %-8d %10.1f %8llu %8llu %12llu %10llu %8llu %8llu  %s\n",
+        s.value("index", 0), s.value("state", "").c_str(), s.value("pid", 0),
+        s.value("uptime_s", -1.0), static_cast<unsigned long long>(s.value("restarts", 0ull)),
+        static_cast<unsigned long long>(s.value("deaths", 0ull)),
+        static_cast<unsigned long long>(s.value("evaluations", 0ull)),
+        static_cast<unsigned long long>(s.value("rss_bytes", 0ull) / 1024),
+        static_cast<unsigned long long>(lat.value("p50", 0ull)),
+        static_cast<unsigned long long>(lat.value("p99", 0ull)), s.value("last_death", "").c_str());
     os << line;
   }
   return os.str();

@@ -305,6 +305,8 @@ int Server::run() {
     spdlog::critical("cannot start the workers: {}", e.message);
     return 3;
   }
+  counters_.shards = host_->shards();
+  counters_.shard_latency = std::make_unique<LatencyHistogram[]>(counters_.shards);
   std::string err;
   if (!open_socket(&err)) {
     spdlog::critical("{}", err);
@@ -407,6 +409,11 @@ void Server::on_drain_timer(uv_timer_t* h) {
   auto* s = static_cast<Server*>(h->data);
   bool pending_writes = false;
   for (auto& [p, c] : s->conns_) pending_writes |= c->write_wait;
+  {
+    // A writer that handed off but whose wake-up the loop has not run yet.
+    std::lock_guard lock(s->wake_mu_);
+    pending_writes |= !s->want_write_.empty();
+  }
   const bool idle = s->counters_.inflight.load() == 0 && !pending_writes;
   if (idle || std::chrono::steady_clock::now() >= s->drain_deadline_) {
     if (!idle)
@@ -688,7 +695,9 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
       counters_.inflight.fetch_add(batch.size(), std::memory_order_relaxed);
       Counters* ctr = &counters_;
       auto deliver = [c, ctr, t0](uint64_t id, ScriptEntry* entry, const Result& r) {
-        ctr->latency.record(now_us() - t0);
+        const uint64_t us = now_us() - t0;
+        ctr->latency.record(us);
+        if (r.shard >= 0 && r.shard < ctr->shards) ctr->shard_latency[r.shard].record(us);
         const int st = static_cast<int>(r.status);
         ctr->by_status[st].fetch_add(1, std::memory_order_relaxed);
         entry->by_status[st].fetch_add(1, std::memory_order_relaxed);
@@ -753,6 +762,15 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
   }
 }
 
+namespace {
+nlohmann::json latency_json(const LatencyHistogram& h) {
+  return nlohmann::json{
+      {"count", h.count()},      {"p50", h.quantile(0.5)},    {"p90", h.quantile(0.9)},
+      {"p99", h.quantile(0.99)}, {"p999", h.quantile(0.999)}, {"max", h.max()},
+      {"sum", h.sum()}};
+}
+}  // namespace
+
 std::string Server::stats_json(bool shards_only) const {
   using nlohmann::json;
   json shards = json::array();
@@ -780,7 +798,8 @@ std::string Server::stats_json(bool shards_only) const {
                           {"worker_scripts", s.worker_scripts},
                           {"rss_bytes", s.worker_rss_bytes},
                           {"peak_rss_bytes", s.worker_peak_rss_bytes},
-                          {"heartbeat_age_ms", s.heartbeat_age_ms}});
+                          {"heartbeat_age_ms", s.heartbeat_age_ms},
+                          {"latency_us", latency_json(counters_.shard_latency[i])}});
   }
   if (shards_only) return json{{"shards", shards}}.dump();
   json by_status = json::object();
@@ -799,14 +818,7 @@ std::string Server::stats_json(bool shards_only) const {
          {"inflight", counters_.inflight.load(std::memory_order_relaxed)},
          {"scripts", scripts_.size()},
          {"evaluations", by_status},
-         {"latency_us",
-          {{"count", h.count()},
-           {"p50", h.quantile(0.5)},
-           {"p90", h.quantile(0.9)},
-           {"p99", h.quantile(0.99)},
-           {"p999", h.quantile(0.999)},
-           {"max", h.max()},
-           {"sum", h.sum()}}},
+         {"latency_us", latency_json(h)},
          {"shards", shards}};
   return j.dump();
 }

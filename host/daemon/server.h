@@ -54,6 +54,8 @@ struct Counters {
   std::array<std::atomic<uint64_t>, kStatusCount> by_status{};
   std::atomic<uint64_t> inflight{0};
   LatencyHistogram latency;
+  std::unique_ptr<LatencyHistogram[]> shard_latency;  // by Result::shard; sized at start
+  int shards = 0;
 };
 
 class Server {

@@ -279,8 +279,8 @@ Error Client::connect(const ClientOptions& options, std::unique_ptr<Client>* out
   auto name = f.CreateString(options.name);
   auto hello = wire::CreateClientHello(f, protocol::kProtocolVersion, name);
   f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::ClientHello, hello.Union()));
-  if (!impl->send({f.GetBufferPointer(), f.GetSize()}))
-    return Error{Status::unavailable, "outrund at " + path + " closed the connection"};
+  // A daemon that refuses us may have closed before this send: its reason is still readable.
+  const bool sent = impl->send({f.GetBufferPointer(), f.GetSize()});
   timeval tv{};
   tv.tv_sec = options.reply_timeout.count() / 1000;
   tv.tv_usec = (options.reply_timeout.count() % 1000) * 1000;
@@ -305,6 +305,7 @@ Error Client::connect(const ClientOptions& options, std::unique_ptr<Client>* out
   const auto* sh = fv.frame->body_as_ServerHello();
   if (sh->error())
     return Error{Status::unavailable, "outrund refused the connection: " + sh->error()->str()};
+  if (!sent) return Error{Status::unavailable, "outrund at " + path + " closed the connection"};
   if (sh->protocol_version() != protocol::kProtocolVersion)
     return Error{Status::unavailable,
                  "outrund speaks protocol " + std::to_string(sh->protocol_version())};

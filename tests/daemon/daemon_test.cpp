@@ -8,11 +8,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <future>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -61,9 +65,10 @@ struct Daemon {
   explicit Daemon(std::vector<std::string> extra = {}) {
     dir = temp_dir();
     socket = dir + "/outrund.sock";
-    std::vector<std::string> args{
-        OUTRUN_TEST_DAEMON, "--socket", socket,     "--worker", OUTRUN_TEST_WORKER,
-        "--log-level",      "warn",     "--shards", "2"};
+    std::vector<std::string> args{OUTRUN_TEST_DAEMON, "--socket", socket, "--worker",
+                                  OUTRUN_TEST_WORKER, "--shards", "2"};
+    if (std::find(extra.begin(), extra.end(), "--log-level") == extra.end())
+      args.insert(args.end(), {"--log-level", "warn"});
     args.insert(args.end(), extra.begin(), extra.end());
     pid = fork();
     REQUIRE(pid >= 0);
@@ -208,7 +213,7 @@ TEST_CASE("outrund: 8 concurrent clients get every result right") {
 }
 
 TEST_CASE(
-    "outrund: garbage, an oversized frame and a mid-batch disconnect affect only their client") {
+    "outrund: garbage or an oversized frame or a mid-batch disconnect affects only its client") {
   Daemon d;
   auto good = d.client();
   outrun::Script s;
@@ -302,7 +307,7 @@ TEST_CASE("outrund: a uid that is not allowed is refused") {
   CHECK(d.stop() == 0);
 }
 
-TEST_CASE("outrund: SIGTERM drains in-flight evaluations, exits 0, leaves no worker") {
+TEST_CASE("outrund: SIGTERM drains in-flight evaluations and exits 0 with no worker left") {
   Daemon d({"--timeout", "20000", "--grace", "1000"});
   auto c = d.client();
   const auto st = d.stats();
@@ -336,7 +341,7 @@ TEST_CASE("outrund: SIGTERM drains in-flight evaluations, exits 0, leaves no wor
   CHECK(!can_connect(d.socket));
 }
 
-TEST_CASE("outrund: outrun stats --prometheus is Prometheus text; kill-shard restarts a shard") {
+TEST_CASE("outrund: outrun stats --prometheus is Prometheus text and kill-shard restarts a shard") {
   Daemon d;
   check_client_works(d, "prom");
   auto run = [&](const std::string& args) {
@@ -396,10 +401,10 @@ TEST_CASE("outrund: outrun stats --prometheus is Prometheus text; kill-shard res
     sample_names.insert(name);
   }
   CHECK(samples > 20);
-  for (const char* n :
-       {"outrun_up", "outrun_evaluations_total", "outrun_shard_up", "outrun_shard_restarts_total",
-        "outrun_evaluation_latency_seconds", "outrun_evaluation_latency_seconds_count",
-        "outrun_shard_rss_bytes", "outrun_shard_uptime_seconds"})
+  for (const char* n : {"outrun_up", "outrun_evaluations_total", "outrun_shard_up",
+                        "outrun_shard_restarts_total", "outrun_evaluation_latency_seconds",
+                        "outrun_evaluation_latency_seconds_count", "outrun_shard_rss_bytes",
+                        "outrun_shard_uptime_seconds", "outrun_shard_evaluation_latency_seconds"})
     CHECK(sample_names.count(n) == 1);
   CHECK(text.find("outrun_evaluations_total{status=\"ok\"} 1\n") != std::string::npos);
 
@@ -441,5 +446,79 @@ TEST_CASE("outrund --check-config reads TOML and rejects unknown keys") {
   CHECK(out.find("unknown key host.shard") != std::string::npos);
   std::remove(good.c_str());
   std::remove(bad.c_str());
+  rmdir(dir.c_str());
+}
+
+TEST_CASE(
+    "outrund: evaluations beyond max_inflight_per_client are answered busy and others go on") {
+  Daemon d({"--max-inflight-per-client", "8", "--timeout", "20000"});
+  auto c = d.client();
+  constexpr int kN = 64;
+  std::vector<outrun::Script> keys(kN);
+  for (int i = 0; i < kN; ++i)
+    REQUIRE(!c->register_script("limit." + std::to_string(i),
+                                "local x = 0 for i = 1, 200000 do x = x + 1 end return x",
+                                &keys[i]));
+  std::vector<outrun::Request> batch;
+  for (int i = 0; i < kN; ++i) batch.push_back(outrun::Request{keys[i], {}});
+  std::mutex mu;
+  std::map<outrun::Status, int> by;
+  std::string busy_msg;
+  std::promise<void> all;
+  std::atomic<int> left{kN};
+  c->evaluate_batch(std::move(batch), [&](std::size_t, outrun::Result r) {
+    {
+      std::lock_guard lock(mu);
+      ++by[r.status];
+      if (r.status == outrun::Status::busy) busy_msg = r.error;
+    }
+    if (--left == 0) all.set_value();
+  });
+  all.get_future().wait();
+  CHECK(by[outrun::Status::ok] == 8);  // one frame: the first 8 accepted, the rest refused at once
+  CHECK(by[outrun::Status::busy] == kN - 8);
+  CHECK(busy_msg.find("max_inflight_per_client") != std::string::npos);
+  check_client_works(d, "after.limit");
+  CHECK(d.stop() == 0);
+}
+
+TEST_CASE("outrun::Client: a daemon that dies ends what is in flight `unavailable`") {
+  Daemon d({"--timeout", "20000"});
+  auto c = d.client();
+  outrun::Script s;
+  REQUIRE(
+      !c->register_script("die", "local x = 0 for i = 1, 50000000 do x = x + 1 end return x", &s));
+  auto f = c->evaluate(s, {});
+  kill(d.pid, SIGKILL);
+  waitpid(d.pid, nullptr, 0);
+  d.pid = -1;
+  outrun::Result r = f.get();
+  CHECK(r.status == outrun::Status::unavailable);
+  CHECK(!c->connected());
+  CHECK(c->evaluate(s, {}).get().status == outrun::Status::unavailable);
+  std::string js;
+  CHECK(c->stats_json(&js).status == outrun::Status::unavailable);
+}
+
+TEST_CASE("outrund: SIGHUP reopens the log file") {
+  const std::string dir = temp_dir();
+  const std::string log = dir + "/outrund.log", rotated = dir + "/outrund.log.1";
+  {
+    Daemon d({"--log-file", log, "--log-level", "info"});
+    REQUIRE(std::rename(log.c_str(), rotated.c_str()) == 0);  // logrotate
+    kill(d.pid, SIGHUP);
+    for (int i = 0; i < 1000; ++i) {
+      if (access(log.c_str(), F_OK) == 0) break;
+      std::this_thread::sleep_for(5ms);
+    }
+    CHECK(access(log.c_str(), F_OK) == 0);
+    CHECK(d.stop() == 0);
+  }
+  std::ifstream in(log);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  CHECK(ss.str().find("outrund stopped") != std::string::npos);
+  std::remove(log.c_str());
+  std::remove(rotated.c_str());
   rmdir(dir.c_str());
 }
