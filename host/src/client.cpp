@@ -389,8 +389,12 @@ void Client::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
       why = impl_->dead_reason;
       if (!dead)
         for (auto& [id, i] : ids)
-          impl_->evals.emplace(id,
-                               [shared_done, i = i](Result r) { (*shared_done)(i, std::move(r)); });
+          impl_->evals.emplace(
+              id,
+              [shared_done, i = i, shard = static_cast<int>(requests[i].script.shard())](Result r) {
+                r.shard = shard;  // the shard the daemon routes this script to
+                (*shared_done)(i, std::move(r));
+              });
     }
     if (dead) {
       for (auto& [id, i] : ids) failed.emplace_back(i, Result{Status::unavailable, {}, why, -1});
