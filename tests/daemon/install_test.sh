@@ -4,6 +4,12 @@
 set -euo pipefail
 build="$1"
 consumer="$2"
+sanitize="${3:-}"   # the build's OUTRUN_SANITIZE: its static libraries need the same runtime
+flags=()
+case "$sanitize" in
+  address) flags=(-DCMAKE_CXX_FLAGS=-fsanitize=address,undefined -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined) ;;
+  thread) flags=(-DCMAKE_CXX_FLAGS=-fsanitize=thread -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread) ;;
+esac
 tmp="$(mktemp -d /tmp/outrun-install-XXXXXX)"
 trap 'rm -rf "$tmp"' EXIT
 cmake --install "$build" --prefix "$tmp/prefix" >"$tmp/install.log"
@@ -12,7 +18,7 @@ for f in sbin/outrund bin/outrun libexec/outrun/outrun-worker include/outrun/hos
   [ -e "$tmp/prefix/$f" ] || { echo "not installed: $f"; exit 1; }
 done
 grep -q "ExecStart=$tmp/prefix/sbin/outrund" "$tmp/prefix/lib/systemd/system/outrund.service"
-cmake -S "$consumer" -B "$tmp/build" -G Ninja -DCMAKE_PREFIX_PATH="$tmp/prefix" -DCMAKE_BUILD_TYPE=Release >"$tmp/configure.log"
+cmake -S "$consumer" -B "$tmp/build" -G Ninja -DCMAKE_PREFIX_PATH="$tmp/prefix" -DCMAKE_BUILD_TYPE=Release "${flags[@]}" >"$tmp/configure.log"
 cmake --build "$tmp/build" >"$tmp/build.log" || { cat "$tmp/build.log"; exit 1; }
 out="$("$tmp/build/consumer")"
 echo "consumer printed: $out"
