@@ -1,0 +1,1 @@
+ string.match(string.rep('a', 100), string.rep('(a+', 40))
