@@ -77,14 +77,6 @@ bool signal_worker(int pid, int sig) {
   return ok;
 }
 
-bool process_gone(int pid) {
-  if (kill(pid, 0) != 0) return true;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  std::getline(stat, line);
-  return line.find(") Z") != std::string::npos;  // a zombie is gone for our purpose
-}
-
 }  // namespace
 
 TEST_CASE(
@@ -265,5 +257,6 @@ TEST_CASE(
   note_pids();
   host.reset();
   std::lock_guard lock(pids_mu);
-  for (int p : pids_seen) CHECK_MESSAGE(process_gone(p), "worker " << p << " outlived the host");
+  for (int p : pids_seen)
+    CHECK_MESSAGE(test::process_gone(p), "worker " << p << " outlived the host");
 }

@@ -28,6 +28,7 @@ using outrun::Result;
 using outrun::Script;
 using outrun::Status;
 using outrun::Value;
+using outrun::test::FaultEnv;
 using outrun::test::reg;
 using outrun::test::start_host;
 
@@ -101,12 +102,6 @@ std::string fd_target(int pid, int fd) {
   const ssize_t n = readlink(link.c_str(), buf, sizeof buf - 1);
   return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : "?";
 }
-
-// Sets OUTRUN_TEST_FAULT for workers started while it lives (they inherit the environment).
-struct FaultEnv {
-  explicit FaultEnv(const char* fault) { setenv("OUTRUN_TEST_FAULT", fault, 1); }
-  ~FaultEnv() { unsetenv("OUTRUN_TEST_FAULT"); }
-};
 
 }  // namespace
 

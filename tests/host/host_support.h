@@ -1,13 +1,16 @@
 // Helpers shared by the host's end-to-end tests.
 #pragma once
 
+#include <doctest/doctest.h>
+#include <signal.h>
+
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <vector>
-
-#include <doctest/doctest.h>
 
 #include "outrun/host.h"
 
@@ -39,6 +42,25 @@ inline std::pair<Script, Script> scripts_on_shards_0_and_1(Runner& r, const std:
   return {a, b};
 }
 
+// Sets OUTRUN_TEST_FAULT for workers started while it lives (they inherit the environment).
+struct FaultEnv {
+  explicit FaultEnv(const char* fault) { setenv("OUTRUN_TEST_FAULT", fault, 1); }
+  ~FaultEnv() { unsetenv("OUTRUN_TEST_FAULT"); }
+  FaultEnv(const FaultEnv&) = delete;
+  FaultEnv& operator=(const FaultEnv&) = delete;
+};
+
+// True when `pid` no longer runs (gone, or a zombie).
+inline bool process_gone(int pid) {
+  REQUIRE(pid > 0);  // kill(0, ...) would ask about this test's own process group
+  if (kill(pid, 0) != 0) return true;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const auto p = line.rfind(')');
+  return p != std::string::npos && p + 2 < line.size() && line[p + 2] == 'Z';
+}
+
 // Collects one result per index and counts how often each index was answered.
 struct Collector {
   std::mutex mu;
@@ -61,7 +83,9 @@ struct Collector {
     std::unique_lock lock(mu);
     return cv.wait_for(lock, limit, [&] { return done >= n; });
   }
-  bool wait_all(std::chrono::milliseconds limit = std::chrono::seconds(60)) { return wait(calls.size(), limit); }
+  bool wait_all(std::chrono::milliseconds limit = std::chrono::seconds(60)) {
+    return wait(calls.size(), limit);
+  }
 };
 
 }  // namespace outrun::test

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "host/host_support.h"
+#include "lua_support.h"
 #include "outrun/host.h"
 #include "outrun/in_process.h"
 
@@ -89,25 +90,7 @@ Case fails(std::string name, std::string source, Status status, std::string mess
   return {std::move(name), std::move(source), status, std::move(message), Value(), p};
 }
 
-// A real Lua 5.4 binary chunk (`return 42`), made with lua_dump on a plain, unsandboxed state.
-// Every case gets it as the Bytes input `chunk`.
-std::string binary_chunk() {
-  lua_State* L = luaL_newstate();
-  REQUIRE(L != nullptr);
-  REQUIRE(luaL_loadstring(L, "return 42") == LUA_OK);
-  std::string out;
-  lua_dump(
-      L,
-      [](lua_State*, const void* p, size_t n, void* ud) {
-        static_cast<std::string*>(ud)->append(static_cast<const char*>(p), n);
-        return 0;
-      },
-      &out, 0);
-  lua_close(L);
-  REQUIRE(out.size() > 4);
-  REQUIRE(out.substr(0, 4) == "\x1bLua");
-  return out;
-}
+using outrun::test::binary_chunk;
 
 std::string repeat(std::string_view s, std::size_t n) {
   std::string out;

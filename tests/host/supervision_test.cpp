@@ -38,6 +38,8 @@ std::unique_ptr<Host> start(const HostOptions& o) {
   return test::start_host(o);
 }
 using test::Collector;
+using test::FaultEnv;
+using test::process_gone;
 using test::reg;
 using test::scripts_on_shards_0_and_1;
 
@@ -49,16 +51,6 @@ const char* kStuckInC = "local s = string.rep('a', 200000) return s:find('.-.-.-
 Result get(std::future<Result> f, std::chrono::seconds limit = 30s) {
   REQUIRE(f.wait_for(limit) == std::future_status::ready);
   return f.get();
-}
-
-bool process_gone(int pid) {
-  REQUIRE(pid > 0);
-  if (kill(pid, 0) != 0) return true;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  std::getline(stat, line);
-  const auto p = line.rfind(')');
-  return p != std::string::npos && p + 2 < line.size() && line[p + 2] == 'Z';  // a zombie is dead
 }
 
 // utime + stime of a process, in clock ticks.
@@ -438,10 +430,6 @@ TEST_CASE("Supervision: killing the host with SIGKILL leaves no worker behind") 
 
 namespace {
 // Sets OUTRUN_TEST_FAULT for workers started while it lives (they inherit the environment).
-struct FaultEnv {
-  explicit FaultEnv(const char* fault) { setenv("OUTRUN_TEST_FAULT", fault, 1); }
-  ~FaultEnv() { unsetenv("OUTRUN_TEST_FAULT"); }
-};
 }  // namespace
 
 TEST_CASE("Supervision: a worker that lost its scripts gets their sources again (NeedSource)") {

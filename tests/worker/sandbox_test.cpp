@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "lua_support.h"
 #include "lua_values.h"
 #include "outrun/in_process.h"
 #include "value_builder.h"
@@ -153,24 +154,7 @@ std::vector<std::string> keys_of(const Value& map) {
   return out;
 }
 
-// A real Lua 5.4 binary chunk (`return 42`), made with a plain unsandboxed state.
-std::string binary_chunk() {
-  lua_State* L = luaL_newstate();
-  REQUIRE(L != nullptr);
-  REQUIRE(luaL_loadstring(L, "return 42") == LUA_OK);
-  std::string out;
-  lua_dump(
-      L,
-      [](lua_State*, const void* p, size_t n, void* ud) {
-        static_cast<std::string*>(ud)->append(static_cast<const char*>(p), n);
-        return 0;
-      },
-      &out, 0);
-  lua_close(L);
-  REQUIRE(out.size() > 4);
-  REQUIRE(out[0] == '\x1b');
-  return out;
-}
+using outrun::test::binary_chunk;
 
 // --- ScriptState directly -----------------------------------------------------------------
 
