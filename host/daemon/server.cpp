@@ -176,26 +176,6 @@ std::string hex(const std::array<uint8_t, 32>& h) {
   return s;
 }
 
-// Seconds since the process started (/proc/PID/stat field 22 against /proc/uptime); -1 unknown.
-double process_uptime_s(int pid) {
-  if (pid <= 0) return -1;
-  std::ifstream st("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(st, line)) return -1;
-  const auto rp = line.rfind(')');
-  if (rp == std::string::npos) return -1;
-  std::istringstream is(line.substr(rp + 2));
-  std::string f;
-  unsigned long long start = 0;
-  for (int i = 3; i <= 22 && (is >> f); ++i)
-    if (i == 22) start = std::stoull(f);
-  std::ifstream up("/proc/uptime");
-  double uptime = 0;
-  if (!(up >> uptime)) return -1;
-  const long hz = sysconf(_SC_CLK_TCK);
-  return std::max(0.0, uptime - static_cast<double>(start) / static_cast<double>(hz));
-}
-
 void sd_notify(const char* msg) {
   const char* path = std::getenv("NOTIFY_SOCKET");
   if (!path || !*path || std::strlen(path) >= sizeof(sockaddr_un::sun_path)) return;
@@ -776,30 +756,31 @@ std::string Server::stats_json(bool shards_only) const {
   json shards = json::array();
   for (int i = 0; i < host_->shards(); ++i) {
     const ShardStats s = host_->shard_stats(i);
-    shards.push_back(json{{"index", s.index},
-                          {"state", s.state},
-                          {"pid", s.pid},
-                          {"uptime_s", process_uptime_s(s.pid)},
-                          {"starts", s.starts},
-                          {"restarts", s.starts > 0 ? s.starts - 1 : 0},
-                          {"deaths", s.deaths},
-                          {"death_causes",
-                           {{"killed_overrun", s.killed_overrun},
-                            {"killed_silence", s.killed_silence},
-                            {"killed_requested", s.killed_requested},
-                            {"crashed", s.crashed},
-                            {"exited", s.exited},
-                            {"protocol_violation", s.protocol_violations}}},
-                          {"last_death", s.last_death},
-                          {"evaluations", s.evaluations},
-                          {"retried", s.retried},
-                          {"worker_evaluations", s.worker_evaluations},
-                          {"worker_compiles", s.worker_compiles},
-                          {"worker_scripts", s.worker_scripts},
-                          {"rss_bytes", s.worker_rss_bytes},
-                          {"peak_rss_bytes", s.worker_peak_rss_bytes},
-                          {"heartbeat_age_ms", s.heartbeat_age_ms},
-                          {"latency_us", latency_json(counters_.shard_latency[i])}});
+    shards.push_back(
+        json{{"index", s.index},
+             {"state", s.state},
+             {"pid", s.pid},
+             {"uptime_s", s.uptime_ms < 0 ? -1.0 : static_cast<double>(s.uptime_ms) / 1000.0},
+             {"starts", s.starts},
+             {"restarts", s.starts > 0 ? s.starts - 1 : 0},
+             {"deaths", s.deaths},
+             {"death_causes",
+              {{"killed_overrun", s.killed_overrun},
+               {"killed_silence", s.killed_silence},
+               {"killed_requested", s.killed_requested},
+               {"crashed", s.crashed},
+               {"exited", s.exited},
+               {"protocol_violation", s.protocol_violations}}},
+             {"last_death", s.last_death},
+             {"evaluations", s.evaluations},
+             {"retried", s.retried},
+             {"worker_evaluations", s.worker_evaluations},
+             {"worker_compiles", s.worker_compiles},
+             {"worker_scripts", s.worker_scripts},
+             {"rss_bytes", s.worker_rss_bytes},
+             {"peak_rss_bytes", s.worker_peak_rss_bytes},
+             {"heartbeat_age_ms", s.heartbeat_age_ms},
+             {"latency_us", latency_json(counters_.shard_latency[i])}});
   }
   if (shards_only) return json{{"shards", shards}}.dump();
   json by_status = json::object();

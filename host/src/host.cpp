@@ -181,6 +181,8 @@ ShardStats Host::shard_stats(int i) const {
   s.state = detail::to_string(
       static_cast<detail::ShardState>(sh.public_state.load(std::memory_order_relaxed)));
   s.pid = sh.pid.load(std::memory_order_relaxed);
+  if (const int64_t t = sh.worker_started_ns.load(std::memory_order_relaxed); s.pid > 0 && t > 0)
+    s.uptime_ms = (monotonic_ns() - t) / 1'000'000;
   s.starts = rd(sh.starts);
   s.deaths = rd(sh.deaths);
   s.killed_overrun = rd(sh.by_cause[static_cast<int>(detail::DeathCause::kOverrun)]);

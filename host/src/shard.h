@@ -133,6 +133,8 @@ struct Shard {
   std::atomic<uint64_t> starts{0}, deaths{0}, evaluations{0}, reads{0}, frames{0}, retried{0};
   std::atomic<uint64_t> by_cause[6] = {};
   std::atomic<int> pid{0};
+  std::atomic<int64_t> worker_started_ns{
+      0};  // CLOCK_MONOTONIC start of the current worker; 0 while down
   std::atomic<int> public_state{static_cast<int>(ShardState::kDown)};
   std::mutex stats_mu;  // guards last_death, stats_page
   std::string last_death;

@@ -189,6 +189,7 @@ Error Host::Impl::spawn(Shard& sh) {
       });
   sh.worker = w;
   sh.pid.store(w->pid, std::memory_order_relaxed);
+  sh.worker_started_ns.store(w->started_ns, std::memory_order_relaxed);
   sh.starts.fetch_add(1, std::memory_order_relaxed);
   {
     std::lock_guard lock(sh.stats_mu);
@@ -574,6 +575,7 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
   }
   if (sh.worker == w) sh.worker = nullptr;
   sh.pid.store(0, std::memory_order_relaxed);
+  sh.worker_started_ns.store(0, std::memory_order_relaxed);
   deliver_all(sh, ended);
   if (!w->hello) {
     std::lock_guard lock(start_mu);

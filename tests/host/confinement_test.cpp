@@ -218,5 +218,6 @@ TEST_CASE("Confinement: the worker's memory figures are reported") {
   }
   CHECK(st.worker_peak_rss_bytes > 0);
   CHECK(st.worker_rss_bytes > 0);
+  CHECK(st.uptime_ms >= 0);  // the current worker's age, from the host's own spawn time
   CHECK(st.worker_rss_bytes <= st.worker_peak_rss_bytes + (1u << 20));
 }

@@ -98,10 +98,11 @@ struct HostOptions {
 // State and counters of one shard, for tests, the CLI and the perf harness.
 struct ShardStats {
   int index = 0;
-  std::string state;    // "running", "down", "crash_loop", "stopping", "stopped"
-  int pid = 0;          // current worker, 0 while down
-  uint64_t starts = 0;  // worker processes started
-  uint64_t deaths = 0;  // worker processes that ended, for any reason
+  std::string state;       // "running", "down", "crash_loop", "stopping", "stopped"
+  int pid = 0;             // current worker, 0 while down
+  int64_t uptime_ms = -1;  // how long the current worker has run; -1 while down
+  uint64_t starts = 0;     // worker processes started
+  uint64_t deaths = 0;     // worker processes that ended, for any reason
   // Deaths by cause.
   uint64_t killed_overrun = 0;    // an evaluation passed T+G
   uint64_t killed_silence = 0;    // heartbeat older than silence_limit
