@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -410,6 +411,10 @@ void Server::finish() {
   uv_close(reinterpret_cast<uv_handle_t*>(&drain_timer_), nullptr);
   for (uv_signal_t* h : {&sigterm_, &sigint_, &sighup_})
     uv_close(reinterpret_cast<uv_handle_t*>(h), nullptr);
+  // Closing the last uv_signal of a signal number puts back its default action. A second
+  // SIGTERM or SIGINT while the workers are being stopped (systemd's, or a repeated Ctrl-C)
+  // would then kill us half-way through; we are already stopping, so they are ignored.
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) std::signal(sig, SIG_IGN);
   std::vector<Conn*> all;
   for (auto& [p, c] : conns_) all.push_back(p);
   for (Conn* c : all) close_conn(c, "daemon stopping");

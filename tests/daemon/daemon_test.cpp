@@ -89,14 +89,16 @@ struct Daemon {
   // SIGTERM, then the exit status (-1 if it did not exit in 30 s).
   int stop() {
     if (pid < 0) return -1;
-    kill(pid, SIGTERM);
+    // SIGTERM again every millisecond until it exits, as an impatient operator or a second
+    // `systemctl stop` would: a stopping daemon ignores the repeats and still exits 0.
     int st = 0;
-    for (int i = 0; i < 3000; ++i) {
+    for (int i = 0; i < 30000; ++i) {
+      kill(pid, SIGTERM);
       if (waitpid(pid, &st, WNOHANG) == pid) {
         pid = -1;
         return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
       }
-      std::this_thread::sleep_for(10ms);
+      std::this_thread::sleep_for(1ms);
     }
     return -1;
   }
