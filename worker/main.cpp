@@ -177,14 +177,19 @@ int main(int argc, char** argv) {
     started.wait(false);
   }
 
-  if (const char* fault = std::getenv("OUTRUN_TEST_FAULT")) {
-    if (std::strcmp(fault, "forget-scripts") == 0)
-      opts.fault = TestFault::kForgetScripts;
-    else if (std::strcmp(fault, "need-source-loop") == 0)
-      opts.fault = TestFault::kNeedSourceLoop;
-    else if (std::strcmp(fault, "escape") == 0)
-      opts.fault = TestFault::kEscape;
-    if (opts.fault != TestFault::kNone) spdlog::warn("test fault '{}' is enabled", fault);
+  if (const char* fault = std::getenv("OUTRUN_TEST_FAULT"); fault && *fault) {
+    std::string crash_at_start, err;
+    if (!parse_test_faults(fault, &opts.faults, &crash_at_start, &err)) {
+      spdlog::error("OUTRUN_TEST_FAULT: {}", err);
+      std::fflush(stderr);
+      _exit(kExitUsage);
+    }
+    spdlog::warn("test faults '{}' are enabled", fault);
+    if (!crash_at_start.empty() && ::access(crash_at_start.c_str(), F_OK) == 0) {
+      spdlog::warn("test fault: '{}' exists, so this worker dies at start", crash_at_start);
+      std::fflush(stderr);
+      _exit(70);
+    }
   }
 
   // From here on the heartbeat thread runs: leave with _exit, never through static destructors.

@@ -70,6 +70,15 @@ void attempt_escape(const wire::Evaluation* e) {
   }
 }
 
+// The value of the string input `name`, or "" (test faults only: a linear scan).
+std::string_view string_input(const wire::Evaluation* e, std::string_view name) {
+  if (!e->inputs()) return {};
+  for (const wire::Input* in : *e->inputs())
+    if (in->name()->string_view() == name && in->value() && in->value()->string_value())
+      return in->value()->string_value()->string_view();
+  return {};
+}
+
 // The soft timeout in nanoseconds. timeout_us comes from the host's frame and may be any u64:
 // past 2^40 us (12.7 days) it is saturated, so that neither `* 1000` nor the deadline
 // (start + timeout) can overflow int64 -- undefined behaviour that in practice put the
@@ -80,6 +89,32 @@ int64_t timeout_ns(uint64_t timeout_us) {
 }
 
 }  // namespace
+
+bool parse_test_faults(std::string_view list, uint32_t* faults, std::string* crash_at_start,
+                       std::string* err) {
+  while (!list.empty()) {
+    const std::size_t comma = list.find(',');
+    const std::string_view name = list.substr(0, comma);
+    list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
+    constexpr std::string_view kCrash = "crash-at-start=";
+    if (name == "forget-scripts") {
+      *faults |= kFaultForgetScripts;
+    } else if (name == "need-source-loop") {
+      *faults |= kFaultNeedSourceLoop;
+    } else if (name == "escape") {
+      *faults |= kFaultEscape;
+    } else if (name == "garbage") {
+      *faults |= kFaultGarbage;
+    } else if (name.starts_with(kCrash) && name.size() > kCrash.size()) {
+      *crash_at_start = name.substr(kCrash.size());
+    } else {
+      *err = "unknown test fault '" + std::string(name) +
+             "' (forget-scripts, need-source-loop, escape, garbage, crash-at-start=PATH)";
+      return false;
+    }
+  }
+  return true;
+}
 
 Worker::Worker(const WorkerOptions& options) : opts_(options) {
   if (opts_.out_fd < 0) opts_.out_fd = opts_.fd;
@@ -129,7 +164,7 @@ int Worker::run() {
     }
     if (!flush()) return kExitIo;
     if (shutdown_) return kExitOk;
-    if (opts_.fault == TestFault::kForgetScripts) scripts_.clear();
+    if (opts_.faults & kFaultForgetScripts) scripts_.clear();
   }
 }
 
@@ -197,16 +232,20 @@ void Worker::add_result(uint64_t id, wire::Status status, flatbuffers::Offset<wi
 
 void Worker::evaluate(const wire::Evaluation* e) {
   protocol::StatusPage* page = opts_.page;
-  if (opts_.fault == TestFault::kNeedSourceLoop) {
+  if (opts_.faults & kFaultNeedSourceLoop) {
     add_result(e->id(), wire::Status::NeedSource, 0, {});
     return;
   }
-  if (opts_.fault == TestFault::kEscape) {
+  if (opts_.faults & kFaultEscape) {
     if (page) {  // so the host knows which evaluation was running when the worker died
       page->running_since_ns.store(now_ns_, std::memory_order_relaxed);
       page->running_id.store(e->id(), std::memory_order_release);
     }
     attempt_escape(e);
+  }
+  if (opts_.faults & kFaultGarbage) {
+    if (const std::string_view what = string_input(e, "garbage"); !what.empty())
+      if (write_garbage(e, what)) return;
   }
   Script* s = script_for(e);
   if (!s) {
@@ -258,6 +297,45 @@ void Worker::evaluate(const wire::Evaluation* e) {
     return;
   }
   add_result(e->id(), wire::Status::Ok, value, {});
+}
+
+// TestFault kFaultGarbage: writes the garbage, then stops serving and waits to be killed, so
+// that when the host reads the garbage, `e` is still the evaluation its page says is running.
+// Returns only for a kind it does not know (false: `e` is evaluated as usual).
+bool Worker::write_garbage(const wire::Evaluation* e, std::string_view what) {
+  if (what == "bad-length" || what == "bad-flatbuffer") {
+    flush();  // what came before is delivered; the stream breaks after it
+    uint8_t bytes[4 + 24];
+    std::memset(bytes, 0xAB, sizeof bytes);
+    const uint32_t size = what == "bad-length" ? 0xFFFFFFF0u : 24u;  // little-endian prefix
+    for (int i = 0; i < 4; ++i) bytes[i] = static_cast<uint8_t>(size >> (8 * i));
+    results_.clear();
+    if (protocol::StatusPage* page = opts_.page) {
+      page->running_since_ns.store(now_ns_, std::memory_order_relaxed);
+      page->running_id.store(e->id(), std::memory_order_release);
+    }
+    spdlog::warn("test fault: writing '{}' to the host", what);
+    write_all(bytes, sizeof bytes);
+  } else if (what == "unknown-id" || what == "bad-status" || what == "duplicate") {
+    if (what == "unknown-id") {
+      add_result(e->id() + (uint64_t{1} << 40), wire::Status::Ok, 0, {});
+    } else if (what == "bad-status") {
+      add_result(e->id(), wire::Status::Cancelled, 0, {});
+    } else {
+      add_result(e->id(), wire::Status::RuntimeError, 0, "test fault: the first of two answers");
+      results_.push_back(results_.back());
+    }
+    if (protocol::StatusPage* page = opts_.page) {
+      page->running_since_ns.store(now_ns_, std::memory_order_relaxed);
+      page->running_id.store(e->id(), std::memory_order_release);
+    }
+    spdlog::warn("test fault: writing '{}' to the host", what);
+    flush();
+  } else {
+    return false;
+  }
+  std::fflush(stderr);
+  for (;;) ::usleep(100'000);  // the host kills it for what it read
 }
 
 bool Worker::flush() {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "outrun/protocol/frame.h"
@@ -17,23 +18,38 @@
 namespace outrun::worker {
 
 // Test-only misbehaviour, enabled by OUTRUN_TEST_FAULT in the worker's environment (never set in
-// production; the host does not set it). Lets tests drive the host's recovery paths with a real
-// worker.
-enum class TestFault : uint8_t {
-  kNone,
-  kForgetScripts,   // "forget-scripts": drop every compiled script after each batch -> NeedSource
-  kNeedSourceLoop,  // "need-source-loop": answer NeedSource to every evaluation, even with source
+// production; the host does not set it): a comma-separated list of the names below. Lets tests and
+// `outrun drill` drive the host's recovery paths with a real worker. Bits of
+// WorkerOptions::faults.
+enum TestFault : uint32_t {
+  kFaultForgetScripts = 1u << 0,   // "forget-scripts": drop every compiled script after each
+                                   // batch -> NeedSource
+  kFaultNeedSourceLoop = 1u << 1,  // "need-source-loop": answer NeedSource to every evaluation,
+                                   // even with source
   // "escape": an evaluation with a string input named "escape" first tries what it names, after
   // confinement: "open", "socket", "fork", "exec", "mmap-exec", "kill-host" (each must be killed
   // by the seccomp filter), or "blow-up" (allocates outside every script's account until the
   // address-space backstop makes it fail).
-  kEscape,
+  kFaultEscape = 1u << 2,
+  // "garbage": an evaluation with a string input named "garbage" makes the worker write what it
+  // names to the host, then stop serving until it is killed: "bad-length" (a size prefix past
+  // the frame limit), "bad-flatbuffer" (a well-sized frame that fails verification),
+  // "unknown-id" (a result for an evaluation it was never sent), "duplicate" (two answers to
+  // it, the first a RuntimeError), "bad-status" (a status only the host may give). The host must
+  // take each for a protocol violation.
+  kFaultGarbage = 1u << 3,
+  // "crash-at-start=PATH" is handled in main.cpp: while PATH exists, the worker exits 70 before
+  // it says hello (a worker that cannot start: the crash-loop path).
 };
+// Parses OUTRUN_TEST_FAULT's list into `faults` and the crash-at-start path; false (with the
+// offending name in *err) for a name it does not know.
+bool parse_test_faults(std::string_view list, uint32_t* faults, std::string* crash_at_start,
+                       std::string* err);
 
 struct WorkerOptions {
   int fd = 3;       // frames from the host arrive here (a stream socket, blocking)
   int out_fd = -1;  // results go to the host here; -1: the same socket as `fd`
-  TestFault fault = TestFault::kNone;
+  uint32_t faults = 0;  // TestFault bits
   std::size_t memory_limit = 16u << 20;  // per script state
   protocol::StatusPage* page = nullptr;  // shared with the host; may be null (tests)
 };
@@ -67,6 +83,7 @@ class Worker {
   bool send_hello();
   void handle(const wire::Frame* frame);
   void evaluate(const wire::Evaluation* e);
+  bool write_garbage(const wire::Evaluation* e, std::string_view what);  // kFaultGarbage
   Script* script_for(const wire::Evaluation* e);
   void add_result(uint64_t id, wire::Status status, flatbuffers::Offset<wire::Value> value,
                   std::string_view error);

@@ -428,10 +428,6 @@ TEST_CASE("Supervision: killing the host with SIGKILL leaves no worker behind") 
   if (!gone) kill(worker, SIGKILL);
 }
 
-namespace {
-// Sets OUTRUN_TEST_FAULT for workers started while it lives (they inherit the environment).
-}  // namespace
-
 TEST_CASE("Supervision: a worker that lost its scripts gets their sources again (NeedSource)") {
   FaultEnv fault("forget-scripts");
   auto host = start(base_options());
@@ -464,6 +460,57 @@ TEST_CASE("Supervision: a worker that asks for a source again and again is a pro
   CHECK(host->shard_stats(0).protocol_violations == 1);
   // Its successor (started without the fault) serves normally.
   CHECK(get(host->evaluate(s, {})).status == Status::ok);
+}
+
+TEST_CASE("Supervision: a worker that writes garbage is killed for it and nothing is lost") {
+  // Every worker of this host has the fault, restarted ones too: an evaluation with the input
+  // `garbage` makes its worker write that kind of garbage. With 40 ordinary evaluations in
+  // flight around it, each ends exactly once, the ordinary ones ok with their values.
+  struct Case {
+    const char* kind;
+    Status status;           // what the evaluation that caused it ends with
+    const char* violation;   // in the shard's last_death
+    uint64_t violations;     // protocol violations it costs
+  };
+  const Case cases[] = {
+      {"bad-length", Status::worker_lost, "exceeds the maximum frame size", 1},
+      {"bad-flatbuffer", Status::worker_lost, "failed verification", 1},
+      {"bad-status", Status::worker_lost, "a status only the host may give", 1},
+      {"unknown-id", Status::worker_lost, "answered an evaluation it was not running", 1},
+      // The first answer is delivered; the second is the violation.
+      {"duplicate", Status::runtime_error, "answered an evaluation it was not running", 1},
+  };
+  FaultEnv fault("garbage");
+  auto o = base_options();
+  o.crash_loop_limit = 1000;  // five violations in a few seconds would be a crash loop
+  auto host = start(o);
+  std::vector<Script> normal;
+  for (int i = 0; i < 40; ++i)
+    normal.push_back(reg(*host, "n" + std::to_string(i), "return inputs.x * 2"));
+  Script bad = reg(*host, "bad", "return 1");
+  for (const Case& c : cases) {
+    CAPTURE(c.kind);
+    const ShardStats before = host->shard_stats(0);
+    Collector col(normal.size() + 1);
+    for (std::size_t i = 0; i < normal.size(); ++i) {
+      if (i == normal.size() / 2) host->evaluate(bad, {{"garbage", c.kind}}, col.at(normal.size()));
+      host->evaluate(normal[i], {{"x", static_cast<int64_t>(i)}}, col.at(i));
+    }
+    REQUIRE(col.wait_all(30s));
+    for (std::size_t i = 0; i <= normal.size(); ++i) CHECK(col.calls[i] == 1);
+    for (std::size_t i = 0; i < normal.size(); ++i) {
+      CHECK(col.results[i].status == Status::ok);
+      CHECK(col.results[i].value == Value(static_cast<int64_t>(2 * i)));
+    }
+    const Result& r = col.results[normal.size()];
+    CHECK(r.status == c.status);
+    const ShardStats after = host->shard_stats(0);
+    CHECK(after.protocol_violations - before.protocol_violations == c.violations);
+    CHECK(after.last_death.find(c.violation) != std::string::npos);
+    if (c.status == Status::worker_lost) CHECK(r.error.find(c.violation) != std::string::npos);
+    // The shard serves again.
+    CHECK(get(host->evaluate(normal[0], {{"x", 21}})).value == Value(42));
+  }
 }
 
 TEST_CASE("Supervision: callbacks that submit and drill while the host is destroyed end cleanly") {
