@@ -4,8 +4,9 @@
 //               (-e SOURCE | -f FILE) [-i NAME=VALUE]... [--inputs-json JSON] [--json]
 //               [--in-process]
 //   outrun [--socket PATH] stats [--json | --prometheus] | shards | scripts | kill-shard N |
-//   restart-shard N outrun [--socket PATH] bench [--clients C] [--count N] [--shards K]
-//   [--in-process]
+//               restart-shard N
+//   outrun [--socket PATH] bench [--clients C] [--count N] [--shards K] [--in-process]
+//   outrun [--socket PATH] drill NAME [--rate R] [--duration S] [--shards K] [--json]
 // --socket (or $OUTRUN_SOCKET) sends eval through outrund; the administration commands always
 // talk to outrund (default socket: see outrun::default_client_socket()).
 #include <CLI/CLI.hpp>
@@ -20,6 +21,7 @@
 #include <sstream>
 #include <thread>
 
+#include "drill.h"
 #include "json_values.h"
 #include "outrun/client.h"
 #include "outrun/host.h"
@@ -342,6 +344,35 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   bench->add_flag("--in-process", ba.in_process, "InProcess runner instead of an embedded Host");
+  DrillArgs da;
+  std::string drill_list;
+  for (const auto& n : drill_names()) drill_list += (drill_list.empty() ? "" : ", ") + n;
+  auto* drill = app.add_subcommand(
+      "drill",
+      "resilience drill under load: " + drill_list +
+          ". Against outrund at --socket, else a private outrund this command starts");
+  drill->add_option("name", da.name, "the drill")
+      ->required()
+      ->check(CLI::IsMember(drill_names()));
+  drill->add_option("--rate", da.rate, "evaluations per second (open loop)")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  drill->add_option("--duration", da.duration_s, "seconds of load; the fault comes at a third")
+      ->check(CLI::Range(1.0, 600.0))
+      ->capture_default_str();
+  auto* drill_shards = drill->add_option("--shards", da.shards, "shards of the private outrund")
+                           ->check(CLI::Range(1, 64))
+                           ->capture_default_str();
+  drill->add_option("--outrund", da.outrund,
+                    "daemon binary for the private outrund (default: next to outrun, else PATH)");
+  drill->add_flag("--json", da.json,
+                  "one JSON object: submitted, completed (by status), lost, duplicated, "
+                  "recovery_ms, latency_us, ...");
+  drill->callback([&] {
+    da.shards_given = drill_shards->count() > 0;
+    if (socket_given()) da.socket = g_socket;
+    rc = run_drill(da);
+  });
   for (auto* sc : {stats, shards, scripts, kill, restart})
     sc->callback([&, sc] {
       if (as_prom)
