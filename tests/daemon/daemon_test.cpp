@@ -26,105 +26,14 @@
 #include <vector>
 
 #include "outrun/client.h"
+#include "daemon_support.h"
 #include "outrun/protocol/frame.h"
 
 namespace {
 
 using namespace std::chrono_literals;
+using namespace outrun::test;
 namespace wire = outrun::wire;
-
-std::string temp_dir() {
-  char tmpl[] = "/tmp/outrund-test-XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
-
-bool can_connect(const std::string& path) {
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
-  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  close(fd);
-  return ok;
-}
-
-bool process_alive(int pid) {
-  std::ifstream st("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(st, line)) return false;
-  const auto rp = line.rfind(')');
-  return rp != std::string::npos && line.size() > rp + 2 && line[rp + 2] != 'Z';
-}
-
-// The daemon, started on a temporary socket; SIGKILLed if a test forgets to stop it.
-struct Daemon {
-  std::string dir, socket;
-  pid_t pid = -1;
-
-  explicit Daemon(std::vector<std::string> extra = {}) {
-    dir = temp_dir();
-    socket = dir + "/outrund.sock";
-    std::vector<std::string> args{OUTRUN_TEST_DAEMON, "--socket", socket, "--worker",
-                                  OUTRUN_TEST_WORKER, "--shards", "2"};
-    if (std::find(extra.begin(), extra.end(), "--log-level") == extra.end())
-      args.insert(args.end(), {"--log-level", "warn"});
-    args.insert(args.end(), extra.begin(), extra.end());
-    pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    for (int i = 0; i < 2000 && !can_connect(socket); ++i) {
-      int st;
-      REQUIRE(waitpid(pid, &st, WNOHANG) == 0);  // the daemon must not have died
-      std::this_thread::sleep_for(5ms);
-    }
-    REQUIRE(can_connect(socket));
-  }
-  // SIGTERM, then the exit status (-1 if it did not exit in 30 s).
-  int stop() {
-    if (pid < 0) return -1;
-    // SIGTERM again every millisecond until it exits, as an impatient operator or a second
-    // `systemctl stop` would: a stopping daemon ignores the repeats and still exits 0.
-    int st = 0;
-    for (int i = 0; i < 30000; ++i) {
-      kill(pid, SIGTERM);
-      if (waitpid(pid, &st, WNOHANG) == pid) {
-        pid = -1;
-        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      }
-      std::this_thread::sleep_for(1ms);
-    }
-    return -1;
-  }
-  ~Daemon() {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-    std::remove(socket.c_str());
-    rmdir(dir.c_str());
-  }
-  std::unique_ptr<outrun::Client> client() const {
-    outrun::ClientOptions o;
-    o.socket = socket;
-    std::unique_ptr<outrun::Client> c;
-    outrun::Error e = outrun::Client::connect(o, &c);
-    INFO(e.message);
-    REQUIRE(!e);
-    return c;
-  }
-  nlohmann::json stats() const {
-    std::string s;
-    REQUIRE(!client()->stats_json(&s));
-    return nlohmann::json::parse(s);
-  }
-};
 
 int raw_connect(const std::string& path) {
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
