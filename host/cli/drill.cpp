@@ -300,6 +300,8 @@ class Drill {
     load_and_fault();
     settle();
     const json after = shard_stats(*client_);
+    // What is still in flight now was lost: our disconnect would end it `cancelled`.
+    closing_->store(true);
     client_.reset();
     std::string daemon_exit;
     if (a_.socket.empty()) daemon_exit = daemon_.stop();
@@ -375,6 +377,7 @@ class Drill {
     ev.submit_ns = now_ns();
     const int64_t x = static_cast<int64_t>(i);
     client_->evaluate(load_[k], {{"x", x}}, [this, i, k, x](Result r) {
+      if (closing_->load()) return;  // ended by our own disconnect: it was lost
       Ev& e = evs_[i];
       e.done_ns = now_ns();
       e.status = r.status;
@@ -405,7 +408,8 @@ class Drill {
     fault_ev_->submit_ns = now_ns();
     auto ev = fault_ev_;
     auto error = fault_error_;
-    client_->evaluate(fault_script_, std::move(in), [ev, error](Result r) {
+    client_->evaluate(fault_script_, std::move(in), [ev, error, closing = closing_](Result r) {
+      if (closing->load()) return;
       ev->done_ns = now_ns();
       ev->status = r.status;
       *error = r.error;
@@ -727,6 +731,7 @@ class Drill {
   std::size_t submitted_ = 0;
   std::size_t skipped_ = 0;
   std::shared_ptr<Ev> fault_ev_;
+  std::shared_ptr<std::atomic<bool>> closing_ = std::make_shared<std::atomic<bool>>(false);
   std::shared_ptr<std::string> fault_error_ = std::make_shared<std::string>();
   int stopped_pid_ = 0;  // hang: SIGCONT at the end, should the host not have killed it
   std::string fault_note_;
