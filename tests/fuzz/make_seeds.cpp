@@ -406,6 +406,11 @@ int main(int argc, char** argv) {
                     reg(5, "Line1.NoSource", nullptr), reg(6, nullptr, nullptr),
                     reg(7, "fuzz.echo", "return inputs"), evaluate({call(1, 8, ab), call(2, 9)}),
                     control(8, C::ListScripts)}));
+    write_seed(T, "replaced_key",  // the key's latest source decides; found by the fuzzer (harness)
+               cat({client_hello(), reg(1, "fuzz.sum", "return 2"),
+                    reg(2, "fuzz.sum", "return (inputs.a or 0) + (inputs.b or 0)"),
+                    reg(3, "fuzz.sum", "return (inputs.a or 0) + (inputs.b or 0)"),
+                    evaluate({call(1, 0, ab)})}));
     write_seed(T, "single_flight",  // the same looping script again and again: busy
                cat({client_hello(), evaluate({call(1, 2), call(2, 2), call(3, 2)}),
                     evaluate({call(4, 2)}), evaluate({call(4, 2)})}));
