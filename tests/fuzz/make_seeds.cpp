@@ -411,6 +411,11 @@ int main(int argc, char** argv) {
                     reg(2, "fuzz.sum", "return (inputs.a or 0) + (inputs.b or 0)"),
                     reg(3, "fuzz.sum", "return (inputs.a or 0) + (inputs.b or 0)"),
                     evaluate({call(1, 0, ab)})}));
+    write_seed(
+        T,
+        "invalid_utf8_key",  // ListScripts threw in json::dump (outrund ended); found by the fuzzer
+        cat({client_hello(), reg(1, "Line1.\xff\xfe", "return 1"), control(2, C::ListScripts),
+             control(3, C::Stats)}));
     write_seed(T, "single_flight",  // the same looping script again and again: busy
                cat({client_hello(), evaluate({call(1, 2), call(2, 2), call(3, 2)}),
                     evaluate({call(4, 2)}), evaluate({call(4, 2)})}));
