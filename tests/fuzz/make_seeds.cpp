@@ -416,6 +416,8 @@ int main(int argc, char** argv) {
         "invalid_utf8_key",  // ListScripts threw in json::dump (outrund ended); found by the fuzzer
         cat({client_hello(), reg(1, "Line1.\xff\xfe", "return 1"), control(2, C::ListScripts),
              control(3, C::Stats)}));
+    write_seed(T, "repeated_ids",  // ids are the client's: one id, a good and an impossible handle
+               cat({client_hello(), evaluate({call(7, 0, ab), call(7, 1u << 22), call(7, 1)})}));
     write_seed(T, "single_flight",  // the same looping script again and again: busy
                cat({client_hello(), evaluate({call(1, 2), call(2, 2), call(3, 2)}),
                     evaluate({call(4, 2)}), evaluate({call(4, 2)})}));
