@@ -748,6 +748,12 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
 }
 
 namespace {
+// Script keys come from clients and may be any bytes; dump() throws on invalid UTF-8, which on
+// the loop thread would end the daemon. Invalid sequences become U+FFFD.
+std::string dump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 nlohmann::json latency_json(const LatencyHistogram& h) {
   return nlohmann::json{
       {"count", h.count()},      {"p50", h.quantile(0.5)},    {"p90", h.quantile(0.9)},
@@ -787,7 +793,7 @@ std::string Server::stats_json(bool shards_only) const {
              {"heartbeat_age_ms", s.heartbeat_age_ms},
              {"latency_us", latency_json(counters_.shard_latency[i])}});
   }
-  if (shards_only) return json{{"shards", shards}}.dump();
+  if (shards_only) return dump(json{{"shards", shards}});
   json by_status = json::object();
   for (int i = 0; i < kStatusCount; ++i)
     by_status[std::string(to_string(static_cast<Status>(i)))] =
@@ -806,7 +812,7 @@ std::string Server::stats_json(bool shards_only) const {
          {"evaluations", by_status},
          {"latency_us", latency_json(h)},
          {"shards", shards}};
-  return j.dump();
+  return dump(j);
 }
 
 std::string Server::scripts_json() const {
@@ -828,7 +834,7 @@ std::string Server::scripts_json() const {
                        {"evaluations", total},
                        {"by_status", by_status}});
   }
-  return json{{"scripts", arr}}.dump();
+  return dump(json{{"scripts", arr}});
 }
 
 }  // namespace outrun::daemon

@@ -70,6 +70,11 @@ class Server {
   void want_write(const std::shared_ptr<Conn>& c);
   Counters& counters() { return counters_; }
 
+  // Test seam, no code in the daemon: tests/fuzz/fuzz_daemon_client.cpp defines this to start
+  // the Host and the loop as run() does (minus signals) and drive one client at a time through
+  // the real accept, read and frame handling (design/fuzzing.md).
+  friend struct ServerTestAccess;
+
  private:
   static void on_listen(uv_poll_t* h, int status, int events);
   static void on_conn(uv_poll_t* h, int status, int events);

@@ -24,9 +24,6 @@
 
 namespace outrun {
 
-namespace wire = outrun::wire;
-namespace protocol = outrun::protocol;
-
 std::string default_client_socket() {
   if (const char* s = std::getenv("OUTRUN_SOCKET"); s && *s) return s;
   if (geteuid() == 0) return "/run/outrun/outrund.sock";

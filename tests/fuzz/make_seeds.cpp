@@ -188,6 +188,62 @@ ByteVec host_seed(const ByteVec& stream, int slots, std::vector<uint64_t> cuts) 
   return t.after(stream);
 }
 
+// ---- client -> daemon frames (fuzz_daemon_client; design/protocol.md, "Client frames") ----
+
+ByteVec client_hello(uint16_t version = protocol::kProtocolVersion) {
+  flatbuffers::FlatBufferBuilder fbb(128);
+  return finish(fbb, wire::Body::ClientHello,
+                wire::CreateClientHello(fbb, version, fbb.CreateString("fuzz")).Union());
+}
+
+ByteVec reg(uint64_t request_id, const char* key, const char* source) {
+  flatbuffers::FlatBufferBuilder fbb(256);
+  const auto k = key ? fbb.CreateString(key) : flatbuffers::Offset<flatbuffers::String>();
+  const auto s = source ? fbb.CreateString(source) : flatbuffers::Offset<flatbuffers::String>();
+  return finish(fbb, wire::Body::Register, wire::CreateRegister(fbb, request_id, k, s).Union());
+}
+
+ByteVec control(uint64_t request_id, wire::ControlCommand command, int32_t shard = 0) {
+  flatbuffers::FlatBufferBuilder fbb(64);
+  return finish(fbb, wire::Body::Control,
+                wire::CreateControl(fbb, request_id, command, shard).Union());
+}
+
+// A client evaluation: id chosen by the client, script_id = the handle (fuzz_daemon_client's
+// daemon registers its fixed scripts as handles 0..7 before the first input).
+Eval call(uint64_t id, uint32_t handle, Inputs inputs = {}) {
+  return Eval{id, handle, nullptr, 0, std::move(inputs)};
+}
+
+// One input nested `depth` arrays deep, built raw (encode_inputs refuses more than 32).
+ByteVec evaluate_nested(uint32_t handle, int depth) {
+  flatbuffers::FlatBufferBuilder fbb(1024);
+  protocol::WireValueBuilder b(fbb);
+  Ref v = b.integer(1);
+  for (int i = 0; i < depth; ++i)
+    v = wire::CreateValue(fbb, wire::ValueKind::Array, false, 0, 0, 0, 0,
+                          fbb.CreateVector(std::vector<Ref>{v}));
+  const auto in = wire::CreateInput(fbb, fbb.CreateString("deep"), v);
+  const auto e = wire::CreateEvaluation(fbb, 4, handle, 0, 0, 0, 0, fbb.CreateVector(&in, 1));
+  return finish(fbb, wire::Body::Evaluate,
+                wire::CreateEvaluate(fbb, fbb.CreateVector(&e, 1)).Union());
+}
+
+// One input whose value is a binary tree of `depth` levels built from one shared subtree per
+// level: a few hundred bytes on the wire, 2^depth leaves once decoded.
+ByteVec evaluate_shared_subtrees(uint32_t handle, int depth) {
+  flatbuffers::FlatBufferBuilder fbb(1024);
+  protocol::WireValueBuilder b(fbb);
+  Ref v = b.integer(7);
+  for (int i = 0; i < depth; ++i)
+    v = wire::CreateValue(fbb, wire::ValueKind::Array, false, 0, 0, 0, 0,
+                          fbb.CreateVector(std::vector<Ref>{v, v}));
+  const auto in = wire::CreateInput(fbb, fbb.CreateString("tree"), v);
+  const auto e = wire::CreateEvaluation(fbb, 5, handle, 0, 0, 0, 0, fbb.CreateVector(&in, 1));
+  return finish(fbb, wire::Body::Evaluate,
+                wire::CreateEvaluate(fbb, fbb.CreateVector(&e, 1)).Union());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -323,6 +379,72 @@ int main(int argc, char** argv) {
     for (int j = 0; j < 48 + 16 * i; ++j) p.push_back(static_cast<uint8_t>(j * (7 + 2 * i) + i));
     write_seed("fuzz_value_decode", "program" + std::to_string(i), p);
   }
+  // ---- fuzz_daemon_client ----------------------------------------------------------------
+  {
+    using C = wire::ControlCommand;
+    const char* T = "fuzz_daemon_client";
+    const Inputs ab{{"a", Value(1)}, {"b", Value(2.5)}};
+    write_seed(T, "basic",
+               cat({client_hello(), reg(1, "fuzz.sum", "return (inputs.a or 0) + (inputs.b or 0)"),
+                    evaluate({call(10, 0, ab)}), control(2, C::Stats)}));
+    write_seed(
+        T, "every_handle",  // one batch: over max_inflight (4), unknown handles
+        cat({client_hello(), evaluate({call(1, 0, ab), call(2, 1, {{"x", sample}}), call(3, 2),
+                                       call(4, 3), call(5, 4), call(6, 5), call(7, 6), call(8, 7),
+                                       call(9, 99), call(10, 1u << 22), call(11, 0xffffffff)})}));
+    ByteVec one_by_one = client_hello();
+    for (uint32_t h = 0; h < 9; ++h) one_by_one = cat({one_by_one, evaluate({call(h, h, ab)})});
+    write_seed(T, "one_by_one", one_by_one);
+    write_seed(T, "controls",
+               cat({client_hello(), control(1, C::Stats), control(2, C::Shards),
+                    control(3, C::ListScripts), control(4, C::KillShard, 99),
+                    control(5, C::RestartShard, -1), control(6, static_cast<C>(7), 0)}));
+    write_seed(T, "register",
+               cat({client_hello(), reg(1, "Line1.Avg", "return (inputs.a + inputs.b) / 2"),
+                    reg(2, "Line1.Avg", "return (inputs.a + inputs.b) / 2"),
+                    reg(3, "Line1.Avg", "return inputs.a"), reg(4, "", "return 1"),
+                    reg(5, "Line1.NoSource", nullptr), reg(6, nullptr, nullptr),
+                    reg(7, "fuzz.echo", "return inputs"), evaluate({call(1, 8, ab), call(2, 9)}),
+                    control(8, C::ListScripts)}));
+    write_seed(T, "replaced_key",  // the key's latest source decides; found by the fuzzer (harness)
+               cat({client_hello(), reg(1, "fuzz.sum", "return 2"),
+                    reg(2, "fuzz.sum", "return (inputs.a or 0) + (inputs.b or 0)"),
+                    reg(3, "fuzz.sum", "return (inputs.a or 0) + (inputs.b or 0)"),
+                    evaluate({call(1, 0, ab)})}));
+    write_seed(
+        T,
+        "invalid_utf8_key",  // ListScripts threw in json::dump (outrund ended); found by the fuzzer
+        cat({client_hello(), reg(1, "Line1.\xff\xfe", "return 1"), control(2, C::ListScripts),
+             control(3, C::Stats)}));
+    write_seed(T, "repeated_ids",  // ids are the client's: one id, a good and an impossible handle
+               cat({client_hello(), evaluate({call(7, 0, ab), call(7, 1u << 22), call(7, 1)})}));
+    write_seed(T, "single_flight",  // the same looping script again and again: busy
+               cat({client_hello(), evaluate({call(1, 2), call(2, 2), call(3, 2)}),
+                    evaluate({call(4, 2)}), evaluate({call(4, 2)})}));
+    write_seed(T, "values",
+               cat({client_hello(), evaluate({call(1, 1, {{"v", deep32}})}), evaluate_nested(1, 33),
+                    evaluate_bad_inputs(), evaluate_shared_subtrees(1, 12)}));
+    write_seed(T, "mixed",  // the daemon ignores source, sha256, chunk_name and timeout_us
+               cat({client_hello(), eval_basic, reg(1, "fuzz.global", "n = (n or 0) + 1 return n"),
+                    evaluate({call(3, 6), call(4, 0, ab)}), control(2, C::Shards),
+                    evaluate({{5, 0, "while true do end", ~uint64_t{0}, {}}})}));
+    write_seed(T, "partial_end",
+               cat({client_hello(), evaluate({call(1, 0, ab)}), ByteVec{40, 0, 0, 0, 1, 2, 3}}));
+    // Each breaks a rule: the daemon closes this connection (after a ServerHello{error} for the
+    // version), answering nothing after it.
+    write_seed(T, "no_hello", cat({reg(1, "fuzz.sum", "return 1"), client_hello()}));
+    write_seed(T, "bad_version", cat({client_hello(2), control(1, C::Stats)}));
+    write_seed(T, "second_hello", cat({client_hello(), control(1, C::Stats), client_hello()}));
+    write_seed(T, "results_from_client", cat({client_hello(), results_one, control(1, C::Stats)}));
+    write_seed(T, "worker_frames",
+               cat({client_hello(), evaluate({call(1, 2)}), hello(), shutdown()}));
+    write_seed(T, "garbage_after",
+               cat({client_hello(), evaluate({call(1, 0, ab)}), ByteVec{16, 0, 0, 0, 1, 2, 3},
+                    ByteVec(13, 0xee)}));
+    write_seed(T, "oversized", cat({client_hello(), ByteVec{0, 0, 0, 2, 1, 2}}));
+    write_seed(T, "undersized", cat({client_hello(), ByteVec{4, 0, 0, 0, 1, 2, 3, 4}}));
+  }
+
   std::printf("seeds written to %s\n", g_dir.c_str());
   return 0;
 }
