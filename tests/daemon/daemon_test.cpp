@@ -433,3 +433,20 @@ TEST_CASE("outrund: SIGHUP reopens the log file") {
   std::remove(rotated.c_str());
   rmdir(dir.c_str());
 }
+
+TEST_CASE("outrund: a script key that is not UTF-8 does not end the daemon at `scripts`") {
+  // Found by fuzz_daemon_client: json::dump threw on the loop thread and ended outrund.
+  Daemon d;
+  auto c = d.client();
+  outrun::Script s;
+  REQUIRE(!c->register_script("bad\xff\xfekey", "return 1", &s));
+  std::string doc;
+  REQUIRE(!c->scripts_json(&doc));
+  const auto j = nlohmann::json::parse(doc);
+  bool found = false;
+  for (const auto& e : j["scripts"]) found |= e["key"] == "bad\xEF\xBF\xBD\xEF\xBF\xBDkey";
+  CHECK(found);  // each invalid byte became U+FFFD
+  CHECK(c->evaluate(s, {}).get().status == outrun::Status::ok);
+  check_client_works(d, "after.bad.key");
+  CHECK(d.stop() == 0);
+}
