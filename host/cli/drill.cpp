@@ -5,7 +5,7 @@
 #include "drill.h"
 
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -128,10 +128,19 @@ class PrivateDaemon {
     envp.push_back(nullptr);
     std::string b = binary, c = "--config", cf = config;
     char* argv[] = {b.data(), c.data(), cf.data(), nullptr};
-    if (const int rc = posix_spawn(&pid_, binary.c_str(), nullptr, nullptr, argv, envp.data())) {
-      *err = "cannot start " + binary + ": " + std::strerror(rc);
-      pid_ = -1;
+    // fork+exec rather than posix_spawn, for PR_SET_PDEATHSIG: a drill that is killed takes its
+    // daemon with it (SIGTERM: it drains and stops its workers). No thread runs yet here.
+    const pid_t parent = getpid();
+    pid_ = fork();
+    if (pid_ < 0) {
+      *err = std::string("fork: ") + std::strerror(errno);
       return false;
+    }
+    if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != parent) _exit(127);  // the drill died before prctl
+      execve(argv[0], argv, envp.data());
+      _exit(127);
     }
     for (int i = 0; i < 1000; ++i) {
       ClientOptions o;
@@ -276,6 +285,11 @@ class Drill {
     if (socket.empty()) {
       std::string err;
       const std::string bin = resolve_in_path(a_.outrund.empty() ? outrund_next_to_us() : a_.outrund);
+      if (access(bin.c_str(), X_OK) != 0) {
+        std::cerr << "unavailable: cannot run outrund '" << bin << "': " << std::strerror(errno)
+                  << " (--outrund PATH)\n";
+        return 3;
+      }
       if (!daemon_.make_dir(&err) ||
           !daemon_.start(bin, private_host_toml(), private_fault(), &err)) {
         std::cerr << "unavailable: " << err << "\n";
