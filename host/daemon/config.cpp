@@ -146,6 +146,9 @@ bool read_host(const toml::table& t, HostOptions* h, Reader& r) {
       ok = r.ms(n, key, 1, &h->start_timeout);
     } else if (key == "shutdown_timeout_ms") {
       ok = r.ms(n, key, 0, &h->shutdown_timeout);
+    } else if (key == "max_script_bytes_mb") {
+      if ((ok = r.integer(n, key, 1, 1 << 20, &v)))
+        h->max_script_bytes = static_cast<std::size_t>(v) << 20;
     } else if (key == "max_queued_while_down") {
       if ((ok = r.integer(n, key, 0, 100'000'000, &v)))
         h->max_queued_while_down = static_cast<std::size_t>(v);
@@ -270,6 +273,7 @@ std::string to_toml(const DaemonConfig& c) {
       {"worker_path", h.worker_path},
       {"start_timeout_ms", static_cast<int64_t>(h.start_timeout.count())},
       {"shutdown_timeout_ms", static_cast<int64_t>(h.shutdown_timeout.count())},
+      {"max_script_bytes_mb", static_cast<int64_t>(h.max_script_bytes >> 20)},
       {"max_queued_while_down", static_cast<int64_t>(h.max_queued_while_down)},
       {"restart_delay_ms", static_cast<int64_t>(h.restart_delay.count())},
       {"heartbeat_interval_ms", static_cast<int64_t>(h.heartbeat_interval.count())},

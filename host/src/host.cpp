@@ -134,6 +134,8 @@ Error Host::create(const HostOptions& options, std::unique_ptr<Host>* out) {
   if (options.worker_address_space_limit != 0 && options.worker_address_space_limit < (64u << 20))
     return {Status::invalid_argument,
             "worker_address_space_limit must be 0 (none) or at least 64 MiB"};
+  if (options.max_script_bytes == 0)
+    return {Status::invalid_argument, "max_script_bytes must be positive"};
   auto impl = std::make_unique<Impl>(options);
   if (Error err = impl->start()) {
     impl->shutdown();

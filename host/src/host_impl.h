@@ -28,7 +28,7 @@
 namespace outrun {
 
 struct Host::Impl {
-  explicit Impl(const HostOptions& o) : opts(o), registry(this, static_cast<uint32_t>(o.shards)) {}
+  explicit Impl(const HostOptions& o) : opts(o), registry(this, static_cast<uint32_t>(o.shards), o.max_script_bytes) {}
 
   using Ended = std::vector<std::pair<detail::Completion, Result>>;
 

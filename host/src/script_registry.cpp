@@ -32,6 +32,13 @@ Error ScriptRegistry::add(std::string_view key, std::string_view source, Script*
     return {};
   }
   if (records_.size() >= (1u << 22)) return {Status::invalid_argument, "too many scripts registered"};
+  const std::size_t bytes = key.size() + source.size();
+  if (bytes > max_bytes_ - bytes_)
+    return {Status::unavailable, "the host holds " + std::to_string(records_.size()) +
+                                     " scripts of " + std::to_string(bytes_) +
+                                     " bytes; this one would pass max_script_bytes (" +
+                                     std::to_string(max_bytes_) + ")"};
+  bytes_ += bytes;
   ScriptRecord& r = records_.emplace_back();
   r.owner = owner_;
   r.id = static_cast<uint32_t>(records_.size() - 1);

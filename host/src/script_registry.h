@@ -21,7 +21,9 @@ void sha256(std::string_view data, std::array<uint8_t, 32>* out);
 
 class ScriptRegistry {
  public:
-  ScriptRegistry(const void* owner, uint32_t shards) : owner_(owner), shards_(shards) {}
+  // `max_bytes`: keys and sources of all records together (HostOptions::max_script_bytes).
+  ScriptRegistry(const void* owner, uint32_t shards, std::size_t max_bytes = SIZE_MAX)
+      : owner_(owner), shards_(shards), max_bytes_(max_bytes) {}
 
   // Thread-safe. Same key and same source: returns the existing handle. `on_new` runs under the
   // registry's lock for a new record, before any handle to it exists.
@@ -35,6 +37,8 @@ class ScriptRegistry {
  private:
   const void* owner_;
   const uint32_t shards_;
+  const std::size_t max_bytes_;
+  std::size_t bytes_ = 0;  // keys and sources held; guarded by mu_
   mutable std::mutex mu_;                      // guards records_ and by_key_
   std::deque<ScriptRecord> records_;           // deque: records never move
   std::unordered_map<std::string, uint32_t> by_key_;  // latest id per key

@@ -450,3 +450,23 @@ TEST_CASE("outrund: a script key that is not UTF-8 does not end the daemon at `s
   check_client_works(d, "after.bad.key");
   CHECK(d.stop() == 0);
 }
+
+TEST_CASE("outrund: registrations past max_script_bytes_mb are refused, the daemon goes on") {
+  const std::string dir = temp_dir();
+  const std::string config = dir + "/outrund.toml";
+  std::ofstream(config) << "[host]\nmax_script_bytes_mb = 1\n";
+  Daemon d({"--config", config});
+  auto c = d.client();
+  std::string big = "return 1 --";
+  big.resize(600 << 10, 'x');
+  outrun::Script a, b;
+  REQUIRE(!c->register_script("big.a", big, &a));
+  const outrun::Error e = c->register_script("big.b", big, &b);
+  CHECK(e.status == outrun::Status::unavailable);
+  CHECK(e.message.find("max_script_bytes") != std::string::npos);
+  CHECK(c->evaluate(a, {}).get().value == outrun::Value(int64_t{1}));
+  check_client_works(d, "after.full");
+  CHECK(d.stop() == 0);
+  std::remove(config.c_str());
+  rmdir(dir.c_str());
+}

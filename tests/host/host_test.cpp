@@ -321,7 +321,39 @@ TEST_CASE("Host: create fails clearly for a missing worker or bad options") {
   o.worker_path = OUTRUN_TEST_WORKER;
   o.shards = 0;
   CHECK(Host::create(o, &host).status == Status::invalid_argument);
+  o.shards = 1;
+  o.max_script_bytes = 0;
+  CHECK(Host::create(o, &host).status == Status::invalid_argument);
   CHECK(test::child_pids().empty());
+}
+
+TEST_CASE("Host: registered scripts hold at most max_script_bytes; past it, unavailable") {
+  HostOptions o;
+  o.shards = 1;
+  o.worker_path = OUTRUN_TEST_WORKER;
+  o.max_script_bytes = 4096;
+  auto host = test::start_host(o);
+  // "return 1" padded with a comment to 1,000 bytes of source.
+  auto source = [](int v) {
+    std::string s = "return " + std::to_string(v) + " --";
+    s.resize(1000, 'x');
+    return s;
+  };
+  std::vector<Script> held;
+  for (int i = 0; i < 4; ++i) held.push_back(reg(*host, "k" + std::to_string(i), source(i)));
+  // 4 x (2 + 1,000) bytes held: a fifth does not fit.
+  Script s;
+  Error err = host->register_script("k4", source(4), &s);
+  CHECK(err.status == Status::unavailable);
+  CHECK(err.message.find("max_script_bytes (4096)") != std::string::npos);
+  // Neither does a new source for a key already held (its old record stays valid)...
+  CHECK(host->register_script("k0", source(40), &s).status == Status::unavailable);
+  // ...but a script already held registers again, and whatever is held runs.
+  CHECK(!host->register_script("k1", source(1), &s));
+  CHECK(s.record() == held[1].record());
+  CHECK(!host->register_script("tiny", "return 7", &s));  // 12 bytes still fit
+  CHECK(host->evaluate(s, {}).get().value == Value(int64_t{7}));
+  for (int i = 0; i < 4; ++i) CHECK(host->evaluate(held[i], {}).get().value == Value(int64_t{i}));
 }
 
 TEST_CASE("Host: workers survive the exit of the thread that created the host") {

@@ -62,6 +62,12 @@ struct HostOptions {
   // code). false: through the shard's dispatcher thread, like callbacks.
   bool fulfill_futures_on_loop = true;
 
+  // Bytes of keys and sources all registered scripts may hold together. The host keeps every
+  // source (a restarted worker gets it again), and a key registered again with a new source
+  // keeps its old record for the handles that point to it. A registration that would pass this
+  // fails `unavailable`; one of a script already held (same key, same source) never does.
+  std::size_t max_script_bytes = std::size_t{256} << 20;
+
   // Evaluations accepted for a shard whose worker is restarting, before they are answered
   // `unavailable`.
   std::size_t max_queued_while_down = 10000;
