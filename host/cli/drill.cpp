@@ -327,8 +327,10 @@ class Drill {
     std::string t = "shards = " + std::to_string(a_.shards) + "\n";
     if (a_.name == "crash-loop") t += "crash_loop_cooldown_ms = 2000\n";
     if (a_.name == "memory")  // the per-script cap above the process-wide backstop, and time
-      // to fill 256 MiB (about 0.4 s here: the kernel zeroes every page the bomb touches)
-      t += "memory_limit_mb = 1024\nworker_address_space_limit_mb = 256\ntimeout_ms = 2000\n";
+      // to fill what the backstop leaves (about 80 MiB past the worker's own 48 MiB of address
+      // space; ~0.15 s when the machine is idle, seconds when it is not: the kernel zeroes every
+      // page the bomb touches, and one `..` is one C call the soft timeout cannot interrupt)
+      t += "memory_limit_mb = 1024\nworker_address_space_limit_mb = 128\ntimeout_ms = 5000\n";
     return t;
   }
   std::string private_fault() const {

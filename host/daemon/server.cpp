@@ -277,8 +277,25 @@ bool Server::open_socket(std::string* err) {
   return true;
 }
 
+namespace {
+// SIGTERM, SIGINT and SIGHUP reach only the loop thread, through its uv_signal handles: they are
+// blocked before the host starts its threads, which inherit the mask, and unblocked on the loop
+// thread once the handles are in place. finish() blocks them again before it closes the handles
+// (libuv puts back the default action, "terminate", when a signal's last handle closes) and then
+// ignores them, which also discards one that came in between: a repeated SIGTERM during the
+// shutdown can never end the daemon half-way.
+sigset_t stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, sig);
+  return set;
+}
+}  // namespace
+
 int Server::run() {
   reopen_logs();
+  const sigset_t stop = stop_signals();
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   started_ = std::chrono::steady_clock::now();
   if (!mkdirs(cfg_.cache_dir, 0755))
     spdlog::warn("cannot create cache directory {}", cfg_.cache_dir);
@@ -311,6 +328,7 @@ int Server::run() {
     h->data = this;
     uv_signal_start(h, &Server::on_signal, sig);
   }
+  pthread_sigmask(SIG_UNBLOCK, &stop, nullptr);  // one that came during start-up is handled now
   uv_timer_init(&loop_, &drain_timer_);
   drain_timer_.data = this;
   spdlog::info("outrund {} listening on {} (mode {:04o}), {} shards, pid {}", OUTRUN_VERSION,
@@ -409,11 +427,12 @@ void Server::finish() {
   finished_ = true;
   uv_timer_stop(&drain_timer_);
   uv_close(reinterpret_cast<uv_handle_t*>(&drain_timer_), nullptr);
+  // Stopping already: a repeated SIGTERM or SIGINT (systemd's, a second Ctrl-C) is ignored from
+  // here on, with no window in which it would meet the default action (see stop_signals()).
+  const sigset_t stop = stop_signals();
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   for (uv_signal_t* h : {&sigterm_, &sigint_, &sighup_})
     uv_close(reinterpret_cast<uv_handle_t*>(h), nullptr);
-  // Closing the last uv_signal of a signal number puts back its default action. A second
-  // SIGTERM or SIGINT while the workers are being stopped (systemd's, or a repeated Ctrl-C)
-  // would then kill us half-way through; we are already stopping, so they are ignored.
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) std::signal(sig, SIG_IGN);
   std::vector<Conn*> all;
   for (auto& [p, c] : conns_) all.push_back(p);
