@@ -652,6 +652,9 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
       batch.reserve(items->size());
       ids.reserve(items->size());
       const uint64_t t0 = now_us();
+      // What the inputs of this frame may decode to, shared subtrees counted per use: without
+      // it, one small frame of shared subtrees could keep the loop decoding millions of values.
+      std::size_t decode_budget = protocol::kMaxFrameSize;
       for (const wire::Evaluation* e : *items) {
         Result refused;
         refused.status = Status::ok;
@@ -675,11 +678,16 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
           inputs.reserve(e->inputs()->size());
           for (const wire::Input* in : *e->inputs()) {
             Value v;
-            if (in->value() && !detail::decode_value(in->value(), &v)) {
-              refused = Result{Status::invalid_argument,
-                               {},
-                               "input '" + in->name()->str() + "' is not a valid value",
-                               -1};
+            if (in->value() && !detail::decode_value(in->value(), &v, &decode_budget)) {
+              refused = Result{
+                  Status::invalid_argument,
+                  {},
+                  decode_budget == 0
+                      ? "the inputs of this frame decode to more than " +
+                            std::to_string(protocol::kMaxFrameSize) +
+                            " bytes (a shared subtree counts each time it is used)"
+                      : "input '" + in->name()->str() + "' is not a valid value",
+                  -1};
               break;
             }
             inputs.push_back(Input{in->name()->str(), std::move(v)});

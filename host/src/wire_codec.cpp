@@ -30,7 +30,28 @@ struct Budget {
   }
 };
 
-bool decode(const wire::Value* in, Value* out, int depth) {
+// Takes `n` bytes from `budget` (null: no budget); false once it is spent.
+bool charge(std::size_t* budget, std::size_t n) {
+  if (budget == nullptr) return true;
+  if (n > *budget) {
+    *budget = 0;  // spent: tells the caller why it failed
+    return false;
+  }
+  *budget -= n;
+  return true;
+}
+
+// Whether `n` more bytes would fit, without taking them; marks the budget spent when not.
+bool fits(std::size_t* budget, std::size_t n) {
+  if (budget == nullptr || n <= *budget) return true;
+  *budget = 0;
+  return false;
+}
+
+// Each value costs 16 bytes of `budget` plus its string, bytes or map keys, counted per
+// reference (a subtree the frame shares is paid for each time it is used), as Budget does.
+bool decode(const wire::Value* in, Value* out, int depth, std::size_t* budget) {
+  if (!charge(budget, 16)) return false;
   if (in == nullptr) {
     out->v = Nil{};
     return true;
@@ -41,10 +62,12 @@ bool decode(const wire::Value* in, Value* out, int depth) {
     case wire::ValueKind::Int: out->v = static_cast<int64_t>(in->int_value()); return true;
     case wire::ValueKind::Double: out->v = in->double_value(); return true;
     case wire::ValueKind::String:
+      if (!charge(budget, in->string_value() ? in->string_value()->size() : 0)) return false;
       out->v = in->string_value() ? in->string_value()->str() : std::string();
       return true;
     case wire::ValueKind::Bytes: {
       const auto* b = in->bytes_value();
+      if (!charge(budget, b ? b->size() : 0)) return false;
       out->v = Bytes{b ? std::string(reinterpret_cast<const char*>(b->data()), b->size()) : std::string()};
       return true;
     }
@@ -52,9 +75,12 @@ bool decode(const wire::Value* in, Value* out, int depth) {
       if (depth >= kMaxValueDepth) return false;
       Array a;
       if (const auto* items = in->items()) {
+        // Refused before the allocation when the items alone would overspend (each is charged
+        // as it is decoded).
+        if (!fits(budget, std::size_t{16} * items->size())) return false;
         a.resize(items->size());
         for (flatbuffers::uoffset_t i = 0; i < items->size(); ++i)
-          if (!decode(items->Get(i), &a[i], depth + 1)) return false;
+          if (!decode(items->Get(i), &a[i], depth + 1, budget)) return false;
       }
       out->v = std::move(a);
       return true;
@@ -65,10 +91,12 @@ bool decode(const wire::Value* in, Value* out, int depth) {
       const auto* items = in->items();
       const flatbuffers::uoffset_t n = keys ? keys->size() : 0;
       if ((items ? items->size() : 0) != n) return false;
+      if (!fits(budget, std::size_t{16} * n)) return false;
       Map m(n);
       for (flatbuffers::uoffset_t i = 0; i < n; ++i) {
+        if (!charge(budget, keys->Get(i)->size())) return false;
         m[i].key = keys->Get(i)->str();
-        if (!decode(items->Get(i), &m[i].value, depth + 1)) return false;
+        if (!decode(items->Get(i), &m[i].value, depth + 1, budget)) return false;
       }
       out->v = std::move(m);
       return true;
@@ -139,7 +167,11 @@ bool encode_inputs(flatbuffers::FlatBufferBuilder& fbb, const Inputs& inputs, In
   return true;
 }
 
-bool decode_value(const wire::Value* in, Value* out) { return decode(in, out, 0); }
+bool decode_value(const wire::Value* in, Value* out) { return decode(in, out, 0, nullptr); }
+
+bool decode_value(const wire::Value* in, Value* out, std::size_t* budget) {
+  return decode(in, out, 0, budget);
+}
 
 }  // namespace outrun::detail
 

@@ -25,4 +25,10 @@ flatbuffers::Offset<wire::Value> encode_value(flatbuffers::FlatBufferBuilder& fb
 // keys and items of different lengths.
 bool decode_value(const wire::Value* in, Value* out);
 
+// The same, taking from `*budget` 16 bytes per value plus its strings, bytes and map keys,
+// counted each time a shared subtree is used; false (and `*out` unspecified) once it would go
+// below 0. For a client's frames (outrund): a 16 KiB frame whose values share subtrees can
+// otherwise stand for millions of values.
+bool decode_value(const wire::Value* in, Value* out, std::size_t* budget);
+
 }  // namespace outrun::detail

@@ -470,3 +470,47 @@ TEST_CASE("outrund: registrations past max_script_bytes_mb are refused, the daem
   std::remove(config.c_str());
   rmdir(dir.c_str());
 }
+
+TEST_CASE("outrund: a frame whose inputs use one subtree thousands of times is refused, not decoded") {
+  // 2,100 inputs, every one the same 8 KiB string: a 25 KB frame that stands for 17 MiB of
+  // values. The daemon refuses it while decoding (the frame's budget is the frame size limit),
+  // says why, and the connection goes on.
+  Daemon d;
+  auto c = d.client();
+  outrun::Script s;
+  REQUIRE(!c->register_script("shared.inputs", "return 1", &s));
+  const int fd = raw_connect(d.socket);
+  const auto hello = hello_frame();
+  REQUIRE(write(fd, hello.data(), hello.size()) == static_cast<ssize_t>(hello.size()));
+  auto evaluate = [&](uint64_t id, int inputs) {
+    flatbuffers::FlatBufferBuilder f;
+    auto str = f.CreateString(std::string(8192, 'x'));
+    auto value = wire::CreateValue(f, wire::ValueKind::String, false, 0, 0.0, str);
+    std::vector<flatbuffers::Offset<wire::Input>> ins;
+    for (int i = 0; i < inputs; ++i)
+      ins.push_back(wire::CreateInput(f, f.CreateString("i" + std::to_string(i)), value));
+    auto ev = wire::CreateEvaluation(f, id, s.record()->id, 0, 0, 0, 0, f.CreateVector(ins));
+    auto body = wire::CreateEvaluate(f, f.CreateVector(&ev, 1));
+    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Evaluate, body.Union()));
+    REQUIRE(write(fd, f.GetBufferPointer(), f.GetSize()) == static_cast<ssize_t>(f.GetSize()));
+  };
+  evaluate(1, 2100);
+  evaluate(2, 3);  // a next frame has its own budget
+  outrun::protocol::FrameReader reader;
+  std::map<uint64_t, std::pair<wire::Status, std::string>> got;
+  while (got.size() < 2) {
+    REQUIRE(reader.read_from(fd) > 0);
+    outrun::protocol::FrameView fv;
+    while (reader.next(fv)) {
+      if (fv.frame->body_type() != wire::Body::Results) continue;
+      for (const wire::Result* r : *fv.frame->body_as_Results()->items())
+        got[r->id()] = {r->status(), r->error() ? r->error()->str() : ""};
+    }
+  }
+  CHECK(got[1].first == wire::Status::InvalidArgument);
+  CHECK(got[1].second.find("decode to more than 16777216 bytes") != std::string::npos);
+  CHECK(got[2].first == wire::Status::Ok);
+  close(fd);
+  check_client_works(d, "after.shared");
+  CHECK(d.stop() == 0);
+}

@@ -188,6 +188,30 @@ struct Expectation {
   }
 };
 
+// What a value costs the daemon's per-frame decode budget and the host's per-evaluation input
+// budget, as protocol.md states them: 16 bytes per value plus its string or bytes, a map's keys,
+// and its items, a shared subtree once per use.
+std::size_t value_cost(const wire::Value* v) {
+  if (v == nullptr) return 16;
+  std::size_t n = 16;
+  switch (v->kind()) {
+    case wire::ValueKind::String:
+      return n + (v->string_value() ? v->string_value()->size() : 0);
+    case wire::ValueKind::Bytes:
+      return n + (v->bytes_value() ? v->bytes_value()->size() : 0);
+    case wire::ValueKind::Map:
+      if (v->keys())
+        for (const auto* k : *v->keys()) n += k->size();
+      [[fallthrough]];
+    case wire::ValueKind::Array:
+      if (v->items())
+        for (const auto* it : *v->items()) n += value_cost(it);
+      return n;
+    default:
+      return n;
+  }
+}
+
 // Counts value nodes (a shared subtree once per reference); false past kMaxValues.
 bool count_values(const wire::Value* v, std::size_t* n, int depth = 0) {
   if (++*n > kMaxValues) return false;
@@ -257,15 +281,26 @@ bool expect(std::span<const uint8_t> stream, Expectation* x) {
       case wire::Body::Evaluate: {
         const auto* items = frame->body_as_Evaluate()->items();
         if (!items) break;
+        std::size_t frame_cost = 0;  // against the daemon's decode budget of kMaxFrameSize
         for (const wire::Evaluation* e : *items) {
           if (x->evaluations.size() == kMaxEvaluations) return false;
           bool ok = !e->inputs() || e->inputs()->size() <= kMaxInputs;
+          std::size_t host_cost = 0;  // against the host's kMaxInputBytes per evaluation
           if (const auto* ins = e->inputs()) {
             for (const wire::Input* in : *ins) {
               if (!count_values(in->value(), &values)) return false;
               ok = ok && host_accepts(in->value());
+              host_cost += in->name()->size();
+              if (in->value()) {
+                const std::size_t c = value_cost(in->value());
+                host_cost += c;
+                frame_cost += c;
+              }
             }
           }
+          // Past either budget the evaluation may end InvalidArgument (the frame's budget, once
+          // spent, refuses every later evaluation of the frame that has an input value).
+          ok = ok && host_cost <= detail::kMaxInputBytes && frame_cost <= protocol::kMaxFrameSize;
           x->evaluations.push_back({e->id(), e->script_id(), x->requests.size(), ok});
         }
         break;
