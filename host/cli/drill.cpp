@@ -789,6 +789,12 @@ int run_drill(const DrillArgs& args) {
     std::cerr << "invalid_argument: unknown drill '" << args.name << "'\n";
     return 2;
   }
+  // One slot per evaluation the drill may submit, the 30 s of extension included.
+  if (static_cast<double>(args.rate) * (args.duration_s + 31) > 10e6) {
+    std::cerr << "invalid_argument: --rate x (--duration + 31 s) may not pass 10 million "
+                 "evaluations (one slot each)\n";
+    return 2;
+  }
   if (!args.socket.empty()) {
     if (*info->test_fault) {
       std::cerr << "invalid_argument: the " << args.name

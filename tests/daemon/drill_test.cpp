@@ -144,6 +144,9 @@ TEST_CASE("outrun drill against a running outrund, and what it refuses to do the
                     " drill kill-one --shards 3 2>&1")
             .first == 2);
   CHECK(run_command(std::string(OUTRUN_TEST_CLI) + " drill no-such-drill 2>&1").first != 0);
+  CHECK(run_command(std::string(OUTRUN_TEST_CLI) +
+                    " drill kill-one --rate 100000 --duration 600 2>&1")
+            .first == 2);  // more evaluations than the drill keeps slots for
   const auto [rc3, out3] =
       run_command(std::string(OUTRUN_TEST_CLI) + " drill kill-one --outrund /nonexistent 2>&1");
   CHECK(rc3 == 3);
