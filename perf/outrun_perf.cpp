@@ -229,6 +229,9 @@ bool apply_knob(HostOptions& o, const std::string& name, const std::string& valu
       o.start_timeout = ms();
     } else if (name == "shutdown_timeout") {
       o.shutdown_timeout = ms();
+    } else if (name == "worker_large_pages") {
+      if (!parse_bool(value, &b)) throw std::invalid_argument("bool");
+      o.worker_large_pages = b;
     } else if (name == "fulfill_futures_on_loop") {
       if (!parse_bool(value, &b)) throw std::invalid_argument("bool");
       o.fulfill_futures_on_loop = b;
@@ -269,7 +272,7 @@ bool apply_knob(HostOptions& o, const std::string& name, const std::string& valu
              "max_queued_while_down restart_delay heartbeat_interval silence_limit single_flight "
              "retries "
              "crash_loop_limit crash_loop_window crash_loop_cooldown worker_path "
-             "worker_address_space_limit)";
+             "worker_address_space_limit worker_large_pages)";
       return false;
     }
   } catch (const std::exception& e) {

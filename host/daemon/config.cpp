@@ -49,6 +49,14 @@ struct Reader {
     *out = *v;
     return true;
   }
+  bool boolean(const toml::node& n, std::string_view key, bool* out) {
+    if (!n.is_boolean()) {
+      err = where(key) + ": expected true or false";
+      return false;
+    }
+    *out = n.value<bool>().value_or(false);
+    return true;
+  }
   bool ms(const toml::node& n, std::string_view key, int64_t lo, std::chrono::milliseconds* out) {
     int64_t v;
     if (!integer(n, key, lo, 86'400'000, &v)) return false;
@@ -140,6 +148,8 @@ bool read_host(const toml::table& t, HostOptions* h, Reader& r) {
     } else if (key == "worker_address_space_limit_mb") {
       if ((ok = r.integer(n, key, 0, 1 << 30, &v)))
         h->worker_address_space_limit = static_cast<std::size_t>(v) << 20;
+    } else if (key == "worker_large_pages") {
+      ok = r.boolean(n, key, &h->worker_large_pages);
     } else if (key == "worker_path") {
       ok = r.string(n, key, &h->worker_path);
     } else if (key == "start_timeout_ms") {
@@ -274,6 +284,7 @@ std::string to_toml(const DaemonConfig& c) {
       {"start_timeout_ms", static_cast<int64_t>(h.start_timeout.count())},
       {"shutdown_timeout_ms", static_cast<int64_t>(h.shutdown_timeout.count())},
       {"max_script_bytes_mb", static_cast<int64_t>(h.max_script_bytes >> 20)},
+      {"worker_large_pages", h.worker_large_pages},
       {"max_queued_while_down", static_cast<int64_t>(h.max_queued_while_down)},
       {"restart_delay_ms", static_cast<int64_t>(h.restart_delay.count())},
       {"heartbeat_interval_ms", static_cast<int64_t>(h.heartbeat_interval.count())},

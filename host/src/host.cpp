@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "host_impl.h"
@@ -44,6 +45,15 @@ Error Host::Impl::start() {
   if (access(worker_path.c_str(), X_OK) != 0)
     return {Status::invalid_argument,
             "worker executable '" + worker_path + "' is not executable: " + strerror(errno)};
+  if (opts.worker_large_pages) {
+    // mimalloc reads its options once, when the worker process loads it: only the environment
+    // it starts with can switch large OS pages on.
+    for (char** e = environ; *e; ++e)
+      if (std::strncmp(*e, "MIMALLOC_LARGE_OS_PAGES=", 24) != 0) worker_env_strings.emplace_back(*e);
+    worker_env_strings.emplace_back("MIMALLOC_LARGE_OS_PAGES=1");
+    for (auto& s : worker_env_strings) worker_env.push_back(s.data());
+    worker_env.push_back(nullptr);
+  }
   timeout_us = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(opts.timeout).count());
   hard_deadline_ns =

@@ -35,6 +35,10 @@ struct Host::Impl {
   HostOptions opts;
   detail::ScriptRegistry registry;
   std::string worker_path;
+  // The workers' environment when it differs from the host's (worker_large_pages): built once
+  // at start, null-terminated; empty = inherit.
+  std::vector<std::string> worker_env_strings;
+  std::vector<char*> worker_env;
   uint64_t timeout_us = 0;
   int64_t hard_deadline_ns = 0;  // T + G
 

@@ -145,6 +145,7 @@ Error Host::Impl::spawn(Shard& sh) {
   o.flags = UV_PROCESS_DETACHED;  // setsid(): its own session and process group
   o.stdio_count = 5;
   o.stdio = stdio;
+  if (!worker_env.empty()) o.env = worker_env.data();  // else the host's own environment
   w->process.data = w;
   const int rc = uv_spawn(&loop, &w->process, &o);
   close(to_worker[1]);

@@ -11,6 +11,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -381,4 +383,31 @@ TEST_CASE("Host: the deepest inputs and results allowed pass, like InProcess") {
   CHECK(out.value == v);
   CHECK(in.status == Status::ok);
   CHECK(in.value == v);
+}
+
+TEST_CASE("Host: worker_large_pages starts workers with mimalloc's large OS pages, restarts too") {
+  auto env_of = [](int pid) {
+    std::ifstream f("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  const std::string flag = std::string("MIMALLOC_LARGE_OS_PAGES=1") + '\0';
+  for (bool on : {false, true}) {
+    CAPTURE(on);
+    HostOptions o;
+    o.shards = 1;
+    o.worker_path = OUTRUN_TEST_WORKER;
+    o.worker_large_pages = on;
+    auto host = test::start_host(o);
+    Script s = reg(*host, "lp", "local t = {} for i = 1, 1000 do t[i] = i end return #t");
+    CHECK(host->evaluate(s, {}).get().value == Value(int64_t{1000}));
+    const int pid = host->worker_pids().at(0);
+    const std::string env = env_of(pid);
+    CHECK(env.find("PATH=") != std::string::npos);  // the rest of the host's environment
+    CHECK((env.find(flag) != std::string::npos) == on);
+    REQUIRE(!host->kill_shard(0));
+    CHECK(host->evaluate(s, {}).get().value == Value(int64_t{1000}));
+    const int next = host->worker_pids().at(0);
+    CHECK(next != pid);
+    CHECK((env_of(next).find(flag) != std::string::npos) == on);
+  }
 }

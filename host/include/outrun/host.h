@@ -42,6 +42,13 @@ struct HostOptions {
   // Not applied in sanitizer builds (their shadow memory reserves terabytes).
   std::size_t worker_address_space_limit = std::size_t{4} << 30;
 
+  // Workers back their heaps with 2 MiB pages where the kernel allows (mimalloc's large OS pages,
+  // transparent huge pages). A new Lua state touches ~11 KB of fresh memory and each page fault
+  // is expensive on VMs: a worker compiling 1,000 scripts after a restart faults ~4,500 small
+  // pages and a handful of large ones (outrun-perf warm restart 128 -> 77 ms on the test VM), at
+  // the cost of ~3.4 MB more idle RSS per worker (4.8 -> 8.2 MB) (design/budgets.md).
+  bool worker_large_pages = false;
+
   // Benchmarks only (outrun-perf --profile): when not empty, each worker writes a gperftools CPU
   // profile to `<prefix>.<pid>.prof`, recording only between SIGUSR1 and SIGUSR2 sent to its pid;
   // the file is complete once the host has shut down. Needs libprofiler.so.0.
