@@ -230,23 +230,33 @@ void Worker::add_result(uint64_t id, wire::Status status, flatbuffers::Offset<wi
   results_.push_back(wire::CreateResult(out_, id, status, value, err));
 }
 
-void Worker::evaluate(const wire::Evaluation* e) {
-  protocol::StatusPage* page = opts_.page;
+void Worker::mark_running(uint64_t id) {
+  if (protocol::StatusPage* page = opts_.page) {
+    page->running_since_ns.store(now_ns_, std::memory_order_relaxed);
+    page->running_id.store(id, std::memory_order_release);
+  }
+}
+
+bool Worker::test_fault(const wire::Evaluation* e) {
   if (opts_.faults & kFaultNeedSourceLoop) {
     add_result(e->id(), wire::Status::NeedSource, 0, {});
-    return;
+    return true;
   }
   if (opts_.faults & kFaultEscape) {
-    if (page) {  // so the host knows which evaluation was running when the worker died
-      page->running_since_ns.store(now_ns_, std::memory_order_relaxed);
-      page->running_id.store(e->id(), std::memory_order_release);
-    }
+    mark_running(e->id());  // so the host knows which evaluation was running when it died
     attempt_escape(e);
   }
   if (opts_.faults & kFaultGarbage) {
     if (const std::string_view what = string_input(e, "garbage"); !what.empty())
-      if (write_garbage(e, what)) return;
+      return write_garbage(e, what);
   }
+  return false;
+}
+
+void Worker::evaluate(const wire::Evaluation* e) {
+  protocol::StatusPage* page = opts_.page;
+  if (opts_.faults != 0 && test_fault(e)) [[unlikely]]  // one compare when no fault is set
+    return;
   Script* s = script_for(e);
   if (!s) {
     add_result(
@@ -263,10 +273,7 @@ void Worker::evaluate(const wire::Evaluation* e) {
     add_result(e->id(), s->compile_outcome.status, 0, s->compile_outcome.error);
     return;
   }
-  if (page) {  // T counts from here, for the worker's soft deadline and the host's hard one
-    page->running_since_ns.store(now_ns_, std::memory_order_relaxed);
-    page->running_id.store(e->id(), std::memory_order_release);
-  }
+  mark_running(e->id());  // T counts from here, for the worker's soft deadline and the host's
   const auto outcome =
       s->state->run(sandbox::push_wire_inputs, e->inputs(), timeout_ns(e->timeout_us()), now_ns_);
   if (page) {
@@ -303,20 +310,18 @@ void Worker::evaluate(const wire::Evaluation* e) {
 // that when the host reads the garbage, `e` is still the evaluation its page says is running.
 // Returns only for a kind it does not know (false: `e` is evaluated as usual).
 bool Worker::write_garbage(const wire::Evaluation* e, std::string_view what) {
-  if (what == "bad-length" || what == "bad-flatbuffer") {
-    flush();  // what came before is delivered; the stream breaks after it
+  const bool raw = what == "bad-length" || what == "bad-flatbuffer";
+  if (!raw && what != "unknown-id" && what != "bad-status" && what != "duplicate") return false;
+  flush();  // what came before is delivered; the stream breaks after it
+  mark_running(e->id());
+  spdlog::warn("test fault: writing '{}' to the host", what);
+  if (raw) {
     uint8_t bytes[4 + 24];
     std::memset(bytes, 0xAB, sizeof bytes);
     const uint32_t size = what == "bad-length" ? 0xFFFFFFF0u : 24u;  // little-endian prefix
     for (int i = 0; i < 4; ++i) bytes[i] = static_cast<uint8_t>(size >> (8 * i));
-    results_.clear();
-    if (protocol::StatusPage* page = opts_.page) {
-      page->running_since_ns.store(now_ns_, std::memory_order_relaxed);
-      page->running_id.store(e->id(), std::memory_order_release);
-    }
-    spdlog::warn("test fault: writing '{}' to the host", what);
     write_all(bytes, sizeof bytes);
-  } else if (what == "unknown-id" || what == "bad-status" || what == "duplicate") {
+  } else {
     if (what == "unknown-id") {
       add_result(e->id() + (uint64_t{1} << 40), wire::Status::Ok, 0, {});
     } else if (what == "bad-status") {
@@ -325,14 +330,7 @@ bool Worker::write_garbage(const wire::Evaluation* e, std::string_view what) {
       add_result(e->id(), wire::Status::RuntimeError, 0, "test fault: the first of two answers");
       results_.push_back(results_.back());
     }
-    if (protocol::StatusPage* page = opts_.page) {
-      page->running_since_ns.store(now_ns_, std::memory_order_relaxed);
-      page->running_id.store(e->id(), std::memory_order_release);
-    }
-    spdlog::warn("test fault: writing '{}' to the host", what);
     flush();
-  } else {
-    return false;
   }
   std::fflush(stderr);
   for (;;) ::usleep(100'000);  // the host kills it for what it read

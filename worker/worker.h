@@ -83,7 +83,9 @@ class Worker {
   bool send_hello();
   void handle(const wire::Frame* frame);
   void evaluate(const wire::Evaluation* e);
+  bool test_fault(const wire::Evaluation* e);  // true: `e` is dealt with
   bool write_garbage(const wire::Evaluation* e, std::string_view what);  // kFaultGarbage
+  void mark_running(uint64_t id);  // on the status page: T counts from now
   Script* script_for(const wire::Evaluation* e);
   void add_result(uint64_t id, wire::Status status, flatbuffers::Offset<wire::Value> value,
                   std::string_view error);
