@@ -2,15 +2,43 @@
 #pragma once
 
 #include <dirent.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace outrun::test {
+
+// Sanitizer builds skip what needs RLIMIT_AS (their shadow memory reserves terabytes).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
+#else
+inline constexpr bool kSanitized = false;
+#endif
+
+// Runs `command` through the shell with stdin from /dev/null; its exit status (-1: it did not
+// exit normally) and its stdout (add 2>&1 to the command for stderr too).
+inline std::pair<int, std::string> run_command(const std::string& command) {
+  std::pair<int, std::string> r{-1, {}};
+  FILE* p = popen((command + " </dev/null").c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) r.second.append(buf, n);
+  const int st = pclose(p);
+  r.first = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
 
 inline std::size_t open_fd_count() {
   std::size_t n = 0;

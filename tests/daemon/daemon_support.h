@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "outrun/client.h"
+#include "test_support.h"
 
 namespace outrun::test {
 
@@ -117,16 +118,5 @@ struct Daemon {
     return nlohmann::json::parse(s);
   }
 };
-
-// Runs `command` through the shell; its stdout and exit status (-1: it did not exit normally).
-inline std::pair<int, std::string> run_command(const std::string& command) {
-  FILE* p = popen((command + " </dev/null").c_str(), "r");
-  REQUIRE(p);
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
 
 }  // namespace outrun::test

@@ -257,12 +257,7 @@ TEST_CASE("outrund: outrun stats --prometheus is Prometheus text and kill-shard 
   check_client_works(d, "prom");
   auto run = [&](const std::string& args) {
     const std::string cmd = std::string(OUTRUN_TEST_CLI) + " --socket " + d.socket + " " + args;
-    FILE* p = popen(cmd.c_str(), "r");
-    REQUIRE(p);
-    std::string out;
-    char buf[4096];
-    while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-    const int rc = pclose(p);
+    const auto [rc, out] = run_command(cmd);
     INFO(cmd);
     REQUIRE(rc == 0);
     return out;
@@ -338,11 +333,8 @@ TEST_CASE("outrund --check-config reads TOML and rejects unknown keys") {
       << "[host]\nshards = 3\ntimeout_ms = 250\nsingle_flight = \"coalesce_latest\"\n";
   std::ofstream(bad) << "[host]\nshard = 3\n";
   auto run = [](const std::string& args, int* rc) {
-    FILE* p = popen((std::string(OUTRUN_TEST_DAEMON) + " " + args + " 2>&1").c_str(), "r");
-    std::string out;
-    char buf[4096];
-    while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-    *rc = WEXITSTATUS(pclose(p));
+    auto [code, out] = run_command(std::string(OUTRUN_TEST_DAEMON) + " " + args + " 2>&1");
+    *rc = code;
     return out;
   };
   int rc = 0;

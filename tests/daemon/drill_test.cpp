@@ -12,12 +12,6 @@ namespace {
 using namespace outrun::test;
 using nlohmann::json;
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-
 // Runs a drill for 2 s at 300 evaluations/s and returns its report; the exit status must be
 // `expect_rc`.
 json drill(const std::string& args, int expect_rc = 0) {

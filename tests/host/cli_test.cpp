@@ -1,12 +1,11 @@
 // The outrun command line, run as a real process.
-#include <sys/wait.h>
-
-#include <array>
 #include <cstdio>
 #include <string>
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
+
+#include "test_support.h"
 
 namespace {
 
@@ -17,15 +16,8 @@ struct Run {
 
 Run run_cli(const std::string& args) {
   const std::string cmd = std::string("OUTRUN_WORKER=") + OUTRUN_TEST_WORKER + " " + OUTRUN_TEST_CLI + " " + args + " 2>&1";
-  Run r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::array<char, 4096> buf;
-  std::size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  auto [code, out] = outrun::test::run_command(cmd);
+  return Run{code, std::move(out)};
 }
 
 }  // namespace
