@@ -89,35 +89,40 @@ std::string stats_prometheus(const nlohmann::json& j) {
     p.family("outrun_shard_up", "gauge", "1 when the shard's worker is running.");
     for (const auto& s : sh)
       p.sample("outrun_shard_up", shard_label(s), s.value("state", "") == "running" ? 1 : 0);
-    p.family("outrun_shard_pid", "gauge", "Pid of the shard's worker (0 while down).");
-    for (const auto& s : sh) p.sample("outrun_shard_pid", shard_label(s), s.value("pid", 0));
-    p.family("outrun_shard_uptime_seconds", "gauge",
-             "Seconds since the shard's worker started (-1 while down).");
-    for (const auto& s : sh)
-      p.sample("outrun_shard_uptime_seconds", shard_label(s), s.value("uptime_s", -1.0));
-    p.family("outrun_shard_restarts_total", "counter", "Worker restarts of the shard.");
-    for (const auto& s : sh)
-      p.sample("outrun_shard_restarts_total", shard_label(s), s.value("restarts", 0));
+    // One number per shard, straight from the shards document (`missing`: its value when the
+    // document lacks the key).
+    struct ShardNumber {
+      const char* name;
+      const char* type;
+      const char* help;
+      const char* key;
+      int missing;
+    };
+    static constexpr ShardNumber kShardNumbers[] = {
+        {"outrun_shard_pid", "gauge", "Pid of the shard's worker (0 while down).", "pid", 0},
+        {"outrun_shard_uptime_seconds", "gauge",
+         "Seconds since the shard's worker started (-1 while down).", "uptime_s", -1},
+        {"outrun_shard_restarts_total", "counter", "Worker restarts of the shard.", "restarts", 0},
+        {"outrun_shard_evaluations_total", "counter", "Evaluations submitted to the shard.",
+         "evaluations", 0},
+        {"outrun_shard_retried_total", "counter",
+         "Evaluations sent again after their worker died.", "retried", 0},
+        {"outrun_shard_rss_bytes", "gauge", "Resident set of the shard's worker.", "rss_bytes", 0},
+        {"outrun_shard_peak_rss_bytes", "gauge",
+         "Peak resident set of the shard's current worker.", "peak_rss_bytes", 0},
+    };
+    for (const ShardNumber& m : kShardNumbers) {
+      p.family(m.name, m.type, m.help);
+      for (const auto& s : sh)
+        p.sample(m.name, shard_label(s),
+                 s.contains(m.key) ? s[m.key] : nlohmann::json(m.missing));
+    }
     p.family("outrun_shard_deaths_total", "counter", "Worker deaths of the shard, by cause.");
     for (const auto& s : sh)
       if (s.contains("death_causes"))
         for (auto it = s["death_causes"].begin(); it != s["death_causes"].end(); ++it)
           p.sample("outrun_shard_deaths_total", shard_label(s) + ",cause=\"" + esc(it.key()) + "\"",
                    it.value());
-    p.family("outrun_shard_evaluations_total", "counter", "Evaluations submitted to the shard.");
-    for (const auto& s : sh)
-      p.sample("outrun_shard_evaluations_total", shard_label(s), s.value("evaluations", 0));
-    p.family("outrun_shard_retried_total", "counter",
-             "Evaluations sent again after their worker died.");
-    for (const auto& s : sh)
-      p.sample("outrun_shard_retried_total", shard_label(s), s.value("retried", 0));
-    p.family("outrun_shard_rss_bytes", "gauge", "Resident set of the shard's worker.");
-    for (const auto& s : sh)
-      p.sample("outrun_shard_rss_bytes", shard_label(s), s.value("rss_bytes", 0));
-    p.family("outrun_shard_peak_rss_bytes", "gauge",
-             "Peak resident set of the shard's current worker.");
-    for (const auto& s : sh)
-      p.sample("outrun_shard_peak_rss_bytes", shard_label(s), s.value("peak_rss_bytes", 0));
     p.family("outrun_shard_evaluation_latency_seconds", "summary",
              "Round trip in the daemon of the evaluations this shard ran (upper bucket edges).");
     for (const auto& s : sh) {
