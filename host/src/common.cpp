@@ -1,6 +1,7 @@
 // Small pieces of the public API: status names, value display, script hashes.
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 
 #include <nlohmann/json.hpp>
 
@@ -38,6 +39,9 @@ void append(std::string& out, const Value& v, bool top) {
       out += "0x";
       for (unsigned char c : b.data) { out += hex[c >> 4]; out += hex[c & 15]; }
     }
+    void operator()(uint64_t u) { out += std::to_string(u); }
+    void operator()(float f) { append_number(out, static_cast<double>(f)); }
+    void operator()(const DateTime& t) { out += format_datetime(t); }
     void operator()(const Array& a) {
       out += '[';
       for (std::size_t i = 0; i < a.size(); ++i) {
@@ -80,6 +84,76 @@ std::string to_display_string(const Value& v) {
   std::string out;
   append(out, v, true);
   return out;
+}
+
+std::string format_datetime(DateTime t) {
+  // Floor division, so that times before 1970 print correctly.
+  int64_t us = t.unix_micros();
+  int64_t secs = us / 1000000;
+  int64_t frac = us % 1000000;
+  if (frac < 0) {
+    frac += 1000000;
+    --secs;
+  }
+  std::time_t tt = static_cast<std::time_t>(secs);
+  std::tm tm{};
+  gmtime_r(&tt, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(frac / 1000));
+  std::string s = buf;
+  if (frac % 1000 != 0) {  // keep microseconds when there are any
+    std::snprintf(buf, sizeof buf, "%03d", static_cast<int>(frac % 1000));
+    s.insert(s.size() - 1, buf);
+  }
+  return s;
+}
+
+bool parse_datetime(std::string_view text, DateTime* out) {
+  // YYYY-MM-DDTHH:MM:SS[.fraction](Z|+HH:MM|-HH:MM)
+  int y, mo, d, h, mi, se;
+  if (text.size() < 20) return false;
+  std::string s(text);
+  int n = 0;
+  if (std::sscanf(s.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d%n", &y, &mo, &d, &h, &mi, &se, &n) != 6 || n != 19)
+    return false;
+  if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || se > 60 || y < 1601 || y > 9999) return false;
+  std::size_t i = 19;
+  int64_t frac_us = 0;
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    int digits = 0;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') {
+      if (digits < 6) frac_us = frac_us * 10 + (s[i] - '0');
+      ++digits;
+      ++i;
+    }
+    if (digits == 0) return false;
+    for (int k = digits; k < 6; ++k) frac_us *= 10;
+  }
+  int64_t offset_s = 0;
+  if (i < s.size() && (s[i] == 'Z' || s[i] == 'z')) {
+    ++i;
+  } else if (i + 6 == s.size() && (s[i] == '+' || s[i] == '-') && s[i + 3] == ':') {
+    const int oh = (s[i + 1] - '0') * 10 + (s[i + 2] - '0');
+    const int om = (s[i + 4] - '0') * 10 + (s[i + 5] - '0');
+    if (oh > 23 || om > 59) return false;
+    offset_s = (s[i] == '+' ? 1 : -1) * (oh * 3600 + om * 60);
+    i += 6;
+  } else {
+    return false;
+  }
+  if (i != s.size()) return false;
+  // Days from civil (Howard Hinnant's algorithm).
+  const int yy = y - (mo <= 2);
+  const int era = (yy >= 0 ? yy : yy - 399) / 400;
+  const unsigned yoe = static_cast<unsigned>(yy - era * 400);
+  const unsigned doy = (153 * static_cast<unsigned>(mo + (mo > 2 ? -3 : 9)) + 2) / 5 + static_cast<unsigned>(d) - 1;
+  const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  const int64_t days = static_cast<int64_t>(era) * 146097 + static_cast<int64_t>(doe) - 719468;
+  const int64_t secs = days * 86400 + h * 3600 + mi * 60 + se - offset_s;
+  *out = DateTime::from_unix_micros(secs * 1000000 + frac_us);
+  return true;
 }
 
 std::string Script::sha256_hex() const {

@@ -24,6 +24,11 @@ bool push_value(lua_State* L, const Value& v, int depth) {
   else if (const double* d = std::get_if<double>(&v.v)) lua_pushnumber(L, *d);
   else if (const std::string* s = std::get_if<std::string>(&v.v)) lua_pushlstring(L, s->data(), s->size());
   else if (const Bytes* by = std::get_if<Bytes>(&v.v)) lua_pushlstring(L, by->data.data(), by->data.size());
+  else if (const uint64_t* u = std::get_if<uint64_t>(&v.v)) {
+    if (*u <= static_cast<uint64_t>(INT64_MAX)) lua_pushinteger(L, static_cast<lua_Integer>(*u));
+    else lua_pushnumber(L, static_cast<lua_Number>(*u));
+  } else if (const float* f = std::get_if<float>(&v.v)) lua_pushnumber(L, static_cast<lua_Number>(*f));
+  else if (const DateTime* t = std::get_if<DateTime>(&v.v)) lua_pushnumber(L, t->unix_seconds());
   else if (const Array* a = std::get_if<Array>(&v.v)) {
     if (depth >= kMaxValueDepth) return false;
     lua_createtable(L, static_cast<int>(a->size()), 0);

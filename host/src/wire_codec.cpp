@@ -119,6 +119,13 @@ flatbuffers::Offset<wire::Value> encode_value(flatbuffers::FlatBufferBuilder& f,
     Ref operator()(double x) { return b.number(x); }
     Ref operator()(const std::string& s) { return b.string(s, true); }
     Ref operator()(const Bytes& x) { return b.string(x.data, false); }
+    // The OPC UA kinds as a script sees them (value.h).
+    Ref operator()(uint64_t x) {
+      return x <= static_cast<uint64_t>(INT64_MAX) ? b.integer(static_cast<int64_t>(x))
+                                                   : b.number(static_cast<double>(x));
+    }
+    Ref operator()(float x) { return b.number(static_cast<double>(x)); }
+    Ref operator()(const DateTime& t) { return b.number(t.unix_seconds()); }
     Ref operator()(const Array& a) {
       std::vector<Ref> items;
       items.reserve(a.size());

@@ -90,6 +90,9 @@ class Runner {
   // Many evaluations in one call, written to each shard as few frames as possible. `done` is
   // called once per request, with its index, in no particular order.
   virtual void evaluate_batch(std::vector<Request> requests, BatchCallback done) = 0;
+
+  // TEMPORARY until the unregister branch lands.
+  virtual Error unregister_script(std::string_view) { return {}; }
 };
 
 }  // namespace outrun

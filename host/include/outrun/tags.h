@@ -1,0 +1,261 @@
+// outrun::tags: virtual tags with OPC UA DataValue semantics on top of any outrun::Runner
+// (Host, InProcess or Client). Semantics, the script environment and the file format:
+// design/tags.md.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "outrun/runner.h"
+#include "outrun/value.h"
+
+namespace outrun::tags {
+
+// ---- OPC UA StatusCodes (OPC 10000-4 7.39, numeric values from OPC 10000-6 / the NodeSet) ----
+
+using StatusCode = uint32_t;
+
+namespace codes {
+inline constexpr StatusCode Good = 0x00000000;
+inline constexpr StatusCode Uncertain = 0x40000000;
+inline constexpr StatusCode UncertainLastUsableValue = 0x40900000;
+inline constexpr StatusCode UncertainSubstituteValue = 0x40910000;
+inline constexpr StatusCode UncertainInitialValue = 0x40920000;
+inline constexpr StatusCode UncertainSensorNotAccurate = 0x40930000;
+inline constexpr StatusCode UncertainEngineeringUnitsExceeded = 0x40940000;
+inline constexpr StatusCode Bad = 0x80000000;
+inline constexpr StatusCode BadInternalError = 0x80020000;
+inline constexpr StatusCode BadOutOfMemory = 0x80030000;
+inline constexpr StatusCode BadResourceUnavailable = 0x80040000;
+inline constexpr StatusCode BadTimeout = 0x800A0000;
+inline constexpr StatusCode BadTooManyOperations = 0x80100000;
+inline constexpr StatusCode BadNoCommunication = 0x80310000;
+inline constexpr StatusCode BadWaitingForInitialData = 0x80320000;
+inline constexpr StatusCode BadOutOfRange = 0x803C0000;
+inline constexpr StatusCode BadTypeMismatch = 0x80740000;
+inline constexpr StatusCode BadConfigurationError = 0x80890000;
+inline constexpr StatusCode BadInvalidArgument = 0x80AB0000;
+inline constexpr StatusCode BadSensorFailure = 0x808C0000;
+inline constexpr StatusCode BadDeviceFailure = 0x808B0000;
+}  // namespace codes
+
+enum class Severity : uint8_t { good = 0, uncertain = 1, bad = 2 };
+// The top two bits: 00 Good, 01 Uncertain, 10 (and 11, reserved) Bad.
+inline Severity severity(StatusCode c) {
+  const uint32_t s = c >> 30;
+  return s == 0 ? Severity::good : s == 1 ? Severity::uncertain : Severity::bad;
+}
+// "Good", "BadTimeout", ...; for a code without a known name, "0x80AB0000".
+std::string status_code_name(StatusCode c);
+// A known name, "0x..." hex or a decimal number.
+bool parse_status_code(std::string_view text, StatusCode* out);
+
+// The StatusCode an evaluation's outcome becomes (design/tags.md "Error -> StatusCode").
+StatusCode status_code_for(Status s);
+
+// An OPC UA DataValue.
+struct DataValue {
+  Value value;
+  StatusCode status = codes::BadWaitingForInitialData;
+  DateTime source_time;
+  DateTime server_time;
+  std::string diagnostics;  // why, when the status is not Good because of an error
+  // Same value, same status and same source timestamp: no change (server_time and diagnostics are
+  // not compared).
+  bool same_as(const DataValue& o) const {
+    return status == o.status && source_time == o.source_time && value == o.value;
+  }
+};
+
+// ---- Definitions ----
+
+// The OPC UA built-in types a tag's value can have (OPC 10000-6 5.1.2).
+enum class DataType : uint8_t {
+  Variant = 0,  // whatever the script returns (no coercion)
+  Boolean,
+  SByte,
+  Byte,
+  Int16,
+  UInt16,
+  Int32,
+  UInt32,
+  Int64,
+  UInt64,
+  Float,
+  Double,
+  String,
+  DateTime,
+  ByteString,
+};
+std::string_view to_string(DataType t);
+bool parse_data_type(std::string_view name, DataType* out);
+
+struct TypeSpec {
+  DataType type = DataType::Double;
+  bool array = false;  // a one-dimensional array of `type` (ValueRank 1)
+};
+
+// Coerces a script's result to `spec`. On failure returns BadTypeMismatch or BadOutOfRange and
+// sets *reason.
+StatusCode coerce(const Value& in, TypeSpec spec, Value* out, std::string* reason);
+
+enum class DeadbandKind : uint8_t { none, absolute, percent };
+
+struct InputSpec {
+  std::string tag;   // a source tag or another virtual tag
+  std::string name;  // what the script calls it (inputs[name]); empty: the tag id
+  bool trigger = true;  // on_change: a change of this input triggers an evaluation
+  DeadbandKind deadband = DeadbandKind::none;
+  double deadband_value = 0;
+  // Percent deadbands are a percentage of this range (OPC UA's EURange); when both are 0, of the
+  // magnitude of the value the tag last used.
+  double range_low = 0, range_high = 0;
+};
+
+enum class TriggerKind : uint8_t { on_change, periodic, on_read, manual };
+
+struct Trigger {
+  TriggerKind kind = TriggerKind::on_change;
+  std::chrono::milliseconds period{1000};  // periodic: fixed rate
+  std::chrono::milliseconds max_age{0};    // on_read: a read of an older value evaluates first
+};
+
+enum class TimestampPolicy : uint8_t {
+  newest_input,      // the newest source timestamp among the inputs (the default)
+  triggering_input,  // the newest among the inputs whose change triggered this evaluation
+  evaluation_time,   // the evaluation's time
+};
+
+struct TagDefinition {
+  std::string id;
+  std::string script;  // Lua 5.4, run with the environment of design/tags.md
+  std::vector<InputSpec> inputs;
+  TypeSpec type;
+  Trigger trigger;
+  TimestampPolicy timestamps = TimestampPolicy::newest_input;
+  // `state` survives a worker restart: the worker returns it with each result (at most
+  // max_state_bytes) and a restarted worker starts from it. Off: it is lost with the worker.
+  bool keep_state = false;
+  // On a redefinition: start the new script with an empty `state` instead of the old one's.
+  bool reset_state = false;
+  std::size_t max_state_bytes = 64u << 10;
+  // While its worker is down, the tag shows UncertainLastUsableValue with its last good value
+  // for this long, then BadResourceUnavailable.
+  std::chrono::milliseconds last_usable{10000};
+};
+
+// Limits on what the engine accepts, checked before anything changes.
+inline constexpr std::size_t kMaxTagIdSize = 256;
+inline constexpr std::size_t kMaxTagInputs = 256;
+inline constexpr std::size_t kMaxTags = 1u << 20;
+
+struct SourceUpdate {
+  std::string tag;
+  DataValue value;  // value, status, source_time (server_time is set by the engine)
+};
+
+struct Change {
+  std::string tag;
+  DataValue value;
+};
+
+// Called with the changes of one wave, in the graph's topological order. Never called
+// concurrently with itself; waves are delivered in the order they completed. It runs on the
+// thread that completed the wave (a Host's dispatcher thread, or the caller's for InProcess) and
+// must not call define/remove/apply or an on-read read (they wait for waves to finish).
+using ChangeCallback = std::function<void(const std::vector<Change>& changes)>;
+
+struct TagCounters {
+  uint64_t evaluations = 0;
+  uint64_t by_status[11] = {};  // by outrun::Status
+  uint64_t coalesced = 0;       // triggers merged into a later evaluation
+  uint64_t busy = 0;            // evaluations refused by single flight (not outputs)
+  uint64_t changes = 0;         // notified output changes
+  uint64_t state_restores = 0;  // keep_state: a restarted worker asked for the kept state
+  std::string last_error;
+  std::chrono::microseconds last_duration{0};  // submit -> result of the last evaluation
+};
+
+struct TagInfo {
+  TagDefinition definition;
+  DataValue value;
+  TagCounters counters;
+  uint64_t version = 0;  // 1 on the first definition, +1 per redefinition
+};
+
+struct TagsOptions {
+  ChangeCallback on_change;
+  // The evaluation time. Empty: the system clock.
+  std::function<DateTime()> clock;
+  // Periodic tags are run by the engine's own timer thread (true), or only by advance_clock()
+  // (false: the offline runner, tests).
+  bool real_time_periodic = true;
+  // A tag whose evaluation found its worker down is evaluated again after this long.
+  std::chrono::milliseconds retry_delay{50};
+  // How long define/apply/remove wait for in-flight waves, and an on-read read for its result.
+  std::chrono::milliseconds wait_timeout{10000};
+  // Source tags (ids updated by update()) the engine keeps; past it updates of new ids fail.
+  std::size_t max_sources = 1u << 20;
+};
+
+// Counted over the engine's life.
+struct EngineCounters {
+  uint64_t waves = 0;
+  uint64_t source_updates = 0;
+  uint64_t evaluations = 0;
+  uint64_t changes = 0;
+  uint64_t coalesced = 0;
+};
+
+class Engine {
+ public:
+  // `runner` must outlive the engine.
+  static Error create(Runner& runner, TagsOptions options, std::unique_ptr<Engine>* out);
+  // Waits for in-flight evaluations; unregisters the engine's scripts.
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Defines or redefines tags and removes others, as one atomic step: every new script is
+  // compiled (in the runner's workers) before anything changes; on any error nothing changes
+  // and the error names the tag (and the cycle's path, for a cycle). `replace_all`: tags not in
+  // `defs` are removed (a tags file reload).
+  Error apply(const std::vector<TagDefinition>& defs, bool replace_all = false);
+  Error define(const TagDefinition& def) { return apply({def}); }
+  // Removes a tag; refused while another tag uses it as an input.
+  Error remove(std::string_view id);
+
+  // One wave: the updates are applied together and every affected tag is evaluated at most once,
+  // in topological order, seeing all of them. `time` is the evaluation time (default: clock).
+  Error update(const std::vector<SourceUpdate>& updates);
+  Error update(const std::vector<SourceUpdate>& updates, DateTime time);
+
+  // The current DataValue of a tag (virtual or source). An on_read tag whose value is older
+  // than its max_age is evaluated first (this call then waits for it).
+  Error read(std::string_view id, DataValue* out);
+  // Manual (or any) trigger: evaluate the tag in a new wave.
+  Error trigger(std::string_view id);
+  // Offline mode: runs the periodic tags due at `t` (each at most once) and sets the clock.
+  void advance_clock(DateTime t);
+
+  // Waits until no wave is running or queued (tests, the offline runner).
+  bool wait_idle(std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
+
+  Error info(std::string_view id, TagInfo* out) const;
+  std::vector<std::string> ids() const;  // virtual tags, in topological order
+  EngineCounters counters() const;
+
+  struct Impl;
+
+ private:
+  explicit Engine(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;  // shared with evaluations still in flight
+};
+
+}  // namespace outrun::tags

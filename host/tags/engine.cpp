@@ -1,0 +1,1300 @@
+// The virtual-tag engine (design/tags.md): a dependency graph of tags over source tags, waves of
+// source updates evaluated glitch-free in topological order per connected component, OPC UA
+// status rules, per-tag state, hot reload.
+//
+// Threading: one mutex guards everything. Evaluations are submitted to the runner and change
+// batches are delivered outside it (a runner may complete inline, InProcess does). Submissions
+// made while this thread is already submitting are queued and run by the outermost loop, so an
+// InProcess chain of tags does not recurse.
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <queue>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include "outrun/tags.h"
+#include "prelude.h"
+
+namespace outrun::tags {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+DateTime system_now() {
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  return DateTime::from_unix_micros(us);
+}
+
+bool is_number(const Value& v) {
+  return v.is<int64_t>() || v.is<double>() || v.is<uint64_t>() || v.is<float>();
+}
+double number_of(const Value& v) {
+  if (auto* i = std::get_if<int64_t>(&v.v)) return static_cast<double>(*i);
+  if (auto* d = std::get_if<double>(&v.v)) return *d;
+  if (auto* u = std::get_if<uint64_t>(&v.v)) return static_cast<double>(*u);
+  if (auto* f = std::get_if<float>(&v.v)) return static_cast<double>(*f);
+  return 0;
+}
+
+// Rough encoded size of a value, for the kept-state bound.
+std::size_t value_bytes(const Value& v) {
+  std::size_t n = 16;
+  if (auto* s = std::get_if<std::string>(&v.v)) n += s->size();
+  else if (auto* b = std::get_if<Bytes>(&v.v)) n += b->data.size();
+  else if (auto* a = std::get_if<Array>(&v.v))
+    for (const auto& x : *a) n += value_bytes(x);
+  else if (auto* m = std::get_if<Map>(&v.v))
+    for (const auto& e : *m) n += e.key.size() + value_bytes(e.value);
+  return n;
+}
+
+const Value* map_get(const Value& m, std::string_view key) {
+  if (auto* map = std::get_if<Map>(&m.v))
+    for (const auto& e : *map)
+      if (e.key == key) return &e.value;
+  return nullptr;
+}
+
+struct Dispatch {
+  Runner* runner;
+  Script script;
+  Inputs inputs;
+  Callback done;
+};
+
+// The outermost submitting loop of this thread, if any (see the file comment).
+thread_local std::vector<Dispatch>* tl_dispatch_queue = nullptr;
+
+void run_dispatches(std::vector<Dispatch>&& ds) {
+  if (ds.empty()) return;
+  if (tl_dispatch_queue != nullptr) {
+    for (auto& d : ds) tl_dispatch_queue->push_back(std::move(d));
+    return;
+  }
+  std::vector<Dispatch> q = std::move(ds);
+  tl_dispatch_queue = &q;
+  for (std::size_t i = 0; i < q.size(); ++i) {
+    Dispatch d = std::move(q[i]);  // q may grow (and move) while this one runs
+    d.runner->evaluate(d.script, std::move(d.inputs), std::move(d.done));
+  }
+  tl_dispatch_queue = nullptr;
+}
+
+}  // namespace
+
+// A source tag or a virtual tag.
+struct Node {
+  std::string id;
+  bool is_virtual = false;
+  bool alive = true;
+  uint32_t generation = 0;    // bumped when the slot is reused
+  DataValue value;
+  std::vector<uint32_t> dependents;  // virtual tags that list this node as an input
+  int component = -1;                // -1: nothing depends on it (a source) / set for tags
+
+  // Source: an update waiting for its component's running wave to end.
+  bool has_pending = false;
+  DataValue pending;
+
+  // Virtual tag.
+  TagDefinition def;
+  uint64_t version = 0;
+  std::string key;
+  Script script;
+  std::vector<uint32_t> input_nodes;  // parallel to def.inputs
+  std::vector<DataValue> used;        // the inputs' values at the last evaluation
+  std::vector<bool> used_set;
+  int topo = 0;
+  TagCounters counters;
+  bool evaluated = false;      // at least one evaluation completed
+  DateTime last_eval_time;     // evaluation time of the last completed evaluation
+  uint64_t completed = 0;      // evaluations completed (not counting a worker that was down)
+  uint64_t results = 0;        // results received, of any status
+  bool have_last_good = false;
+  DataValue last_good;
+  bool down = false;
+  DateTime down_since;
+  bool need_initial = false;   // evaluate in the next wave (new or redefined)
+  bool pending_root = false;   // a root of the component's next wave
+  bool kept_state_present = false;
+  Value kept_state;
+  Value import_state;          // a state to start the next evaluation from (hot reload)
+  bool has_import = false;
+  // Periodic.
+  DateTime next_due;
+  bool due_set = false;
+  Clock::time_point next_due_rt;
+  // Per wave.
+  uint64_t wave = 0;    // the wave whose per-wave fields below are current
+  uint64_t listed = 0;  // the wave this tag is part of
+  int wait = 0;       // virtual inputs of this wave not finished yet
+  bool triggered = false;
+  bool trig_time_set = false;
+  DateTime trig_time;
+  bool in_flight = false;
+  Clock::time_point submitted;
+};
+
+struct Component {
+  bool running = false;
+  bool pending = false;  // sources or roots wait for the next wave
+  uint64_t wave = 0;
+  DateTime pending_time;
+  DateTime time;            // the running wave's evaluation time
+  std::size_t remaining = 0;  // tags of the running wave not finished
+  std::vector<uint32_t> pending_sources;
+  std::vector<uint32_t> pending_roots;
+  std::vector<uint32_t> wave_tags;  // scratch
+  std::vector<Change> changes;
+};
+
+struct Engine::Impl : std::enable_shared_from_this<Engine::Impl> {
+  Impl(Runner& r, TagsOptions o) : runner(r), opts(std::move(o)) {}
+
+  Runner& runner;
+  TagsOptions opts;
+
+  mutable std::mutex mu;
+  std::condition_variable cv;  // waves ending, evaluations completing, timers
+  std::vector<std::unique_ptr<Node>> nodes;
+  std::vector<uint32_t> free_nodes;
+  std::unordered_map<std::string, uint32_t> by_id;
+  std::vector<uint32_t> topo_order;  // virtual tags
+  std::vector<Component> comps;
+  std::size_t sources = 0;
+  uint64_t next_wave = 1;
+  int paused = 0;
+  std::size_t in_flight = 0;
+  bool closing = false;
+  EngineCounters counters;
+  DateTime manual_clock;
+  bool manual_clock_set = false;
+
+  // Deliveries: in wave order, one at a time.
+  std::deque<std::vector<Change>> deliveries;
+  bool delivering = false;
+
+  // Timers: retries, and periodic tags in real time.
+  struct Timer {
+    Clock::time_point at;
+    uint32_t node;
+    uint32_t generation;
+    bool periodic;
+    bool operator>(const Timer& o) const { return at > o.at; }
+  };
+  std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers;
+  std::thread timer_thread;
+
+  std::mutex apply_mu;  // one apply/remove at a time
+
+  DateTime now() const {
+    if (manual_clock_set) return manual_clock;
+    return opts.clock ? opts.clock() : system_now();
+  }
+
+  Node* find(std::string_view id) const {
+    auto it = by_id.find(std::string(id));
+    return it == by_id.end() ? nullptr : nodes[it->second].get();
+  }
+
+  uint32_t new_node(const std::string& id) {
+    uint32_t idx;
+    if (!free_nodes.empty()) {
+      idx = free_nodes.back();
+      free_nodes.pop_back();
+      const uint32_t gen = nodes[idx]->generation + 1;
+      nodes[idx] = std::make_unique<Node>();
+      nodes[idx]->generation = gen;
+    } else {
+      idx = static_cast<uint32_t>(nodes.size());
+      nodes.push_back(std::make_unique<Node>());
+    }
+    nodes[idx]->id = id;
+    by_id[id] = idx;
+    return idx;
+  }
+
+  void free_node(uint32_t idx) {
+    Node& n = *nodes[idx];
+    by_id.erase(n.id);
+    n.alive = false;
+    n.script = Script();
+    n.def = TagDefinition();
+    n.dependents.clear();
+    n.used.clear();
+    free_nodes.push_back(idx);
+  }
+
+  // ---- graph ----
+
+  // Recomputes dependents, topological order and components. Called with no wave running.
+  void rebuild() {
+    for (auto& np : nodes) {
+      if (!np->alive) continue;
+      np->dependents.clear();
+      np->component = -1;
+    }
+    std::vector<uint32_t> tags;
+    for (uint32_t i = 0; i < nodes.size(); ++i) {
+      Node& n = *nodes[i];
+      if (!n.alive || !n.is_virtual) continue;
+      tags.push_back(i);
+      for (uint32_t in : n.input_nodes) nodes[in]->dependents.push_back(i);
+    }
+    // Kahn's algorithm (cycles were refused before).
+    std::vector<int> indeg(nodes.size(), 0);
+    for (uint32_t t : tags)
+      for (uint32_t in : nodes[t]->input_nodes)
+        if (nodes[in]->is_virtual) ++indeg[t];
+    std::deque<uint32_t> ready;
+    for (uint32_t t : tags)
+      if (indeg[t] == 0) ready.push_back(t);
+    topo_order.clear();
+    while (!ready.empty()) {
+      const uint32_t t = ready.front();
+      ready.pop_front();
+      nodes[t]->topo = static_cast<int>(topo_order.size());
+      topo_order.push_back(t);
+      for (uint32_t d : nodes[t]->dependents)
+        if (--indeg[d] == 0) ready.push_back(d);
+    }
+    // Components: union-find over tags and their inputs.
+    std::vector<uint32_t> parent(nodes.size());
+    for (uint32_t i = 0; i < parent.size(); ++i) parent[i] = i;
+    auto root = [&](uint32_t x) {
+      while (parent[x] != x) x = parent[x] = parent[parent[x]];
+      return x;
+    };
+    for (uint32_t t : tags)
+      for (uint32_t in : nodes[t]->input_nodes) parent[root(in)] = root(t);
+    std::unordered_map<uint32_t, int> comp_of_root;
+    std::vector<Component> old = std::move(comps);
+    comps.clear();
+    for (uint32_t i = 0; i < nodes.size(); ++i) {
+      Node& n = *nodes[i];
+      if (!n.alive || (!n.is_virtual && n.dependents.empty())) continue;
+      const uint32_t r = root(i);
+      auto [it, inserted] = comp_of_root.emplace(r, static_cast<int>(comps.size()));
+      if (inserted) comps.emplace_back();
+      n.component = it->second;
+    }
+    // Carry what waits: pending sources and roots.
+    DateTime latest;
+    for (const auto& c : old)
+      if (c.pending && c.pending_time > latest) latest = c.pending_time;
+    for (uint32_t i = 0; i < nodes.size(); ++i) {
+      Node& n = *nodes[i];
+      if (!n.alive) continue;
+      if (!n.is_virtual && n.has_pending) {
+        if (n.component < 0) {  // nothing depends on it any more: apply now
+          n.value = std::move(n.pending);
+          n.has_pending = false;
+          continue;
+        }
+        Component& c = comps[n.component];
+        c.pending = true;
+        c.pending_sources.push_back(i);
+        c.pending_time = latest;
+      } else if (n.is_virtual && (n.pending_root || n.need_initial)) {
+        Component& c = comps[n.component];
+        c.pending = true;
+        c.pending_roots.push_back(i);
+        if (!(c.pending_time > DateTime{})) c.pending_time = latest;
+      }
+    }
+  }
+
+  // Cycle check over the proposed graph: returns the path of a cycle ("A -> B -> A") or "".
+  static std::string find_cycle(const std::map<std::string, const TagDefinition*>& defs) {
+    std::map<std::string, int> color;  // 0 white, 1 grey, 2 black
+    std::vector<std::string> stack;
+    std::string found;
+    std::function<bool(const std::string&)> dfs = [&](const std::string& id) -> bool {
+      color[id] = 1;
+      stack.push_back(id);
+      const TagDefinition* d = defs.at(id);
+      for (const auto& in : d->inputs) {
+        if (!defs.count(in.tag)) continue;  // a source
+        const int c = color[in.tag];
+        if (c == 1) {
+          auto it = std::find(stack.begin(), stack.end(), in.tag);
+          for (; it != stack.end(); ++it) found += *it + " -> ";
+          found += in.tag;
+          return true;
+        }
+        if (c == 0 && dfs(in.tag)) return true;
+      }
+      stack.pop_back();
+      color[id] = 2;
+      return false;
+    };
+    for (const auto& [id, d] : defs)
+      if (color[id] == 0 && dfs(id)) return found;
+    return "";
+  }
+
+  // ---- waves ----
+
+  bool deadband_passes(const Node& t, std::size_t i, const DataValue& nv) const {
+    if (!t.used_set[i]) return true;
+    const DataValue& old = t.used[i];
+    if (old.status != nv.status) return true;
+    const InputSpec& spec = t.def.inputs[i];
+    if (spec.deadband == DeadbandKind::none || !is_number(nv.value) || !is_number(old.value))
+      return !(old.value == nv.value);
+    const double a = number_of(old.value), b = number_of(nv.value);
+    double limit = spec.deadband_value;
+    if (spec.deadband == DeadbandKind::percent) {
+      const double range = spec.range_high - spec.range_low;
+      limit = spec.deadband_value / 100.0 * (range != 0 ? std::fabs(range) : std::fabs(a));
+    }
+    return std::fabs(b - a) > limit;
+  }
+
+  // Whether a change of input `from` (node index) triggers tag `t`; notes the trigger time.
+  void consider_trigger(Node& t, uint32_t from) {
+    if (t.def.trigger.kind != TriggerKind::on_change) return;
+    const Node& src = *nodes[from];
+    for (std::size_t i = 0; i < t.input_nodes.size(); ++i) {
+      if (t.input_nodes[i] != from || !t.def.inputs[i].trigger) continue;
+      if (!deadband_passes(t, i, src.value)) continue;
+      t.triggered = true;
+      if (!t.trig_time_set || src.value.source_time > t.trig_time) t.trig_time = src.value.source_time;
+      t.trig_time_set = true;
+    }
+  }
+
+  void start_waves(std::vector<Dispatch>* out) {
+    if (paused > 0) return;
+    for (std::size_t c = 0; c < comps.size(); ++c)
+      if (comps[c].pending && !comps[c].running) start_wave(static_cast<int>(c), out);
+  }
+
+  void start_wave(int ci, std::vector<Dispatch>* out) {
+    Component& c = comps[ci];
+    c.running = true;
+    c.pending = false;
+    c.wave = next_wave++;
+    c.time = c.pending_time > DateTime{} ? c.pending_time : now();
+    c.pending_time = DateTime{};
+    ++counters.waves;
+    std::vector<uint32_t> seeds;
+    // Apply the waiting source updates, then find what they trigger.
+    std::vector<uint32_t> changed = std::move(c.pending_sources);
+    c.pending_sources.clear();
+    for (uint32_t s : changed) {
+      Node& n = *nodes[s];
+      if (!n.has_pending) continue;
+      n.value = std::move(n.pending);
+      n.has_pending = false;
+    }
+    auto mark = [&](Node& t) {
+      if (t.wave != c.wave) {
+        t.wave = c.wave;
+        t.triggered = false;
+        t.trig_time_set = false;
+        t.wait = 0;
+      }
+    };
+    for (uint32_t s : changed) {
+      for (uint32_t d : nodes[s]->dependents) {
+        Node& t = *nodes[d];
+        mark(t);
+        consider_trigger(t, s);
+        if (t.triggered) seeds.push_back(d);
+      }
+    }
+    std::vector<uint32_t> roots = std::move(c.pending_roots);
+    c.pending_roots.clear();
+    for (uint32_t idx : roots) {
+      Node& t = *nodes[idx];
+      if (!t.alive || !t.is_virtual || t.component != ci || !(t.pending_root || t.need_initial)) continue;
+      mark(t);
+      t.triggered = true;
+      t.pending_root = false;
+      t.need_initial = false;
+      seeds.push_back(idx);
+    }
+    // The wave: every tag reachable from a triggered one (each may or may not run).
+    std::vector<uint32_t>& wave_tags = c.wave_tags;
+    wave_tags.clear();
+    std::vector<uint32_t>& stack = seeds;
+    while (!stack.empty()) {
+      const uint32_t t = stack.back();
+      stack.pop_back();
+      Node& tn = *nodes[t];
+      mark(tn);
+      if (tn.listed == c.wave) continue;
+      tn.listed = c.wave;
+      wave_tags.push_back(t);
+      for (uint32_t d : tn.dependents) stack.push_back(d);
+    }
+    for (uint32_t t : wave_tags)
+      for (uint32_t d : nodes[t]->dependents) ++nodes[d]->wait;
+    c.remaining = wave_tags.size();
+    c.changes.clear();
+    if (wave_tags.empty()) {
+      end_wave(ci, out);
+      return;
+    }
+    // process() may end the wave (and start the next, which reuses wave_tags): take a copy of
+    // the ready ones first.
+    std::vector<uint32_t> ready;
+    for (uint32_t t : wave_tags)
+      if (nodes[t]->wait == 0) ready.push_back(t);
+    for (uint32_t t : ready) process(t, out);
+  }
+
+  void process(uint32_t idx, std::vector<Dispatch>* out) {
+    Node& t = *nodes[idx];
+    if (t.triggered) submit(idx, out, false);
+    else finish(idx, false, out);
+  }
+
+  // A tag of the running wave is done; `changed`: its output changed.
+  void finish(uint32_t idx, bool changed, std::vector<Dispatch>* out) {
+    Node& t = *nodes[idx];
+    Component& c = comps[t.component];
+    for (uint32_t d : t.dependents) {
+      Node& dn = *nodes[d];
+      if (dn.wave != c.wave) continue;
+      if (changed) consider_trigger(dn, idx);
+      if (--dn.wait == 0) process(d, out);
+    }
+    if (--c.remaining == 0) end_wave(t.component, out);
+  }
+
+  void end_wave(int ci, std::vector<Dispatch>* out) {
+    Component& c = comps[ci];
+    c.running = false;
+    if (!c.changes.empty()) {
+      std::sort(c.changes.begin(), c.changes.end(), [&](const Change& a, const Change& b) {
+        return nodes[by_id.at(a.tag)]->topo < nodes[by_id.at(b.tag)]->topo;
+      });
+      if (opts.on_change) deliveries.push_back(std::move(c.changes));
+      c.changes.clear();
+    }
+    cv.notify_all();
+    if (c.pending && paused == 0) start_wave(ci, out);
+  }
+
+  // ---- evaluations ----
+
+  Value prev_value(const Node& t) const {
+    if (!t.evaluated) return Value();
+    Map m;
+    m.push_back({"source_time", Value(t.value.source_time.unix_seconds())});
+    m.push_back({"status", Value(static_cast<int64_t>(t.value.status))});
+    m.push_back({"value", t.value.value});
+    return Value(std::move(m));
+  }
+
+  // Builds the evaluation of `t` (mode: "" run, "c" check, "x" export).
+  Inputs build_inputs(Node& t, std::string_view mode, DateTime time) {
+    Inputs in;
+    in.reserve(t.input_nodes.size() + 1);
+    Map st, tm;
+    st.reserve(t.input_nodes.size());
+    tm.reserve(t.input_nodes.size());
+    if (mode.empty()) {
+      for (std::size_t i = 0; i < t.input_nodes.size(); ++i) {
+        const Node& src = *nodes[t.input_nodes[i]];
+        const std::string& name = t.def.inputs[i].name.empty() ? t.def.inputs[i].tag : t.def.inputs[i].name;
+        in.push_back({name, src.value.value});
+        st.push_back({name, Value(static_cast<int64_t>(src.value.status))});
+        tm.push_back({name, Value(src.value.source_time.unix_seconds())});
+        t.used[i] = src.value;
+        t.used_set[i] = true;
+      }
+    }
+    Map ctx;
+    ctx.reserve(8);
+    if (mode.empty()) {
+      ctx.push_back({"s", Value(std::move(st))});
+      ctx.push_back({"t", Value(std::move(tm))});
+      ctx.push_back({"n", Value(time.unix_seconds())});
+      if (t.evaluated) ctx.push_back({"p", prev_value(t)});
+      if (t.def.keep_state) ctx.push_back({"ks", Value(true)});
+    } else {
+      ctx.push_back({"m", Value(std::string(mode))});
+    }
+    if (t.has_import) {
+      ctx.push_back({"st", t.import_state});
+    } else if (t.def.keep_state && t.kept_state_present && mode.empty()) {
+      ctx.push_back({"k", Value(true)});
+    }
+    in.push_back({"__c", Value(std::move(ctx))});
+    return in;
+  }
+
+  void submit(uint32_t idx, std::vector<Dispatch>* out, bool with_state) {
+    Node& t = *nodes[idx];
+    Component& c = comps[t.component];
+    if (with_state && t.kept_state_present) {
+      t.import_state = t.kept_state;
+      t.has_import = true;
+    }
+    Inputs inputs = build_inputs(t, "", c.time);
+    t.in_flight = true;
+    t.submitted = Clock::now();
+    ++in_flight;
+    ++t.counters.evaluations;
+    ++counters.evaluations;
+    auto self = shared_from_this();
+    const uint32_t gen = t.generation;
+    const DateTime time = c.time;
+    out->push_back({&runner, t.script, std::move(inputs), [self, idx, gen, time](Result r) {
+                      self->on_result(idx, gen, time, std::move(r));
+                    }});
+  }
+
+  void on_result(uint32_t idx, uint32_t gen, DateTime time, Result r) {
+    std::vector<Dispatch> out;
+    {
+      std::lock_guard lock(mu);
+      --in_flight;
+      Node& t = *nodes[idx];
+      if (!t.alive || t.generation != gen) {  // cannot happen: removal waits for waves
+        cv.notify_all();
+        return;
+      }
+      t.in_flight = false;
+      ++t.results;
+      complete(idx, time, std::move(r), &out);
+      cv.notify_all();
+    }
+    run_dispatches(std::move(out));
+    deliver();
+  }
+
+  void complete(uint32_t idx, DateTime time, Result r, std::vector<Dispatch>* out) {
+    Node& t = *nodes[idx];
+    t.has_import = false;
+    t.counters.last_duration =
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t.submitted);
+    const auto si = static_cast<std::size_t>(r.status);
+    if (si < std::size(t.counters.by_status)) ++t.counters.by_status[si];
+
+    if (r.status == Status::ok) {
+      const Value* ns = map_get(r.value, "ns");
+      if (ns != nullptr && ns->is<bool>() && ns->as<bool>()) {
+        // A fresh worker: send the kept state and run again, in the same wave.
+        ++t.counters.state_restores;
+        submit(idx, out, true);
+        return;
+      }
+    }
+    if (r.status == Status::busy) {
+      ++t.counters.busy;
+      schedule_retry(idx);
+      finish(idx, false, out);
+      return;
+    }
+
+    DataValue dv;
+    dv.server_time = time;
+    const bool worker_down =
+        r.status == Status::worker_lost || r.status == Status::unavailable || r.status == Status::cancelled;
+    if (worker_down) {
+      if (!t.down) {
+        t.down = true;
+        t.down_since = time;
+      }
+      const auto down_for = std::chrono::microseconds(time.unix_micros() - t.down_since.unix_micros());
+      if (t.have_last_good && down_for < t.def.last_usable) {
+        dv.value = t.last_good.value;
+        dv.source_time = t.last_good.source_time;
+        dv.status = codes::UncertainLastUsableValue;
+      } else {
+        dv.status = codes::BadResourceUnavailable;
+        dv.source_time = time;
+      }
+      dv.diagnostics = std::string(to_string(r.status)) + ": " + r.error;
+      t.counters.last_error = dv.diagnostics;
+      if (!closing) schedule_retry(idx);
+    } else {
+      t.down = false;
+      t.evaluated = true;
+      t.last_eval_time = time;
+      ++t.completed;
+      dv.source_time = source_time_for(t, time);
+      if (r.status != Status::ok) {
+        dv.status = status_code_for(r.status);
+        dv.diagnostics = std::string(to_string(r.status)) + ": " + r.error;
+        t.counters.last_error = dv.diagnostics;
+      } else {
+        result_to_datavalue(t, r.value, &dv);
+      }
+      if (severity(dv.status) != Severity::bad) {
+        t.have_last_good = true;
+        t.last_good = dv;
+      }
+    }
+    const bool changed = !dv.same_as(t.value);
+    if (changed) {
+      t.value = dv;
+      ++t.counters.changes;
+      ++counters.changes;
+      comps[t.component].changes.push_back({t.id, dv});
+    } else {
+      t.value.server_time = dv.server_time;
+    }
+    finish(idx, changed, out);
+  }
+
+  DateTime source_time_for(const Node& t, DateTime time) const {
+    switch (t.def.timestamps) {
+      case TimestampPolicy::evaluation_time: return time;
+      case TimestampPolicy::triggering_input:
+        if (t.trig_time_set) return t.trig_time;
+        return time;
+      case TimestampPolicy::newest_input: {
+        bool any = false;
+        DateTime newest;
+        for (uint32_t in : t.input_nodes) {
+          const DataValue& v = nodes[in]->value;
+          if (v.status == codes::BadWaitingForInitialData && v.source_time == DateTime{}) continue;
+          if (!any || v.source_time > newest) newest = v.source_time;
+          any = true;
+        }
+        return any ? newest : time;
+      }
+    }
+    return time;
+  }
+
+  void result_to_datavalue(Node& t, const Value& result, DataValue* dv) {
+    const Value* v = map_get(result, "v");
+    const Value* s = map_get(result, "s");
+    const Value* st = map_get(result, "st");
+    if (st != nullptr && t.def.keep_state) {
+      if (value_bytes(*st) <= t.def.max_state_bytes) {
+        t.kept_state = *st;
+        t.kept_state_present = true;
+      } else {
+        t.counters.last_error = "state is larger than max_state_bytes (" + std::to_string(t.def.max_state_bytes) +
+                                "); not kept";
+      }
+    }
+    // The status: the script's, or the worst severity among the inputs (keeping that input's code).
+    StatusCode code = codes::Good;
+    if (s != nullptr && !s->is_nil()) {
+      bool ok = false;
+      if (auto* i = std::get_if<int64_t>(&s->v); i && *i >= 0 && *i <= static_cast<int64_t>(UINT32_MAX)) {
+        code = static_cast<StatusCode>(*i);
+        ok = true;
+      } else if (auto* d = std::get_if<double>(&s->v); d && *d >= 0 && *d <= UINT32_MAX && *d == std::floor(*d)) {
+        code = static_cast<StatusCode>(*d);
+        ok = true;
+      } else if (auto* name = std::get_if<std::string>(&s->v)) {
+        ok = parse_status_code(*name, &code);
+      }
+      if (!ok) {
+        dv->status = codes::BadInternalError;
+        dv->diagnostics = "the script returned an invalid status (a StatusCode number or name is expected)";
+        t.counters.last_error = dv->diagnostics;
+        return;
+      }
+    } else {
+      int worst = 0;
+      for (uint32_t in : t.input_nodes) {
+        const StatusCode ic = nodes[in]->value.status;
+        const int sev = static_cast<int>(severity(ic));
+        if (sev > worst) {
+          worst = sev;
+          code = ic;
+        }
+      }
+    }
+    const Value nil;
+    const Value& raw = v != nullptr ? *v : nil;
+    if (raw.is_nil()) {
+      if (severity(code) == Severity::bad) {
+        dv->status = code;
+        return;
+      }
+      dv->status = codes::BadTypeMismatch;
+      dv->diagnostics = "the script returned nil with a status that is not Bad";
+      t.counters.last_error = dv->diagnostics;
+      return;
+    }
+    std::string reason;
+    const StatusCode cc = coerce(raw, t.def.type, &dv->value, &reason);
+    if (cc != codes::Good) {
+      dv->value = Value();
+      dv->status = cc;
+      dv->diagnostics = reason;
+      t.counters.last_error = reason;
+      return;
+    }
+    dv->status = code;
+  }
+
+  // ---- timers ----
+
+  void schedule_retry(uint32_t idx) {
+    Node& t = *nodes[idx];
+    timers.push({Clock::now() + opts.retry_delay, idx, t.generation, false});
+    cv.notify_all();
+  }
+
+  void timer_loop() {
+    std::unique_lock lock(mu);
+    while (!closing) {
+      if (timers.empty()) {
+        cv.wait(lock);
+        continue;
+      }
+      const Timer top = timers.top();
+      if (Clock::now() < top.at) {
+        cv.wait_until(lock, top.at);
+        continue;
+      }
+      timers.pop();
+      Node& t = *nodes[top.node];
+      if (!t.alive || t.generation != top.generation || !t.is_virtual) continue;
+      if (top.periodic) {
+        if (t.def.trigger.kind != TriggerKind::periodic) continue;
+        Clock::time_point next = top.at + t.def.trigger.period;
+        if (next <= Clock::now()) {  // fell behind: skip what was missed
+          ++t.counters.coalesced;
+          ++counters.coalesced;
+          next = Clock::now() + t.def.trigger.period;
+        }
+        timers.push({next, top.node, top.generation, true});
+      }
+      add_root(t);
+      std::vector<Dispatch> out;
+      start_waves(&out);
+      lock.unlock();
+      run_dispatches(std::move(out));
+      deliver();
+      lock.lock();
+    }
+  }
+
+  void add_root(Node& t) {
+    Component& c = comps[t.component];
+    if (t.pending_root) {
+      ++t.counters.coalesced;
+      ++counters.coalesced;
+    } else {
+      c.pending_roots.push_back(by_id.at(t.id));
+    }
+    t.pending_root = true;
+    c.pending = true;
+    if (!(c.pending_time > DateTime{})) c.pending_time = now();
+  }
+
+  // ---- deliveries ----
+
+  void deliver() {
+    std::unique_lock lock(mu);
+    if (delivering) return;
+    delivering = true;
+    while (!deliveries.empty()) {
+      std::vector<Change> batch = std::move(deliveries.front());
+      deliveries.pop_front();
+      lock.unlock();
+      if (opts.on_change) opts.on_change(batch);
+      lock.lock();
+    }
+    delivering = false;
+    cv.notify_all();
+  }
+
+  bool idle_locked() const {
+    if (delivering || !deliveries.empty()) return false;
+    for (const auto& c : comps)
+      if (c.running || (c.pending && paused == 0)) return false;
+    return true;
+  }
+
+  bool no_wave_running_locked() const {
+    for (const auto& c : comps)
+      if (c.running) return false;
+    return in_flight == 0;
+  }
+};
+
+// ---- Engine ----
+
+namespace {
+
+Error validate(const TagDefinition& d) {
+  auto bad = [&](std::string why) { return Error{Status::invalid_argument, "tag '" + d.id + "': " + why}; };
+  if (d.id.empty() || d.id.size() > kMaxTagIdSize)
+    return {Status::invalid_argument, "a tag id must be 1.." + std::to_string(kMaxTagIdSize) + " bytes"};
+  for (unsigned char ch : d.id)
+    if (ch < 0x20 || ch == 0x7f) return bad("the id contains a control character");
+  if (d.script.size() > kMaxSourceSize - 4096)
+    return bad("the script is larger than " + std::to_string(kMaxSourceSize - 4096) + " bytes");
+  if (d.inputs.size() > kMaxTagInputs)
+    return bad("more than " + std::to_string(kMaxTagInputs) + " inputs");
+  std::set<std::string> names, tags;
+  for (const auto& in : d.inputs) {
+    if (in.tag.empty() || in.tag.size() > kMaxTagIdSize) return bad("an input's tag id must be 1..256 bytes");
+    if (in.tag == d.id) return bad("cycle: " + d.id + " -> " + d.id);
+    const std::string& name = in.name.empty() ? in.tag : in.name;
+    if (name.size() > kMaxTagIdSize) return bad("input name '" + name + "' is longer than 256 bytes");
+    if (name.rfind("__", 0) == 0) return bad("input name '" + name + "': names starting with '__' are reserved");
+    if (!names.insert(name).second) return bad("input name '" + name + "' is used twice");
+    if (!tags.insert(in.tag).second) return bad("input '" + in.tag + "' is listed twice");
+    if (in.deadband != DeadbandKind::none && !(in.deadband_value >= 0 && std::isfinite(in.deadband_value)))
+      return bad("input '" + in.tag + "': a deadband must be a finite number >= 0");
+    if (in.deadband == DeadbandKind::percent && in.deadband_value > 100)
+      return bad("input '" + in.tag + "': a percent deadband must be 0..100");
+    if (!std::isfinite(in.range_low) || !std::isfinite(in.range_high) || in.range_low > in.range_high)
+      return bad("input '" + in.tag + "': range must be finite with low <= high");
+  }
+  if (static_cast<std::size_t>(d.type.type) > static_cast<std::size_t>(DataType::ByteString))
+    return bad("unknown DataType");
+  if (d.trigger.kind == TriggerKind::periodic && d.trigger.period < std::chrono::milliseconds(1))
+    return bad("a periodic trigger needs a period of at least 1 ms");
+  if (d.trigger.max_age.count() < 0) return bad("max_age must be >= 0");
+  if (d.last_usable.count() < 0) return bad("last_usable must be >= 0");
+  if (d.max_state_bytes > (8u << 20)) return bad("max_state_bytes is larger than 8 MiB");
+  return {};
+}
+
+Result wait_result(std::future<Result>& f, std::chrono::milliseconds timeout) {
+  if (f.wait_for(timeout) != std::future_status::ready)
+    return {Status::unavailable, Value(), "no answer from the runner in time", -1};
+  return f.get();
+}
+
+}  // namespace
+
+Engine::Engine(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Error Engine::create(Runner& runner, TagsOptions options, std::unique_ptr<Engine>* out) {
+  if (options.retry_delay.count() <= 0) return {Status::invalid_argument, "retry_delay must be positive"};
+  if (options.wait_timeout.count() <= 0) return {Status::invalid_argument, "wait_timeout must be positive"};
+  auto impl = std::make_shared<Impl>(runner, std::move(options));
+  Impl* p = impl.get();
+  p->timer_thread = std::thread([p] { p->timer_loop(); });
+  out->reset(new Engine(std::move(impl)));
+  return {};
+}
+
+Engine::~Engine() {
+  Impl& m = *impl_;
+  std::vector<std::string> keys;
+  {
+    std::unique_lock lock(m.mu);
+    m.closing = true;
+    m.cv.notify_all();
+    m.cv.wait_for(lock, m.opts.wait_timeout, [&] { return m.in_flight == 0; });
+    for (auto& n : m.nodes)
+      if (n->alive && n->is_virtual) keys.push_back(n->key);
+  }
+  if (m.timer_thread.joinable()) m.timer_thread.join();
+  for (const auto& k : keys) (void)m.runner.unregister_script(k);
+}
+
+Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
+  Impl& m = *impl_;
+  std::lock_guard apply_lock(m.apply_mu);
+  std::set<std::string> ids;
+  for (const auto& d : defs) {
+    if (auto err = validate(d)) return err;
+    if (!ids.insert(d.id).second) return {Status::invalid_argument, "tag '" + d.id + "' is defined twice"};
+  }
+  struct Plan {
+    const TagDefinition* def;
+    Script script;
+    bool new_script = false;
+    bool existed = false;
+    Script old_script;
+    bool carry_state = false;
+    Value state;
+    bool has_state = false;
+  };
+  std::vector<Plan> plans;
+  std::vector<std::string> removed;
+  {
+    std::lock_guard lock(m.mu);
+    if (m.closing) return {Status::unavailable, "the tags engine is closing"};
+    std::map<std::string, const TagDefinition*> proposed;
+    if (!replace_all)
+      for (auto& n : m.nodes)
+        if (n->alive && n->is_virtual) proposed[n->id] = &n->def;
+    for (const auto& d : defs) proposed[d.id] = &d;
+    if (replace_all)
+      for (auto& n : m.nodes)
+        if (n->alive && n->is_virtual && !proposed.count(n->id)) removed.push_back(n->id);
+    if (proposed.size() > kMaxTags)
+      return {Status::invalid_argument, "more than " + std::to_string(kMaxTags) + " tags"};
+    std::size_t new_sources = 0;
+    for (const auto& d : defs)
+      for (const auto& in : d.inputs)
+        if (!proposed.count(in.tag) && m.find(in.tag) == nullptr) ++new_sources;
+    if (m.sources + new_sources > m.opts.max_sources)
+      return {Status::invalid_argument, "the definitions need more than max_sources (" +
+                                            std::to_string(m.opts.max_sources) + ") source tags"};
+    const std::string cycle = Impl::find_cycle(proposed);
+    if (!cycle.empty()) return {Status::invalid_argument, "cycle: " + cycle};
+    for (const auto& d : defs) {
+      Plan p;
+      p.def = &d;
+      if (Node* n = m.find(d.id); n != nullptr && n->is_virtual) {
+        p.existed = true;
+        p.old_script = n->script;
+        p.carry_state = !d.reset_state;
+        if (n->def.script == d.script) p.script = n->script;
+      }
+      plans.push_back(std::move(p));
+    }
+  }
+  // Register and compile outside the lock: every new script is checked before anything changes.
+  for (auto& p : plans) {
+    if (p.script.valid()) continue;
+    const std::string wrapped = detail::wrap_script(p.def->script);
+    if (auto err = m.runner.register_script("tag:" + p.def->id, wrapped, &p.script))
+      return {err.status, "tag '" + p.def->id + "': " + err.message};
+    p.new_script = true;
+  }
+  // Pause: no wave may run while states move and the graph changes.
+  {
+    std::unique_lock lock(m.mu);
+    ++m.paused;
+    if (!m.cv.wait_for(lock, m.opts.wait_timeout, [&] { return m.no_wave_running_locked(); })) {
+      --m.paused;
+      std::vector<Dispatch> out;
+      m.start_waves(&out);
+      lock.unlock();
+      run_dispatches(std::move(out));
+      return {Status::unavailable, "evaluations still running after wait_timeout; nothing changed"};
+    }
+  }
+  auto unpause = [&](std::vector<Dispatch>* out) {
+    --m.paused;
+    m.start_waves(out);
+  };
+  Error failure;
+  // Export the old states (hot reload), then check-compile the new scripts with them.
+  for (auto& p : plans) {
+    if (!p.new_script || !p.existed || !p.carry_state) continue;
+    Inputs in{{"__c", Value(Map{{"m", Value("x")}})}};
+    auto f = m.runner.evaluate(p.old_script, std::move(in));
+    Result r = wait_result(f, m.opts.wait_timeout);
+    if (r.status == Status::ok)
+      if (const Value* st = map_get(r.value, "st")) {
+        p.state = *st;
+        p.has_state = true;
+      }
+    if (!p.has_state) {
+      std::lock_guard lock(m.mu);
+      if (Node* n = m.find(p.def->id); n && n->kept_state_present) {
+        p.state = n->kept_state;
+        p.has_state = true;
+      }
+    }
+  }
+  std::vector<std::pair<Plan*, std::future<Result>>> checks;
+  for (auto& p : plans) {
+    if (!p.new_script) continue;
+    Map ctx{{"m", Value("c")}};
+    if (p.has_state) ctx.push_back({"st", p.state});
+    checks.emplace_back(&p, m.runner.evaluate(p.script, Inputs{{"__c", Value(std::move(ctx))}}));
+  }
+  for (auto& [p, f] : checks) {
+    Result r = wait_result(f, m.opts.wait_timeout);
+    if (r.status != Status::ok && !failure)
+      failure = {r.status == Status::compile_error ? Status::compile_error : r.status,
+                 "tag '" + p->def->id + "': " + std::string(to_string(r.status)) + ": " + r.error};
+  }
+  std::vector<Dispatch> out;
+  {
+    std::lock_guard lock(m.mu);
+    if (failure) {
+      unpause(&out);
+    } else {
+      for (auto& p : plans) {
+        const TagDefinition& d = *p.def;
+        uint32_t idx;
+        if (Node* n = m.find(d.id)) {
+          idx = m.by_id[d.id];
+          if (!n->is_virtual) {  // a source becomes a virtual tag
+            --m.sources;
+            n->value = DataValue();
+            n->has_pending = false;
+          }
+        } else {
+          idx = m.new_node(d.id);
+        }
+        Node& n = *m.nodes[idx];
+        n.is_virtual = true;
+        n.def = d;
+        ++n.version;
+        n.key = "tag:" + d.id;
+        n.script = p.script;
+        n.input_nodes.clear();
+        for (const auto& in : d.inputs) {
+          uint32_t src;
+          if (auto it = m.by_id.find(in.tag); it != m.by_id.end()) {
+            src = it->second;
+          } else {
+            src = m.new_node(in.tag);
+            ++m.sources;
+          }
+          n.input_nodes.push_back(src);
+        }
+        n.used.assign(d.inputs.size(), DataValue());
+        n.used_set.assign(d.inputs.size(), false);
+        if (p.new_script) n.kept_state_present = d.keep_state && p.has_state;
+        if (n.kept_state_present && p.has_state) n.kept_state = p.state;
+        if (!d.keep_state) {
+          n.kept_state_present = false;
+          n.kept_state = Value();
+        }
+        n.need_initial = d.trigger.kind == TriggerKind::on_change || d.trigger.kind == TriggerKind::periodic;
+        n.due_set = false;
+        if (d.trigger.kind == TriggerKind::periodic && m.opts.real_time_periodic) {
+          m.timers.push({Clock::now() + d.trigger.period, idx, n.generation, true});
+          m.cv.notify_all();
+        }
+      }
+      for (const auto& id : removed) {
+        const uint32_t idx = m.by_id.at(id);
+        Node& n = *m.nodes[idx];
+        // Still an input of a remaining tag: it stays, as a source.
+        bool used = false;
+        for (auto& o : m.nodes)
+          if (o->alive && o->is_virtual && o->id != id)
+            for (uint32_t in : o->input_nodes)
+              if (in == idx) used = true;
+        if (used) {
+          n.is_virtual = false;
+          n.script = Script();
+          n.def = TagDefinition();
+          n.value = DataValue();
+          ++m.sources;
+        } else {
+          m.free_node(idx);
+        }
+      }
+      m.rebuild();
+      unpause(&out);
+    }
+  }
+  if (!failure)
+    for (const auto& id : removed) (void)m.runner.unregister_script("tag:" + id);
+  run_dispatches(std::move(out));
+  m.deliver();
+  return failure;
+}
+
+Error Engine::remove(std::string_view id) {
+  Impl& m = *impl_;
+  std::lock_guard apply_lock(m.apply_mu);
+  std::unique_lock lock(m.mu);
+  Node* n = m.find(id);
+  if (n == nullptr || !n->is_virtual)
+    return {Status::invalid_argument, "'" + std::string(id) + "' is not a virtual tag"};
+  if (!n->dependents.empty()) {
+    std::string users;
+    for (uint32_t d : n->dependents) users += (users.empty() ? "" : ", ") + m.nodes[d]->id;
+    return {Status::invalid_argument, "tag '" + std::string(id) + "' is an input of " + users};
+  }
+  ++m.paused;
+  const bool quiet = m.cv.wait_for(lock, m.opts.wait_timeout, [&] { return m.no_wave_running_locked(); });
+  std::vector<Dispatch> out;
+  std::string key;
+  if (quiet) {
+    n = m.find(id);
+    key = n->key;
+    m.free_node(m.by_id.at(std::string(id)));
+    m.rebuild();
+  }
+  --m.paused;
+  m.start_waves(&out);
+  lock.unlock();
+  run_dispatches(std::move(out));
+  m.deliver();
+  if (!quiet) return {Status::unavailable, "evaluations still running after wait_timeout; nothing changed"};
+  return m.runner.unregister_script(key);
+}
+
+Error Engine::update(const std::vector<SourceUpdate>& updates) { return update(updates, impl_->now()); }
+
+Error Engine::update(const std::vector<SourceUpdate>& updates, DateTime time) {
+  Impl& m = *impl_;
+  std::vector<Dispatch> out;
+  {
+    std::lock_guard lock(m.mu);
+    if (m.closing) return {Status::unavailable, "the tags engine is closing"};
+    std::size_t new_sources = 0;
+    for (const auto& u : updates) {
+      if (u.tag.empty() || u.tag.size() > kMaxTagIdSize)
+        return {Status::invalid_argument, "a tag id must be 1.." + std::to_string(kMaxTagIdSize) + " bytes"};
+      const Node* n = m.find(u.tag);
+      if (n != nullptr && n->is_virtual)
+        return {Status::invalid_argument, "'" + u.tag + "' is a virtual tag: its value comes from its script"};
+      if (n == nullptr) ++new_sources;
+    }
+    if (m.sources + new_sources > m.opts.max_sources)
+      return {Status::invalid_argument, "more than max_sources (" + std::to_string(m.opts.max_sources) +
+                                            ") source tags"};
+    for (const auto& u : updates) {
+      uint32_t idx;
+      if (auto it = m.by_id.find(u.tag); it != m.by_id.end()) {
+        idx = it->second;
+      } else {
+        idx = m.new_node(u.tag);
+        ++m.sources;
+      }
+      Node& n = *m.nodes[idx];
+      DataValue dv = u.value;
+      dv.server_time = time;
+      if (dv.source_time == DateTime{}) dv.source_time = time;
+      dv.diagnostics.clear();
+      if (n.component < 0) {
+        n.value = std::move(dv);
+        continue;
+      }
+      Component& c = m.comps[n.component];
+      if (n.has_pending) {
+        for (uint32_t d : n.dependents) {
+          ++m.nodes[d]->counters.coalesced;
+          ++m.counters.coalesced;
+        }
+      } else {
+        c.pending_sources.push_back(idx);
+      }
+      n.pending = std::move(dv);
+      n.has_pending = true;
+      c.pending = true;
+      if (time > c.pending_time) c.pending_time = time;
+    }
+    m.counters.source_updates += updates.size();
+    m.start_waves(&out);
+  }
+  run_dispatches(std::move(out));
+  m.deliver();
+  return {};
+}
+
+Error Engine::read(std::string_view id, DataValue* out) {
+  Impl& m = *impl_;
+  std::unique_lock lock(m.mu);
+  Node* n = m.find(id);
+  if (n == nullptr) return {Status::invalid_argument, "unknown tag '" + std::string(id) + "'"};
+  if (n->is_virtual && n->def.trigger.kind == TriggerKind::on_read) {
+    const DateTime now = m.now();
+    const auto age = std::chrono::microseconds(now.unix_micros() - n->last_eval_time.unix_micros());
+    if (!n->evaluated || age > n->def.trigger.max_age) {
+      const uint64_t target = n->results;
+      const uint32_t idx = m.by_id.at(std::string(id));
+      const uint32_t gen = n->generation;
+      m.add_root(*n);
+      std::vector<Dispatch> ds;
+      m.start_waves(&ds);
+      lock.unlock();
+      run_dispatches(std::move(ds));
+      m.deliver();
+      lock.lock();
+      m.cv.wait_for(lock, m.opts.wait_timeout, [&] {
+        const Node& t = *m.nodes[idx];
+        return !t.alive || t.generation != gen || t.results > target;
+      });
+      n = m.find(id);
+      if (n == nullptr) return {Status::invalid_argument, "tag '" + std::string(id) + "' was removed"};
+    }
+  }
+  *out = n->value;
+  return {};
+}
+
+Error Engine::trigger(std::string_view id) {
+  Impl& m = *impl_;
+  std::vector<Dispatch> out;
+  {
+    std::lock_guard lock(m.mu);
+    Node* n = m.find(id);
+    if (n == nullptr || !n->is_virtual)
+      return {Status::invalid_argument, "'" + std::string(id) + "' is not a virtual tag"};
+    m.add_root(*n);
+    m.start_waves(&out);
+  }
+  run_dispatches(std::move(out));
+  m.deliver();
+  return {};
+}
+
+void Engine::advance_clock(DateTime t) {
+  Impl& m = *impl_;
+  std::vector<Dispatch> out;
+  {
+    std::lock_guard lock(m.mu);
+    m.manual_clock = t;
+    m.manual_clock_set = true;
+    if (!m.opts.real_time_periodic) {
+      const int64_t now_us = t.unix_micros();
+      for (uint32_t idx : m.topo_order) {
+        Node& n = *m.nodes[idx];
+        if (n.def.trigger.kind != TriggerKind::periodic) continue;
+        const int64_t period = std::chrono::duration_cast<std::chrono::microseconds>(n.def.trigger.period).count();
+        if (!n.due_set) {
+          n.next_due = t;
+          n.due_set = true;
+        }
+        if (now_us < n.next_due.unix_micros()) continue;
+        m.add_root(n);
+        int64_t due = n.next_due.unix_micros() + period;
+        if (due <= now_us) {  // missed periods: one evaluation for all of them
+          const int64_t missed = (now_us - due) / period + 1;
+          n.counters.coalesced += static_cast<uint64_t>(missed);
+          m.counters.coalesced += static_cast<uint64_t>(missed);
+          due += missed * period;
+        }
+        n.next_due = DateTime::from_unix_micros(due);
+      }
+    }
+    m.start_waves(&out);
+  }
+  run_dispatches(std::move(out));
+  m.deliver();
+}
+
+bool Engine::wait_idle(std::chrono::milliseconds timeout) {
+  Impl& m = *impl_;
+  std::unique_lock lock(m.mu);
+  return m.cv.wait_for(lock, timeout, [&] { return m.idle_locked(); });
+}
+
+Error Engine::info(std::string_view id, TagInfo* out) const {
+  const Impl& m = *impl_;
+  std::lock_guard lock(m.mu);
+  const Node* n = m.find(id);
+  if (n == nullptr) return {Status::invalid_argument, "unknown tag '" + std::string(id) + "'"};
+  out->definition = n->def;
+  out->value = n->value;
+  out->counters = n->counters;
+  out->version = n->version;
+  return {};
+}
+
+std::vector<std::string> Engine::ids() const {
+  const Impl& m = *impl_;
+  std::lock_guard lock(m.mu);
+  std::vector<std::string> r;
+  r.reserve(m.topo_order.size());
+  for (uint32_t i : m.topo_order) r.push_back(m.nodes[i]->id);
+  return r;
+}
+
+EngineCounters Engine::counters() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->counters;
+}
+
+}  // namespace outrun::tags

@@ -1,0 +1,50 @@
+// The Lua around a tag's script (design/tags.md "What a script sees"). The prelude is one line,
+// so the script's line N is line N of the chunk and error messages name the user's lines.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace outrun::tags::detail {
+
+// The evaluation's context arrives as the input `__c` (a map):
+//   s  status code per input name      t  source time per input name (seconds since 1970)
+//   p  the previous output {value, status, source_time}   n  now (seconds since 1970)
+//   m  "c": compile check only, "x": export `state`, absent: run
+//   st a state to start from      k  the host keeps a state (a fresh worker asks for it)
+//   ks return `state` with the result (keep_state)
+// The result is a map: v (value), s (status override), st (state), ns (need state).
+inline constexpr std::string_view kPrelude =
+    "local __c = inputs.__c; inputs.__c = nil; "
+    "if StatusCode == nil then StatusCode = {Good = 0, Uncertain = 0x40000000, "
+    "UncertainLastUsableValue = 0x40900000, UncertainSubstituteValue = 0x40910000, "
+    "UncertainInitialValue = 0x40920000, UncertainSensorNotAccurate = 0x40930000, "
+    "UncertainEngineeringUnitsExceeded = 0x40940000, Bad = 0x80000000, "
+    "BadInternalError = 0x80020000, BadOutOfMemory = 0x80030000, BadResourceUnavailable = 0x80040000, "
+    "BadTimeout = 0x800A0000, BadNoCommunication = 0x80310000, BadWaitingForInitialData = 0x80320000, "
+    "BadOutOfRange = 0x803C0000, BadTypeMismatch = 0x80740000, BadConfigurationError = 0x80890000, "
+    "BadSensorFailure = 0x808C0000, BadDeviceFailure = 0x808B0000}; "
+    "function severity(c) local s = (c or 0) >> 30; if s == 0 then return 'good' elseif s == 1 then "
+    "return 'uncertain' else return 'bad' end end; "
+    "function is_good(c) return (c or 0) >> 30 == 0 end; "
+    "function is_uncertain(c) return (c or 0) >> 30 == 1 end; "
+    "function is_bad(c) return (c or 0) >> 30 >= 2 end end; "
+    "if __c.st ~= nil then state = __c.st elseif state == nil then if __c.k then return {ns = true} end; "
+    "state = {} end; "
+    "if __c.m == 'c' then return {} elseif __c.m == 'x' then return {st = state} end; "
+    "status = __c.s or {}; source_time = __c.t or {}; prev = __c.p; now = __c.n; "
+    "local __v, __s = (function() ";
+
+inline constexpr std::string_view kSuffix =
+    "\nend)(); if __c.ks then return {v = __v, s = __s, st = state} end; return {v = __v, s = __s}";
+
+inline std::string wrap_script(std::string_view user) {
+  std::string s;
+  s.reserve(kPrelude.size() + user.size() + kSuffix.size());
+  s += kPrelude;
+  s += user;
+  s += kSuffix;
+  return s;
+}
+
+}  // namespace outrun::tags::detail

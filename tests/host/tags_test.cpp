@@ -1,0 +1,699 @@
+// Virtual tags (outrun/tags.h, design/tags.md) through the public API, over Host and InProcess.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cmath>
+#include <map>
+#include <thread>
+
+#include "host/host_support.h"
+#include "outrun/in_process.h"
+#include "outrun/tags.h"
+
+namespace outrun::test {
+namespace {
+
+using namespace std::chrono_literals;
+using tags::codes::Bad;
+using tags::codes::Good;
+using tags::codes::Uncertain;
+
+constexpr tags::StatusCode kUncSub = tags::codes::UncertainSubstituteValue;
+constexpr tags::StatusCode kBadSensor = tags::codes::BadSensorFailure;
+
+DateTime at(double s) { return DateTime::from_unix_seconds(1'800'000'000.0 + s); }
+
+// Collects changes; thread-safe.
+struct Changes {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<tags::Change> all;
+  std::vector<std::size_t> batch_sizes;
+  void add(const std::vector<tags::Change>& batch) {
+    std::lock_guard lock(mu);
+    for (const auto& c : batch) all.push_back(c);
+    batch_sizes.push_back(batch.size());
+    cv.notify_all();
+  }
+  std::vector<tags::Change> of(const std::string& id) {
+    std::lock_guard lock(mu);
+    std::vector<tags::Change> r;
+    for (const auto& c : all)
+      if (c.tag == id) r.push_back(c);
+    return r;
+  }
+  std::size_t count(const std::string& id) { return of(id).size(); }
+  void clear() {
+    std::lock_guard lock(mu);
+    all.clear();
+    batch_sizes.clear();
+  }
+  bool wait_for(const std::function<bool()>& pred, std::chrono::milliseconds limit = 20s) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (!pred()) {
+      if (std::chrono::steady_clock::now() > end) return false;
+      std::this_thread::sleep_for(2ms);
+    }
+    return true;
+  }
+};
+
+enum class Kind { host, in_process };
+
+// A runner, an engine over it and the changes it reported.
+struct Rig {
+  std::unique_ptr<Host> host;
+  std::unique_ptr<InProcess> inproc;
+  Runner* runner = nullptr;
+  Changes changes;
+  std::unique_ptr<tags::Engine> engine;
+  DateTime clock = at(0);
+  std::mutex clock_mu;
+
+  explicit Rig(Kind kind, HostOptions ho = {}, bool manual_periodic = true) {
+    if (kind == Kind::host) {
+      ho.shards = ho.shards ? ho.shards : 2;
+      host = start_host(ho);
+      runner = host.get();
+    } else {
+      InProcessOptions io;
+      io.timeout = ho.timeout;
+      io.memory_limit = ho.memory_limit;
+      inproc = std::make_unique<InProcess>(io);
+      runner = inproc.get();
+    }
+    tags::TagsOptions to;
+    to.on_change = [this](const std::vector<tags::Change>& b) { changes.add(b); };
+    to.clock = [this] {
+      std::lock_guard lock(clock_mu);
+      return clock;
+    };
+    to.real_time_periodic = !manual_periodic;
+    to.retry_delay = 20ms;
+    Error err = tags::Engine::create(*runner, to, &engine);
+    REQUIRE_MESSAGE(!err, err.message);
+  }
+  void set_clock(DateTime t) {
+    std::lock_guard lock(clock_mu);
+    clock = t;
+  }
+  void define(const tags::TagDefinition& d) {
+    Error err = engine->define(d);
+    REQUIRE_MESSAGE(!err, err.message);
+    REQUIRE(engine->wait_idle());
+  }
+  void update(std::vector<tags::SourceUpdate> u, DateTime t) {
+    set_clock(t);
+    Error err = engine->update(u, t);
+    REQUIRE_MESSAGE(!err, err.message);
+    REQUIRE(engine->wait_idle());
+  }
+  tags::DataValue read(const std::string& id) {
+    tags::DataValue dv;
+    Error err = engine->read(id, &dv);
+    REQUIRE_MESSAGE(!err, err.message);
+    return dv;
+  }
+};
+
+tags::TagDefinition tag(std::string id, std::string script, std::vector<std::string> inputs,
+                        tags::DataType type = tags::DataType::Double) {
+  tags::TagDefinition d;
+  d.id = std::move(id);
+  d.script = std::move(script);
+  for (auto& i : inputs) {
+    tags::InputSpec in;
+    in.tag = i;
+    d.inputs.push_back(in);
+  }
+  d.type.type = type;
+  return d;
+}
+
+tags::SourceUpdate src(std::string id, Value v, tags::StatusCode s = Good, DateTime t = {}) {
+  tags::SourceUpdate u;
+  u.tag = std::move(id);
+  u.value.value = std::move(v);
+  u.value.status = s;
+  u.value.source_time = t;
+  return u;
+}
+
+double num(const Value& v) {
+  if (v.is<double>()) return v.as<double>();
+  if (v.is<int64_t>()) return static_cast<double>(v.as<int64_t>());
+  if (v.is<float>()) return v.as<float>();
+  FAIL("not a number: " << to_display_string(v));
+  return 0;
+}
+
+#define FOR_EACH_RUNNER(kind)                                                         \
+  Kind kind = Kind::host;                                                             \
+  SUBCASE("Host") { kind = Kind::host; }                                              \
+  SUBCASE("InProcess") { kind = Kind::in_process; }
+
+}  // namespace
+
+TEST_CASE("tags: status codes, severity and the error map") {
+  CHECK(tags::severity(Good) == tags::Severity::good);
+  CHECK(tags::severity(tags::codes::UncertainLastUsableValue) == tags::Severity::uncertain);
+  CHECK(tags::severity(tags::codes::BadTimeout) == tags::Severity::bad);
+  CHECK(tags::severity(0xC0000000u) == tags::Severity::bad);
+  CHECK(tags::status_code_name(0x80740000u) == "BadTypeMismatch");
+  CHECK(tags::status_code_name(0x80AA0000u) == "0x80AA0000");
+  tags::StatusCode c = 0;
+  CHECK(tags::parse_status_code("BadOutOfRange", &c));
+  CHECK(c == 0x803C0000u);
+  CHECK(tags::parse_status_code("0x40900000", &c));
+  CHECK(c == 0x40900000u);
+  CHECK_FALSE(tags::parse_status_code("-1", &c));
+  CHECK_FALSE(tags::parse_status_code("Goodish", &c));
+  CHECK(tags::status_code_for(Status::runtime_error) == 0x80020000u);
+  CHECK(tags::status_code_for(Status::timeout) == 0x800A0000u);
+  CHECK(tags::status_code_for(Status::killed) == 0x800A0000u);
+  CHECK(tags::status_code_for(Status::memory_limit) == 0x80030000u);
+  CHECK(tags::status_code_for(Status::compile_error) == 0x80890000u);
+  CHECK(tags::status_code_for(Status::worker_lost) == 0x80040000u);
+}
+
+TEST_CASE("tags: coercion to every DataType, with out-of-range values") {
+  using tags::DataType;
+  auto ok = [](Value in, DataType t, bool array = false) {
+    Value out;
+    std::string why;
+    const auto c = tags::coerce(in, {t, array}, &out, &why);
+    CHECK_MESSAGE(c == Good, why);
+    return out;
+  };
+  auto fails = [](Value in, DataType t, tags::StatusCode expect, bool array = false) {
+    Value out;
+    std::string why;
+    CHECK(tags::coerce(in, {t, array}, &out, &why) == expect);
+    CHECK(!why.empty());
+  };
+  CHECK(ok(Value(true), DataType::Boolean) == Value(true));
+  fails(Value(1), DataType::Boolean, tags::codes::BadTypeMismatch);
+  CHECK(ok(Value(-128), DataType::SByte) == Value(int64_t{-128}));
+  fails(Value(128), DataType::SByte, tags::codes::BadOutOfRange);
+  CHECK(ok(Value(255), DataType::Byte) == Value(uint64_t{255}));
+  fails(Value(-1), DataType::Byte, tags::codes::BadOutOfRange);
+  CHECK(ok(Value(32767), DataType::Int16) == Value(int64_t{32767}));
+  fails(Value(-32769), DataType::Int16, tags::codes::BadOutOfRange);
+  CHECK(ok(Value(65535), DataType::UInt16) == Value(uint64_t{65535}));
+  fails(Value(65536), DataType::UInt16, tags::codes::BadOutOfRange);
+  CHECK(ok(Value(2.5), DataType::Int32) == Value(int64_t{3}));  // rounded half away from zero
+  CHECK(ok(Value(-2.5), DataType::Int32) == Value(int64_t{-3}));
+  fails(Value(int64_t{1} << 31), DataType::Int32, tags::codes::BadOutOfRange);
+  CHECK(ok(Value(int64_t{4294967295}), DataType::UInt32) == Value(uint64_t{4294967295u}));
+  fails(Value(int64_t{4294967296}), DataType::UInt32, tags::codes::BadOutOfRange);
+  CHECK(ok(Value(INT64_MIN), DataType::Int64) == Value(int64_t{INT64_MIN}));
+  fails(Value(1e19), DataType::Int64, tags::codes::BadOutOfRange);
+  CHECK(ok(Value(1.8e19), DataType::UInt64) == Value(uint64_t{18000000000000000000u}));
+  fails(Value(-1), DataType::UInt64, tags::codes::BadOutOfRange);
+  fails(Value(std::nan("")), DataType::Int64, tags::codes::BadOutOfRange);
+  fails(Value("12"), DataType::Int32, tags::codes::BadTypeMismatch);
+  CHECK(ok(Value(1.5), DataType::Float) == Value(1.5f));
+  fails(Value(1e39), DataType::Float, tags::codes::BadOutOfRange);
+  CHECK(ok(Value(3), DataType::Double) == Value(3.0));
+  fails(Value(true), DataType::Double, tags::codes::BadTypeMismatch);
+  CHECK(ok(Value("x"), DataType::String) == Value("x"));
+  fails(Value(Bytes{"\xff"}), DataType::String, tags::codes::BadTypeMismatch);
+  fails(Value(1), DataType::String, tags::codes::BadTypeMismatch);
+  CHECK(ok(Value(0.0), DataType::DateTime) == Value(DateTime{DateTime::kUnixEpochTicks}));
+  CHECK(ok(Value("2026-12-01T10:00:00.000Z"), DataType::DateTime) ==
+        Value(DateTime::from_unix_seconds(1796119200.0)));
+  fails(Value(1e13), DataType::DateTime, tags::codes::BadOutOfRange);
+  fails(Value("yesterday"), DataType::DateTime, tags::codes::BadTypeMismatch);
+  CHECK(ok(Value("ab"), DataType::ByteString) == Value(Bytes{"ab"}));
+  CHECK(ok(Value(Array{Value(1), Value(2)}), DataType::Int16, true) ==
+        Value(Array{Value(int64_t{1}), Value(int64_t{2})}));
+  CHECK(ok(Value(Map{}), DataType::Int16, true) == Value(Array{}));
+  fails(Value(Array{Value(1), Value(70000)}), DataType::Int16, tags::codes::BadOutOfRange, true);
+  fails(Value(5), DataType::Int16, tags::codes::BadTypeMismatch, true);
+  CHECK(ok(Value(Map{{"a", Value(1)}}), DataType::Variant) == Value(Map{{"a", Value(1)}}));
+}
+
+TEST_CASE("tags: a script's result is coerced to the declared type, end to end") {
+  FOR_EACH_RUNNER(kind);
+  Rig rig(kind);
+  rig.define(tag("I16", "return inputs.X * 1000", {"X"}, tags::DataType::Int16));
+  rig.define(tag("U8s", "return {inputs.X, inputs.X + 1}", {"X"}, tags::DataType::Byte));
+  {
+    auto d = tag("U8a", "return {inputs.X, inputs.X + 1}", {"X"}, tags::DataType::Byte);
+    d.type.array = true;
+    rig.define(d);
+  }
+  rig.define(tag("F", "return inputs.X / 3", {"X"}, tags::DataType::Float));
+  rig.define(tag("DT", "return now", {"X"}, tags::DataType::DateTime));
+  rig.update({src("X", Value(7))}, at(1));
+  auto i16 = rig.read("I16");
+  CHECK(i16.status == Good);
+  CHECK(i16.value == Value(int64_t{7000}));
+  CHECK(rig.read("U8s").status == tags::codes::BadTypeMismatch);
+  CHECK(rig.read("U8a").value == Value(Array{Value(uint64_t{7}), Value(uint64_t{8})}));
+  CHECK(rig.read("F").value == Value(static_cast<float>(7.0 / 3)));
+  CHECK(rig.read("DT").value == Value(at(1)));
+  rig.update({src("X", Value(40))}, at(2));
+  auto r = rig.read("I16");
+  CHECK(r.status == tags::codes::BadOutOfRange);
+  CHECK(r.value.is_nil());
+  CHECK(r.diagnostics.find("Int16") != std::string::npos);
+  CHECK(rig.read("U8a").status == Good);
+  rig.update({src("X", Value(300))}, at(3));
+  CHECK(rig.read("U8a").status == tags::codes::BadOutOfRange);
+}
+
+TEST_CASE("tags: the quality matrix (worst severity wins, its code kept) and script overrides") {
+  FOR_EACH_RUNNER(kind);
+  Rig rig(kind);
+  rig.define(tag("Sum", "return (inputs.A or 0) + (inputs.B or 0)", {"A", "B"}));
+  rig.define(tag("Forced", "return 1, StatusCode.Uncertain", {"A", "B"}));
+  rig.define(tag("ByName", "return 2, 'UncertainSensorNotAccurate'", {"A", "B"}));
+  rig.define(tag("Helpers",
+                 "return (is_good(status.A) and 1 or 0) + (is_uncertain(status.A) and 10 or 0) + "
+                 "(is_bad(status.A) and 100 or 0)",
+                 {"A", "B"}));
+  rig.define(tag("NilBad", "if is_bad(status.A) then return nil, status.A end return inputs.A", {"A"}));
+  rig.define(tag("BadStatus", "return 1, -5", {"A"}));
+  const tags::StatusCode all[] = {Good, kUncSub, kBadSensor};
+  double t = 1;
+  for (auto sa : all) {
+    for (auto sb : all) {
+      CAPTURE(tags::status_code_name(sa));
+      CAPTURE(tags::status_code_name(sb));
+      rig.update({src("A", Value(1.0 + t), sa), src("B", Value(2.0), sb)}, at(t));
+      t += 1;
+      const auto sum = rig.read("Sum");
+      const int worst = std::max(static_cast<int>(tags::severity(sa)), static_cast<int>(tags::severity(sb)));
+      tags::StatusCode expect = Good;
+      if (worst > 0) expect = static_cast<int>(tags::severity(sa)) == worst ? sa : sb;
+      CHECK(sum.status == expect);
+      CHECK(num(sum.value) == doctest::Approx(3.0 + t - 1));
+      CHECK(rig.read("Forced").status == Uncertain);
+      CHECK(rig.read("ByName").status == tags::codes::UncertainSensorNotAccurate);
+      CHECK(num(rig.read("Helpers").value) ==
+            (sa == Good ? 1 : sa == kUncSub ? 10 : 100));
+      const auto nb = rig.read("NilBad");
+      if (sa == kBadSensor) {
+        CHECK(nb.status == kBadSensor);
+        CHECK(nb.value.is_nil());
+      } else {
+        CHECK(nb.status == sa);
+      }
+      CHECK(rig.read("BadStatus").status == tags::codes::BadInternalError);
+    }
+  }
+  // No inputs status at all: Good.
+  rig.define(tag("Const", "return 5", {}));
+  CHECK(rig.read("Const").status == Good);
+  // A source never updated: BadWaitingForInitialData flows through.
+  rig.define(tag("Waits", "return 1", {"Never"}));
+  CHECK(rig.read("Waits").status == tags::codes::BadWaitingForInitialData);
+}
+
+TEST_CASE("tags: errors map to StatusCodes, with diagnostics") {
+  FOR_EACH_RUNNER(kind);
+  HostOptions ho;
+  ho.timeout = 50ms;
+  ho.memory_limit = 4u << 20;
+  Rig rig(kind, ho);
+  rig.define(tag("Err", "error('boom')", {"X"}));
+  rig.define(tag("Loop", "if inputs.X > 1 then while true do end end return 1", {"X"}));
+  rig.define(tag("Mem", "local t = {} for i = 1, 1e8 do t[i] = i end return 1", {"X"}));
+  rig.update({src("X", Value(2))}, at(1));
+  auto e = rig.read("Err");
+  CHECK(e.status == tags::codes::BadInternalError);
+  CHECK(e.diagnostics.find("boom") != std::string::npos);
+  CHECK(e.diagnostics.find(":1:") != std::string::npos);  // the user's line
+  CHECK(rig.read("Loop").status == tags::codes::BadTimeout);
+  CHECK(rig.read("Mem").status == tags::codes::BadOutOfMemory);
+  tags::TagInfo info;
+  REQUIRE(!rig.engine->info("Err", &info));
+  CHECK(info.counters.by_status[static_cast<int>(Status::runtime_error)] >= 1);
+  CHECK(info.counters.last_error.find("boom") != std::string::npos);
+}
+
+TEST_CASE("tags: timestamp policies") {
+  FOR_EACH_RUNNER(kind);
+  Rig rig(kind);
+  auto newest = tag("Newest", "return inputs.A + inputs.B", {"A", "B"});
+  auto trig = tag("Trig", "return inputs.A + inputs.B", {"A", "B"});
+  trig.timestamps = tags::TimestampPolicy::triggering_input;
+  auto evt = tag("Eval", "return inputs.A + inputs.B", {"A", "B"});
+  evt.timestamps = tags::TimestampPolicy::evaluation_time;
+  rig.define(newest);
+  rig.define(trig);
+  rig.define(evt);
+  rig.update({src("A", Value(1), Good, at(10)), src("B", Value(2), Good, at(20))}, at(30));
+  CHECK(rig.read("Newest").source_time == at(20));
+  CHECK(rig.read("Newest").server_time == at(30));
+  CHECK(rig.read("Trig").source_time == at(20));
+  CHECK(rig.read("Eval").source_time == at(30));
+  // Only A changes, with an older timestamp than B's.
+  rig.update({src("A", Value(5), Good, at(15))}, at(40));
+  CHECK(rig.read("Newest").source_time == at(20));
+  CHECK(rig.read("Trig").source_time == at(15));
+  CHECK(rig.read("Eval").source_time == at(40));
+  CHECK(rig.read("Eval").server_time == at(40));
+}
+
+TEST_CASE("tags: deadbands (absolute and percent) and listed trigger inputs") {
+  FOR_EACH_RUNNER(kind);
+  Rig rig(kind);
+  auto abs = tag("Abs", "return inputs.X", {"X"});
+  abs.inputs[0].deadband = tags::DeadbandKind::absolute;
+  abs.inputs[0].deadband_value = 0.5;
+  auto pct = tag("Pct", "return inputs.X", {"X"});
+  pct.inputs[0].deadband = tags::DeadbandKind::percent;
+  pct.inputs[0].deadband_value = 10;  // 10 % of the range 0..20 = 2
+  pct.inputs[0].range_high = 20;
+  auto listed = tag("Listed", "return inputs.X + inputs.Y", {"X", "Y"});
+  listed.inputs[1].trigger = false;  // Y is read but does not trigger
+  rig.define(abs);
+  rig.define(pct);
+  rig.define(listed);
+  rig.update({src("X", Value(10.0)), src("Y", Value(1.0))}, at(1));
+  rig.changes.clear();
+  rig.update({src("X", Value(10.4))}, at(2));  // within both
+  CHECK(rig.changes.count("Abs") == 0);
+  CHECK(rig.changes.count("Pct") == 0);
+  rig.update({src("X", Value(10.6))}, at(3));  // |10.6-10| > 0.5, < 2
+  CHECK(rig.changes.count("Abs") == 1);
+  CHECK(num(rig.read("Abs").value) == doctest::Approx(10.6));
+  CHECK(rig.changes.count("Pct") == 0);
+  rig.update({src("X", Value(12.1))}, at(4));  // > 2 from 10 (Pct's last used)
+  CHECK(rig.changes.count("Pct") == 1);
+  CHECK(num(rig.read("Pct").value) == doctest::Approx(12.1));
+  // A status change always passes the deadband.
+  rig.update({src("X", Value(12.1), kUncSub)}, at(5));
+  CHECK(rig.read("Abs").status == kUncSub);
+  // Listed inputs: Y alone does not trigger; the next X change sees Y's latest value.
+  const auto before = rig.changes.count("Listed");
+  rig.update({src("Y", Value(100.0))}, at(6));
+  CHECK(rig.changes.count("Listed") == before);
+  rig.update({src("X", Value(0.0))}, at(7));
+  CHECK(num(rig.read("Listed").value) == doctest::Approx(100.0));
+}
+
+TEST_CASE("tags: only a real change notifies; a periodic tag with steady inputs is quiet") {
+  FOR_EACH_RUNNER(kind);
+  Rig rig(kind);  // manual clock: advance_clock drives periodic tags
+  auto per = tag("Per", "return inputs.X * 2", {"X"});
+  per.trigger.kind = tags::TriggerKind::periodic;
+  per.trigger.period = 1000ms;
+  rig.define(per);
+  rig.define(tag("OnChange", "return inputs.X * 3", {"X"}));
+  rig.update({src("X", Value(1), Good, at(0))}, at(0));
+  rig.engine->advance_clock(at(0));
+  REQUIRE(rig.engine->wait_idle());
+  const auto first = rig.changes.count("Per");
+  CHECK(first >= 1);
+  CHECK(num(rig.read("Per").value) == 2);
+  for (int s = 1; s <= 10; ++s) {
+    rig.engine->advance_clock(at(s));
+    REQUIRE(rig.engine->wait_idle());
+  }
+  tags::TagInfo info;
+  REQUIRE(!rig.engine->info("Per", &info));
+  CHECK(info.counters.evaluations >= 10);  // it ran every period...
+  CHECK(rig.changes.count("Per") == first);  // ...and notified nothing
+  // The same value and status again, same timestamp: no change.
+  const auto oc = rig.changes.count("OnChange");
+  rig.update({src("X", Value(1), Good, at(0))}, at(11));
+  CHECK(rig.changes.count("OnChange") == oc);
+  // A new value: both notify once.
+  rig.update({src("X", Value(2), Good, at(12))}, at(12));
+  rig.engine->advance_clock(at(12));
+  REQUIRE(rig.engine->wait_idle());
+  CHECK(rig.changes.count("OnChange") == oc + 1);
+  CHECK(rig.changes.count("Per") == first + 1);
+  CHECK(num(rig.read("Per").value) == 4);
+}
+
+TEST_CASE("tags: on-read tags evaluate when older than max_age; manual tags on trigger") {
+  FOR_EACH_RUNNER(kind);
+  Rig rig(kind);
+  auto onread = tag("OnRead", "state.n = (state.n or 0) + 1 return state.n", {"X"});
+  onread.trigger.kind = tags::TriggerKind::on_read;
+  onread.trigger.max_age = 5000ms;
+  rig.define(onread);
+  auto manual = tag("Manual", "return inputs.X + 1", {"X"});
+  manual.trigger.kind = tags::TriggerKind::manual;
+  rig.define(manual);
+  rig.update({src("X", Value(1))}, at(0));
+  CHECK(rig.read("Manual").status == tags::codes::BadWaitingForInitialData);  // not yet triggered
+  rig.set_clock(at(1));
+  CHECK(num(rig.read("OnRead").value) == 1);  // never evaluated: evaluates now
+  rig.set_clock(at(3));
+  CHECK(num(rig.read("OnRead").value) == 1);  // 2 s old: served as is
+  rig.update({src("X", Value(2))}, at(4));    // an input change does not trigger it
+  CHECK(num(rig.read("OnRead").value) == 1);
+  rig.set_clock(at(7));
+  CHECK(num(rig.read("OnRead").value) == 2);  // 6 s old: evaluated again
+  REQUIRE(!rig.engine->trigger("Manual"));
+  REQUIRE(rig.engine->wait_idle());
+  CHECK(num(rig.read("Manual").value) == 3);
+}
+
+TEST_CASE("tags: a definition that would make a cycle is refused, naming the path") {
+  Rig rig(Kind::in_process);
+  rig.define(tag("A", "return inputs.S", {"S"}));
+  rig.define(tag("B", "return inputs.A", {"A"}));
+  rig.define(tag("C", "return inputs.B", {"B"}));
+  Error err = rig.engine->define(tag("A", "return inputs.C", {"C"}));
+  REQUIRE(err);
+  CHECK(err.status == Status::invalid_argument);
+  CHECK(err.message.find("A -> C -> B -> A") != std::string::npos);
+  err = rig.engine->define(tag("D", "return 1", {"D"}));
+  CHECK(err.message.find("D -> D") != std::string::npos);
+  // Nothing changed: A still follows S.
+  rig.update({src("S", Value(4))}, at(1));
+  CHECK(num(rig.read("C").value) == 4);
+  // And a removal while another tag uses it is refused.
+  err = rig.engine->remove("B");
+  CHECK(err.message.find("input of C") != std::string::npos);
+  // Writing a virtual tag is refused.
+  CHECK(rig.engine->update({src("B", Value(1))}, at(2)).status == Status::invalid_argument);
+}
+
+TEST_CASE("tags: a diamond is glitch-free: each wave evaluates each tag once, never half a wave") {
+  FOR_EACH_RUNNER(kind);
+  Rig rig(kind);
+  rig.define(tag("L", "return inputs.S + 1", {"S"}));
+  rig.define(tag("R", "return inputs.S * 2", {"S"}));
+  rig.define(tag("D", "return {l = inputs.L, r = inputs.R}", {"L", "R"}, tags::DataType::Variant));
+  rig.define(tag("E", "return inputs.D.l + inputs.D.r + inputs.S", {"D", "S"}));
+  rig.update({src("S", Value(0))}, at(0));
+  rig.changes.clear();
+  tags::TagInfo before;
+  REQUIRE(!rig.engine->info("D", &before));
+  const int waves = 200;
+  for (int i = 1; i <= waves; ++i) {
+    rig.set_clock(at(i));
+    REQUIRE(!rig.engine->update({src("S", Value(i))}, at(i)));  // no wait: waves may pile up
+  }
+  REQUIRE(rig.engine->wait_idle());
+  // Every D the callback saw is consistent: l == s + 1 and r == 2s for one s.
+  for (const auto& c : rig.changes.of("D")) {
+    const Value* l = nullptr;
+    const Value* r = nullptr;
+    for (const auto& e : c.value.value.as<Map>()) (e.key == "l" ? l : r) = &e.value;
+    REQUIRE(l);
+    REQUIRE(r);
+    CHECK(num(*r) == 2 * (num(*l) - 1));
+  }
+  for (const auto& c : rig.changes.of("E")) {
+    // E = (s+1) + 2s + s = 4s + 1 for the same s
+    CHECK(std::fmod(num(c.value.value) - 1, 4) == 0);
+  }
+  tags::TagInfo after;
+  REQUIRE(!rig.engine->info("D", &after));
+  const auto evals = after.counters.evaluations - before.counters.evaluations;
+  CHECK(evals <= static_cast<uint64_t>(waves));  // at most once per wave
+  CHECK(evals + after.counters.coalesced - before.counters.coalesced >= 1);
+  CHECK(num(rig.read("E").value) == 4 * waves + 1);  // the last wave's result is there
+  tags::TagInfo e;
+  REQUIRE(!rig.engine->info("E", &e));
+  CHECK(e.counters.evaluations <= after.counters.evaluations + 1);
+  // In-process waves never pile up: each of them ran every tag exactly once.
+  if (kind == Kind::in_process) CHECK(evals == static_cast<uint64_t>(waves));
+  // The changes of one wave arrive in one batch, in topological order.
+  rig.changes.clear();
+  rig.update({src("S", Value(1000))}, at(1000));
+  REQUIRE(rig.changes.batch_sizes.size() == 1);
+  CHECK(rig.changes.batch_sizes[0] == 4);
+  std::vector<std::string> order;
+  for (const auto& c : rig.changes.all) order.push_back(c.tag);
+  CHECK(order.back() == "E");
+  CHECK(order[2] == "D");
+}
+
+TEST_CASE("tags: hot reload compiles first; a broken script keeps the old definition; state carries over") {
+  FOR_EACH_RUNNER(kind);
+  Rig rig(kind);
+  rig.define(tag("Count", "state.n = (state.n or 0) + 1 return state.n", {"X"}));
+  for (int i = 1; i <= 3; ++i) rig.update({src("X", Value(i))}, at(i));
+  const double before = num(rig.read("Count").value);
+  CHECK(before >= 3);
+  // A compile error: refused, nothing changes.
+  Error err = rig.engine->define(tag("Count", "state.n = ( + 1\nreturn", {"X"}));
+  REQUIRE(err);
+  CHECK(err.status == Status::compile_error);
+  CHECK(err.message.find("Count") != std::string::npos);
+  CHECK(err.message.find(":1:") != std::string::npos);
+  rig.update({src("X", Value(10))}, at(10));
+  CHECK(num(rig.read("Count").value) == before + 1);
+  tags::TagInfo info;
+  REQUIRE(!rig.engine->info("Count", &info));
+  CHECK(info.version == 1);
+  // A good redefinition: `state` carries over to the new script.
+  rig.define(tag("Count", "state.n = (state.n or 0) + 100 return state.n", {"X"}));
+  REQUIRE(!rig.engine->info("Count", &info));
+  CHECK(info.version == 2);
+  // The redefinition itself evaluates once (its initial value), from the carried state.
+  CHECK(num(rig.read("Count").value) == before + 1 + 100);
+  rig.update({src("X", Value(11))}, at(11));
+  CHECK(num(rig.read("Count").value) == before + 1 + 200);
+  // reset_state: starts empty.
+  auto reset = tag("Count", "state.n = (state.n or 0) + 1000 return state.n", {"X"});
+  reset.reset_state = true;
+  rig.define(reset);
+  CHECK(num(rig.read("Count").value) == 1000);
+}
+
+TEST_CASE("tags: a killed worker: UncertainLastUsableValue with the last value, then Good again") {
+  HostOptions ho;
+  ho.retries = 0;  // what was in flight ends worker_lost instead of being retried
+  ho.shards = 1;
+  ho.timeout = 5000ms;  // the slow script must not time out on a loaded machine
+  Rig rig(Kind::host, ho);
+  rig.define(tag("Slow", "local t = os.clock() while os.clock() - t < 0.05 do end return inputs.X * 10", {"X"}));
+  rig.update({src("X", Value(1))}, at(1));
+  CHECK(num(rig.read("Slow").value) == 10);
+  rig.changes.clear();
+  rig.set_clock(at(2));
+  REQUIRE(!rig.engine->update({src("X", Value(2))}, at(2)));
+  std::this_thread::sleep_for(15ms);  // the evaluation is running
+  REQUIRE(!rig.host->kill_shard(0));
+  REQUIRE(rig.changes.wait_for([&] {
+    for (const auto& c : rig.changes.of("Slow"))
+      if (c.value.status == Good && num(c.value.value) == 20) return true;
+    return false;
+  }));
+  const auto seen = rig.changes.of("Slow");
+  REQUIRE(seen.size() >= 2);
+  CHECK(seen[0].value.status == tags::codes::UncertainLastUsableValue);
+  CHECK(num(seen[0].value.value) == 10);  // the last usable value
+  CHECK(seen[0].value.diagnostics.find("worker_lost") != std::string::npos);
+  CHECK(seen.back().value.status == Good);
+  CHECK(num(seen.back().value.value) == 20);
+  // No duplicated change: consecutive notifications always differ.
+  for (std::size_t i = 1; i < seen.size(); ++i) CHECK_FALSE(seen[i].value.same_as(seen[i - 1].value));
+}
+
+TEST_CASE("tags: a worker down past last_usable shows BadResourceUnavailable") {
+  HostOptions ho;
+  ho.retries = 0;
+  ho.shards = 1;
+  ho.timeout = 5000ms;
+  Rig rig(Kind::host, ho);
+  auto d = tag("Slow", "local t = os.clock() while os.clock() - t < 0.05 do end return inputs.X", {"X"});
+  d.last_usable = 0ms;
+  rig.define(d);
+  rig.update({src("X", Value(1))}, at(1));
+  rig.changes.clear();
+  REQUIRE(!rig.engine->update({src("X", Value(2))}, at(2)));
+  std::this_thread::sleep_for(15ms);
+  REQUIRE(!rig.host->kill_shard(0));
+  REQUIRE(rig.changes.wait_for([&] { return rig.changes.count("Slow") >= 2; }));
+  CHECK(rig.changes.of("Slow")[0].value.status == tags::codes::BadResourceUnavailable);
+  CHECK(rig.changes.of("Slow").back().value.status == Good);
+}
+
+TEST_CASE("tags: keep_state survives a worker kill; without it, state starts again") {
+  HostOptions ho;
+  ho.shards = 1;
+  Rig rig(Kind::host, ho);
+  auto kept = tag("Kept", "state.n = (state.n or 0) + 1 return state.n", {"X"});
+  kept.keep_state = true;
+  rig.define(kept);
+  rig.define(tag("Lost", "state.n = (state.n or 0) + 1 return state.n", {"X"}));
+  for (int i = 1; i <= 5; ++i) rig.update({src("X", Value(i))}, at(i));
+  const double k0 = num(rig.read("Kept").value);
+  const double l0 = num(rig.read("Lost").value);
+  CHECK(k0 == 6);  // its initial evaluation, then 5 updates
+  CHECK(l0 == 6);
+  const int pid = rig.host->worker_pids()[0];
+  REQUIRE(!rig.host->kill_shard(0));
+  for (int i = 0; i < 500 && (rig.host->worker_pids()[0] == pid || rig.host->worker_pids()[0] == 0); ++i)
+    std::this_thread::sleep_for(10ms);
+  rig.update({src("X", Value(100))}, at(100));
+  CHECK(num(rig.read("Kept").value) == k0 + 1);
+  CHECK(num(rig.read("Lost").value) == 1);
+  tags::TagInfo info;
+  REQUIRE(!rig.engine->info("Kept", &info));
+  CHECK(info.counters.state_restores >= 1);
+}
+
+TEST_CASE("tags: the script sees prev, now, status and source_time") {
+  FOR_EACH_RUNNER(kind);
+  Rig rig(kind);
+  rig.define(tag("Rate",
+                 "if state.v == nil then state.t = source_time.L state.v = inputs.L return 0 end "
+                 "local r = (inputs.L - state.v) / (source_time.L - state.t) "
+                 "state.t = source_time.L state.v = inputs.L return r",
+                 {"L"}));
+  rig.define(tag("Prev", "return prev and prev.value + 1 or 0", {"L"}));
+  rig.define(tag("Now", "return now - 1800000000", {"L"}));
+  rig.update({src("L", Value(10.0), Good, at(0))}, at(0));
+  rig.update({src("L", Value(20.0), Good, at(5))}, at(5));
+  INFO(rig.read("Rate").diagnostics);
+  CHECK(num(rig.read("Rate").value) == doctest::Approx(2.0));
+  CHECK(num(rig.read("Prev").value) == 2);
+  CHECK(num(rig.read("Now").value) == doctest::Approx(5.0));
+}
+
+TEST_CASE("tags: virtual tags feed virtual tags; removal and redefinition of inputs") {
+  FOR_EACH_RUNNER(kind);
+  Rig rig(kind);
+  rig.define(tag("C", "return inputs.F * 9 / 5 + 32", {"F"}));  // F: a source for now
+  rig.update({src("F", Value(100.0))}, at(1));
+  CHECK(num(rig.read("C").value) == doctest::Approx(212));
+  // F becomes a virtual tag fed by K.
+  rig.define(tag("F", "return inputs.K - 273.15", {"K"}));
+  rig.update({src("K", Value(273.15))}, at(2));
+  CHECK(num(rig.read("C").value) == doctest::Approx(32));
+  CHECK(rig.engine->ids() == std::vector<std::string>{"F", "C"});
+  // apply(replace_all) removes what is not listed.
+  REQUIRE(!rig.engine->apply({tag("C2", "return inputs.K", {"K"})}, true));
+  CHECK(rig.engine->ids() == std::vector<std::string>{"C2"});
+  REQUIRE(!rig.engine->remove("C2"));
+  CHECK(rig.engine->ids().empty());
+}
+
+TEST_CASE("tags: bad definitions are clear errors") {
+  Rig rig(Kind::in_process);
+  auto expect = [&](tags::TagDefinition d, const char* part) {
+    Error err = rig.engine->define(d);
+    REQUIRE(err);
+    CHECK_MESSAGE(err.message.find(part) != std::string::npos, err.message);
+  };
+  expect(tag("", "return 1", {}), "tag id");
+  expect(tag("A\nB", "return 1", {}), "control character");
+  expect(tag("A", "return 1", {"X", "X"}), "twice");
+  auto reserved = tag("A", "return 1", {"X"});
+  reserved.inputs[0].name = "__c";
+  expect(reserved, "reserved");
+  auto db = tag("A", "return 1", {"X"});
+  db.inputs[0].deadband = tags::DeadbandKind::percent;
+  db.inputs[0].deadband_value = 150;
+  expect(db, "0..100");
+  auto per = tag("A", "return 1", {"X"});
+  per.trigger.kind = tags::TriggerKind::periodic;
+  per.trigger.period = 0ms;
+  expect(per, "period");
+  CHECK(rig.engine->define(tag("A", "return (", {})).status == Status::compile_error);
+  CHECK(rig.engine->ids().empty());
+}
+
+}  // namespace outrun::test
