@@ -62,7 +62,7 @@ nlohmann::json to_json(const Value& v) {
     return nlohmann::json{{"$bytes", h}};
   }
   if (const uint64_t* u = std::get_if<uint64_t>(&v.v)) return *u;
-  if (const float* f = std::get_if<float>(&v.v)) return to_json(Value(static_cast<double>(*f)));
+  if (const float* f = std::get_if<float>(&v.v)) return to_json(Value(float_as_double(*f)));
   if (const DateTime* t = std::get_if<DateTime>(&v.v)) return format_datetime(*t);
   if (const Array* a = std::get_if<Array>(&v.v)) {
     auto j = nlohmann::json::array();

@@ -27,6 +27,7 @@
 #include "outrun/host.h"
 #include "outrun/in_process.h"
 #include "stats_format.h"
+#include "tags_cmd.h"
 
 namespace outrun::cli {
 
@@ -381,6 +382,7 @@ int main(int argc, char** argv) {
         fmt = StatsFormat::json;
       rc = run_admin(sc->get_name(), fmt, shard_n);
     });
+  add_tags_commands(app, &rc);
   bench->callback([&] { rc = run_bench(ba); });
   eval->callback([&] {
     if (ea.source.empty() && ea.file.empty()) throw CLI::RequiredError("-e SOURCE or -f FILE");

@@ -1,5 +1,7 @@
 // Small pieces of the public API: status names, value display, script hashes.
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <ctime>
 
@@ -40,7 +42,7 @@ void append(std::string& out, const Value& v, bool top) {
       for (unsigned char c : b.data) { out += hex[c >> 4]; out += hex[c & 15]; }
     }
     void operator()(uint64_t u) { out += std::to_string(u); }
-    void operator()(float f) { append_number(out, static_cast<double>(f)); }
+    void operator()(float f) { append_number(out, float_as_double(f)); }
     void operator()(const DateTime& t) { out += format_datetime(t); }
     void operator()(const Array& a) {
       out += '[';
@@ -84,6 +86,14 @@ std::string to_display_string(const Value& v) {
   std::string out;
   append(out, v, true);
   return out;
+}
+
+double float_as_double(float f) {
+  if (!std::isfinite(f)) return static_cast<double>(f);
+  char buf[32];
+  auto r = std::to_chars(buf, buf + sizeof buf, f);  // the shortest decimal that reads back as f
+  *r.ptr = '\0';
+  return std::strtod(buf, nullptr);
 }
 
 std::string format_datetime(DateTime t) {

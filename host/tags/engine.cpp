@@ -372,6 +372,15 @@ struct Engine::Impl : std::enable_shared_from_this<Engine::Impl> {
     }
   }
 
+  bool any_input_set(const Node& t) const {
+    if (t.input_nodes.empty()) return true;
+    for (uint32_t in : t.input_nodes) {
+      const DataValue& v = nodes[in]->value;
+      if (v.status != codes::BadWaitingForInitialData || v.source_time != DateTime{}) return true;
+    }
+    return false;
+  }
+
   void start_waves(std::vector<Dispatch>* out) {
     if (paused > 0) return;
     for (std::size_t c = 0; c < comps.size(); ++c)
@@ -417,6 +426,12 @@ struct Engine::Impl : std::enable_shared_from_this<Engine::Impl> {
     for (uint32_t idx : roots) {
       Node& t = *nodes[idx];
       if (!t.alive || !t.is_virtual || t.component != ci || !(t.pending_root || t.need_initial)) continue;
+      if (!t.pending_root && !any_input_set(t)) {
+        // A new tag none of whose inputs has a value yet keeps BadWaitingForInitialData until
+        // its first input arrives.
+        t.need_initial = false;
+        continue;
+      }
       mark(t);
       t.triggered = true;
       t.pending_root = false;

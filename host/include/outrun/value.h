@@ -114,6 +114,10 @@ using Inputs = std::vector<Input>;
 // and JSON-quoted inside arrays/maps. Used by the CLI.
 std::string to_display_string(const Value& v);
 
+// The double nearest to a float's shortest decimal form (1.1f -> 1.1, not 1.100000023841858):
+// how a Float is shown and written to JSON.
+double float_as_double(float f);
+
 // ISO 8601 in UTC with milliseconds ("2026-12-01T10:00:00.000Z"; microseconds when there are any).
 std::string format_datetime(DateTime t);
 // Parses ISO 8601 with a 'Z' or +HH:MM offset and up to 6 fractional digits (more are cut).

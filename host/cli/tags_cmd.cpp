@@ -1,0 +1,218 @@
+// outrun tags run -f TAGS_FILE [--updates FILE|-] [--in-process] [--json] [--shards K]
+//                [--timeout MS]
+// The offline runner of design/tags.md: defines the tags of a TOML file, feeds one wave per JSON
+// line and prints every output change. Same input, same output: the evaluation time is each
+// wave's `t`, periodic tags run on that clock, and each wave is finished before the next starts.
+#include "tags_cmd.h"
+
+#include <fstream>
+#include <iostream>
+#include <mutex>
+
+#include "json_values.h"
+#include "outrun/host.h"
+#include "outrun/in_process.h"
+#include "outrun/tags.h"
+#include "tags_file.h"
+
+namespace outrun::cli {
+
+namespace {
+
+struct TagsRunArgs {
+  std::string file;
+  std::string updates;
+  bool in_process = false;
+  bool json = false;
+  int shards = 1;
+  int timeout_ms = 100;
+};
+
+std::string escape_text(std::string_view s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+void print_change(const tags::Change& c, bool json, const char* kind = nullptr) {
+  if (json) {
+    nlohmann::ordered_json j = tags::file::change_to_json(c.tag, c.value);
+    if (kind) j["kind"] = kind;
+    std::cout << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+    return;
+  }
+  std::cout << escape_text(c.tag) << " = " << escape_text(to_display_string(c.value.value)) << "  "
+            << tags::status_code_name(c.value.status) << "  " << format_datetime(c.value.source_time);
+  if (!c.value.diagnostics.empty()) std::cout << "  (" << escape_text(c.value.diagnostics) << ")";
+  if (kind) std::cout << "  [" << kind << "]";
+  std::cout << "\n";
+}
+
+DateTime wall_now() {
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  return DateTime::from_unix_micros(us);
+}
+
+int run_tags(const TagsRunArgs& a) {
+  std::vector<tags::TagDefinition> defs;
+  std::string err;
+  if (!tags::file::load_tags_file(a.file, &defs, &err)) {
+    std::cerr << "outrun: " << err << "\n";
+    return 2;
+  }
+  std::istream* in = nullptr;
+  std::ifstream updates_file;
+  if (a.updates == "-") {
+    in = &std::cin;
+  } else if (!a.updates.empty()) {
+    updates_file.open(a.updates, std::ios::binary);
+    if (!updates_file) {
+      std::cerr << "outrun: cannot read '" << a.updates << "'\n";
+      return 2;
+    }
+    in = &updates_file;
+  }
+  const std::string updates_name = a.updates == "-" ? "<stdin>" : a.updates;
+
+  std::unique_ptr<Host> host;
+  std::unique_ptr<InProcess> inproc;
+  Runner* runner = nullptr;
+  if (a.in_process) {
+    InProcessOptions o;
+    o.timeout = std::chrono::milliseconds(a.timeout_ms);
+    inproc = std::make_unique<InProcess>(o);
+    runner = inproc.get();
+  } else {
+    HostOptions o;
+    o.shards = a.shards;
+    o.timeout = std::chrono::milliseconds(a.timeout_ms);
+    if (Error e = Host::create(o, &host)) {
+      std::cerr << "outrun: " << to_string(e.status) << ": " << e.message << "\n";
+      return 3;
+    }
+    runner = host.get();
+  }
+
+  std::mutex mu;
+  std::vector<tags::Change> pending;
+  DateTime clock = wall_now();
+  tags::TagsOptions to;
+  to.on_change = [&](const std::vector<tags::Change>& batch) {
+    std::lock_guard lock(mu);
+    pending.insert(pending.end(), batch.begin(), batch.end());
+  };
+  to.clock = [&] {
+    std::lock_guard lock(mu);
+    return clock;
+  };
+  to.real_time_periodic = false;
+  std::unique_ptr<tags::Engine> engine;
+  if (Error e = tags::Engine::create(*runner, to, &engine)) {
+    std::cerr << "outrun: " << e.message << "\n";
+    return 3;
+  }
+  auto flush = [&] {
+    engine->wait_idle(std::chrono::milliseconds(60000));
+    std::vector<tags::Change> out;
+    {
+      std::lock_guard lock(mu);
+      out.swap(pending);
+    }
+    for (const auto& c : out) print_change(c, a.json);
+  };
+
+  // The first wave's time is the time of the definitions, so that a file of waves gives the same
+  // output on every run.
+  std::string line;
+  std::size_t line_no = 0;
+  bool have_line = false;
+  tags::file::Wave wave;
+  auto next_wave = [&]() -> int {  // 1: a wave, 0: end, 2: error
+    while (in != nullptr && std::getline(*in, line)) {
+      ++line_no;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      if (!tags::file::parse_wave(line, &wave, &err)) {
+        std::cerr << "outrun: " << updates_name << ":" << line_no << ": " << err << "\n";
+        return 2;
+      }
+      return 1;
+    }
+    return 0;
+  };
+  int r = next_wave();
+  if (r == 2) return 2;
+  have_line = r == 1;
+  if (have_line && wave.has_time) {
+    std::lock_guard lock(mu);
+    clock = wave.time;
+  }
+  if (Error e = engine->apply(defs)) {
+    std::cerr << "outrun: " << a.file << ": " << to_string(e.status) << ": " << e.message << "\n";
+    return 1;
+  }
+  engine->advance_clock(to.clock());
+  flush();
+  while (have_line) {
+    const DateTime t = wave.has_time ? wave.time : wall_now();
+    {
+      std::lock_guard lock(mu);
+      clock = t;
+    }
+    engine->advance_clock(t);
+    if (Error e = engine->update(wave.updates, t)) {
+      std::cerr << "outrun: " << updates_name << ":" << line_no << ": " << e.message << "\n";
+      return 2;
+    }
+    for (const auto& id : wave.triggers) {
+      if (Error e = engine->trigger(id)) {
+        std::cerr << "outrun: " << updates_name << ":" << line_no << ": " << e.message << "\n";
+        return 2;
+      }
+    }
+    flush();
+    for (const auto& id : wave.reads) {
+      tags::DataValue dv;
+      if (Error e = engine->read(id, &dv)) {
+        std::cerr << "outrun: " << updates_name << ":" << line_no << ": " << e.message << "\n";
+        return 2;
+      }
+      flush();
+      print_change({id, dv}, a.json, "read");
+    }
+    r = next_wave();
+    if (r == 2) return 2;
+    have_line = r == 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_tags_commands(CLI::App& app, int* rc) {
+  auto* tags_cmd = app.add_subcommand("tags", "virtual tags (design/tags.md)");
+  tags_cmd->require_subcommand(1);
+  auto args = std::make_shared<TagsRunArgs>();
+  auto* run = tags_cmd->add_subcommand(
+      "run", "offline: define the tags of a TOML file, feed waves of updates, print the changes");
+  run->add_option("-f,--file", args->file, "tags file (TOML)")->required();
+  run->add_option("--updates", args->updates, "JSON lines, one wave per line ('-': stdin)");
+  run->add_flag("--in-process", args->in_process, "run the scripts in this process (trusted)");
+  run->add_flag("--json", args->json, "print JSON lines");
+  run->add_option("--shards", args->shards, "worker processes")->check(CLI::Range(1, 64))->capture_default_str();
+  run->add_option("--timeout", args->timeout_ms, "soft timeout T per evaluation, ms")
+      ->check(CLI::Range(1, 3600000))
+      ->capture_default_str();
+  run->callback([args, rc] { *rc = run_tags(*args); });
+}
+
+}  // namespace outrun::cli

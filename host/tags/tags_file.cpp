@@ -1,0 +1,466 @@
+#include "tags_file.h"
+
+#include <toml++/toml.h>
+
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "json_values.h"
+
+namespace outrun::tags::file {
+
+namespace {
+
+std::string at(const toml::node& n) {
+  const auto& s = n.source();
+  return std::to_string(s.begin.line) + ":" + std::to_string(s.begin.column) + ": ";
+}
+
+struct Reader {
+  std::string err;
+  bool fail(const toml::node& n, std::string msg) {
+    if (err.empty()) err = at(n) + msg;
+    return false;
+  }
+
+  bool string(const toml::node& n, std::string_view key, std::string* out) {
+    auto v = n.value<std::string>();
+    if (!v) return fail(n, std::string(key) + ": expected a string");
+    *out = *v;
+    return true;
+  }
+  bool boolean(const toml::node& n, std::string_view key, bool* out) {
+    if (!n.is_boolean()) return fail(n, std::string(key) + ": expected true or false");
+    *out = *n.value<bool>();
+    return true;
+  }
+  bool number(const toml::node& n, std::string_view key, double* out) {
+    if (!n.is_number()) return fail(n, std::string(key) + ": expected a number");
+    *out = *n.value<double>();
+    if (!std::isfinite(*out)) return fail(n, std::string(key) + ": expected a finite number");
+    return true;
+  }
+  bool ms(const toml::node& n, std::string_view key, int64_t lo, std::chrono::milliseconds* out) {
+    auto v = n.value<int64_t>();
+    if (!n.is_integer() || !v || *v < lo || *v > 86'400'000LL * 365)
+      return fail(n, std::string(key) + ": expected milliseconds, an integer >= " + std::to_string(lo));
+    *out = std::chrono::milliseconds(*v);
+    return true;
+  }
+
+  bool type(const toml::node& n, TypeSpec* out) {
+    std::string s;
+    if (!string(n, "type", &s)) return false;
+    out->array = false;
+    if (s.size() > 2 && s.compare(s.size() - 2, 2, "[]") == 0) {
+      out->array = true;
+      s.resize(s.size() - 2);
+    }
+    if (!parse_data_type(s, &out->type))
+      return fail(n, "type: unknown DataType '" + s +
+                         "' (Boolean, SByte, Byte, Int16, UInt16, Int32, UInt32, Int64, UInt64, Float, "
+                         "Double, String, DateTime, ByteString, Variant; '[]' for an array)");
+    return true;
+  }
+
+  bool trigger(const toml::node& n, TriggerKind* out) {
+    std::string s;
+    if (!string(n, "trigger", &s)) return false;
+    if (s == "on_change") *out = TriggerKind::on_change;
+    else if (s == "periodic") *out = TriggerKind::periodic;
+    else if (s == "on_read") *out = TriggerKind::on_read;
+    else if (s == "manual") *out = TriggerKind::manual;
+    else return fail(n, "trigger: expected on_change, periodic, on_read or manual");
+    return true;
+  }
+
+  bool timestamps(const toml::node& n, TimestampPolicy* out) {
+    std::string s;
+    if (!string(n, "timestamps", &s)) return false;
+    if (s == "newest_input") *out = TimestampPolicy::newest_input;
+    else if (s == "triggering_input") *out = TimestampPolicy::triggering_input;
+    else if (s == "evaluation_time") *out = TimestampPolicy::evaluation_time;
+    else return fail(n, "timestamps: expected newest_input, triggering_input or evaluation_time");
+    return true;
+  }
+
+  bool input(const toml::node& n, InputSpec* out) {
+    if (auto s = n.value<std::string>(); n.is_string()) {
+      out->tag = *s;
+      return true;
+    }
+    const toml::table* t = n.as_table();
+    if (t == nullptr) return fail(n, "inputs: each input is a tag id or a table {tag = ..., ...}");
+    bool has_tag = false;
+    for (const auto& [k, v] : *t) {
+      const std::string_view key = k.str();
+      if (key == "tag") {
+        if (!string(v, key, &out->tag)) return false;
+        has_tag = true;
+      } else if (key == "name") {
+        if (!string(v, key, &out->name)) return false;
+      } else if (key == "trigger") {
+        if (!boolean(v, key, &out->trigger)) return false;
+      } else if (key == "deadband") {
+        if (!number(v, key, &out->deadband_value)) return false;
+        out->deadband = DeadbandKind::absolute;
+      } else if (key == "deadband_percent") {
+        if (!number(v, key, &out->deadband_value)) return false;
+        out->deadband = DeadbandKind::percent;
+      } else if (key == "range") {
+        const toml::array* a = v.as_array();
+        if (a == nullptr || a->size() != 2 || !(*a)[0].is_number() || !(*a)[1].is_number())
+          return fail(v, "range: expected [low, high]");
+        out->range_low = *(*a)[0].value<double>();
+        out->range_high = *(*a)[1].value<double>();
+      } else {
+        return fail(v, "inputs: unknown key '" + std::string(key) +
+                           "' (tag, name, trigger, deadband, deadband_percent, range)");
+      }
+    }
+    if (!has_tag) return fail(n, "inputs: an input table needs `tag`");
+    return true;
+  }
+
+  // Keys shared by [defaults] and [[tag]].
+  bool common(std::string_view key, const toml::node& v, TagDefinition* d, bool* known) {
+    *known = true;
+    if (key == "type") return type(v, &d->type);
+    if (key == "trigger") return trigger(v, &d->trigger.kind);
+    if (key == "period_ms") return ms(v, key, 1, &d->trigger.period);
+    if (key == "max_age_ms") return ms(v, key, 0, &d->trigger.max_age);
+    if (key == "timestamps") return timestamps(v, &d->timestamps);
+    if (key == "keep_state") return boolean(v, key, &d->keep_state);
+    if (key == "last_usable_ms") return ms(v, key, 0, &d->last_usable);
+    if (key == "max_state_bytes") {
+      auto x = v.value<int64_t>();
+      if (!v.is_integer() || *x < 0 || *x > (8 << 20)) return fail(v, "max_state_bytes: expected 0..8388608");
+      d->max_state_bytes = static_cast<std::size_t>(*x);
+      return true;
+    }
+    *known = false;
+    return true;
+  }
+};
+
+bool read_file(const std::string& path, std::size_t limit, std::string* out, std::string* error) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    *error = "cannot open '" + path + "'";
+    return false;
+  }
+  std::ostringstream ss;
+  char buf[65536];
+  std::size_t total = 0;
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    total += static_cast<std::size_t>(in.gcount());
+    if (total > limit) {
+      *error = "'" + path + "' is larger than " + std::to_string(limit) + " bytes";
+      return false;
+    }
+    ss.write(buf, in.gcount());
+  }
+  *out = ss.str();
+  return true;
+}
+
+constexpr std::string_view kTagKeys =
+    "id, script, script_file, inputs, type, trigger, period_ms, max_age_ms, timestamps, keep_state, "
+    "reset_state, max_state_bytes, last_usable_ms, description";
+
+}  // namespace
+
+bool parse_tags(std::string_view text, const std::string& base_dir, std::vector<TagDefinition>* out,
+                std::string* error) {
+  out->clear();
+  if (text.size() > kMaxTagsFileBytes) {
+    *error = "the tags file is larger than " + std::to_string(kMaxTagsFileBytes) + " bytes";
+    return false;
+  }
+  toml::table root;
+  try {
+    root = toml::parse(text, std::string_view("tags"));
+  } catch (const toml::parse_error& e) {
+    *error = std::to_string(e.source().begin.line) + ":" + std::to_string(e.source().begin.column) + ": " +
+             std::string(e.description());
+    return false;
+  }
+  Reader r;
+  TagDefinition defaults;
+  for (const auto& [k, v] : root) {
+    const std::string_view key = k.str();
+    if (key == "defaults") {
+      const toml::table* t = v.as_table();
+      if (t == nullptr) {
+        *error = at(v) + "defaults: expected a table";
+        return false;
+      }
+      for (const auto& [dk, dv] : *t) {
+        bool known = false;
+        if (!r.common(dk.str(), dv, &defaults, &known)) break;
+        if (!known) {
+          r.fail(dv, "defaults: unknown key '" + std::string(dk.str()) + "'");
+          break;
+        }
+      }
+    } else if (key != "tag") {
+      r.fail(v, "unknown top-level key '" + std::string(key) + "' (defaults, tag)");
+    }
+    if (!r.err.empty()) {
+      *error = r.err;
+      return false;
+    }
+  }
+  const toml::node* tags_node = root.get("tag");
+  if (tags_node == nullptr) return true;  // an empty set
+  const toml::array* tags = tags_node->as_array();
+  if (tags == nullptr) {
+    *error = at(*tags_node) + "tag: expected [[tag]] tables";
+    return false;
+  }
+  std::set<std::string> seen;
+  for (const auto& tn : *tags) {
+    const toml::table* t = tn.as_table();
+    if (t == nullptr) {
+      *error = at(tn) + "tag: expected [[tag]] tables";
+      return false;
+    }
+    TagDefinition d = defaults;
+    bool has_id = false, has_script = false;
+    for (const auto& [k, v] : *t) {
+      const std::string_view key = k.str();
+      bool known = false;
+      if (key == "id") {
+        if (!r.string(v, key, &d.id)) break;
+        has_id = true;
+      } else if (key == "script") {
+        if (has_script) {
+          r.fail(v, "script and script_file are exclusive");
+          break;
+        }
+        if (!r.string(v, key, &d.script)) break;
+        has_script = true;
+      } else if (key == "script_file") {
+        std::string p;
+        if (!r.string(v, key, &p)) break;
+        if (has_script) {
+          r.fail(v, "script and script_file are exclusive");
+          break;
+        }
+        if (base_dir.empty()) {
+          r.fail(v, "script_file is not allowed here (give the script inline)");
+          break;
+        }
+        std::string why;
+        if (!read_file(p.size() && p[0] == '/' ? p : base_dir + "/" + p, kMaxSourceSize, &d.script, &why)) {
+          r.fail(v, "script_file: " + why);
+          break;
+        }
+        has_script = true;
+      } else if (key == "inputs") {
+        const toml::array* a = v.as_array();
+        if (a == nullptr) {
+          r.fail(v, "inputs: expected an array");
+          break;
+        }
+        d.inputs.clear();
+        for (const auto& in : *a) {
+          InputSpec spec;
+          if (!r.input(in, &spec)) break;
+          d.inputs.push_back(std::move(spec));
+        }
+      } else if (key == "reset_state") {
+        if (!r.boolean(v, key, &d.reset_state)) break;
+      } else if (key == "description") {
+        std::string ignored;
+        if (!r.string(v, key, &ignored)) break;
+      } else if (!r.common(key, v, &d, &known)) {
+        break;
+      } else if (!known) {
+        r.fail(v, "unknown key '" + std::string(key) + "' (" + std::string(kTagKeys) + ")");
+        break;
+      }
+      if (!r.err.empty()) break;
+    }
+    if (r.err.empty() && !has_id) r.fail(tn, "a tag needs an `id`");
+    if (r.err.empty() && !has_script) r.fail(tn, "tag '" + d.id + "' needs a `script` or `script_file`");
+    if (r.err.empty() && !seen.insert(d.id).second) r.fail(tn, "tag '" + d.id + "' is defined twice");
+    if (!r.err.empty()) {
+      *error = r.err;
+      return false;
+    }
+    out->push_back(std::move(d));
+  }
+  return true;
+}
+
+bool load_tags_file(const std::string& path, std::vector<TagDefinition>* out, std::string* error) {
+  std::string text;
+  if (!read_file(path, kMaxTagsFileBytes, &text, error)) return false;
+  std::string dir = ".";
+  if (auto p = path.rfind('/'); p != std::string::npos) dir = p == 0 ? "/" : path.substr(0, p);
+  if (!parse_tags(text, dir, out, error)) {
+    *error = path + ":" + *error;
+    return false;
+  }
+  return true;
+}
+
+namespace {
+
+bool time_field(const nlohmann::json& j, const char* what, DateTime* out, std::string* error) {
+  if (j.is_string()) {
+    if (!parse_datetime(j.get_ref<const std::string&>(), out)) {
+      *error = std::string(what) + ": expected an ISO 8601 time such as 2026-12-01T10:00:00.000Z";
+      return false;
+    }
+    return true;
+  }
+  if (j.is_number()) {  // seconds since 1970
+    const double s = j.get<double>();
+    if (!(s > -11644473600.0 && s < 253402300799.0)) {
+      *error = std::string(what) + ": out of range";
+      return false;
+    }
+    *out = DateTime::from_unix_seconds(s);
+    return true;
+  }
+  *error = std::string(what) + ": expected an ISO 8601 string or seconds since 1970";
+  return false;
+}
+
+bool id_list(const nlohmann::json& j, const char* what, std::vector<std::string>* out, std::string* error) {
+  if (!j.is_array()) {
+    *error = std::string(what) + ": expected an array of tag ids";
+    return false;
+  }
+  for (const auto& e : j) {
+    if (!e.is_string()) {
+      *error = std::string(what) + ": expected an array of tag ids";
+      return false;
+    }
+    out->push_back(e.get<std::string>());
+  }
+  return true;
+}
+
+}  // namespace
+
+bool parse_wave(std::string_view line, Wave* out, std::string* error) {
+  *out = Wave();
+  if (line.size() > kMaxUpdateLineBytes) {
+    *error = "the line is longer than " + std::to_string(kMaxUpdateLineBytes) + " bytes";
+    return false;
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::parse_error& e) {
+    *error = std::string("not JSON: ") + e.what();
+    return false;
+  }
+  if (!j.is_object()) {
+    *error = "expected a JSON object {\"t\": ..., \"values\": {...}}";
+    return false;
+  }
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    if (key == "t") {
+      if (!time_field(*it, "t", &out->time, error)) return false;
+      out->has_time = true;
+    } else if (key == "values") {
+      if (!it->is_object()) {
+        *error = "values: expected an object {\"TAG\": value or {\"value\": ..., \"status\": ...}}";
+        return false;
+      }
+      for (auto v = it->begin(); v != it->end(); ++v) {
+        SourceUpdate u;
+        u.tag = v.key();
+        u.value.status = codes::Good;
+        const nlohmann::json* value = &*v;
+        if (v->is_object() && (v->contains("value") || v->contains("status"))) {
+          for (auto f = v->begin(); f != v->end(); ++f) {
+            if (f.key() == "value") {
+              value = &*f;
+            } else if (f.key() == "status") {
+              bool ok = false;
+              if (f->is_string()) ok = parse_status_code(f->get_ref<const std::string&>(), &u.value.status);
+              else if (f->is_number_unsigned() && f->get<uint64_t>() <= UINT32_MAX) {
+                u.value.status = static_cast<StatusCode>(f->get<uint64_t>());
+                ok = true;
+              }
+              if (!ok) {
+                *error = "values." + u.tag + ".status: expected a StatusCode name (Good, BadSensorFailure, ...) or number";
+                return false;
+              }
+            } else if (f.key() == "source_time") {
+              if (!time_field(*f, ("values." + u.tag + ".source_time").c_str(), &u.value.source_time, error))
+                return false;
+            } else {
+              *error = "values." + u.tag + ": unknown key '" + f.key() + "' (value, status, source_time)";
+              return false;
+            }
+          }
+          if (!v->contains("value")) value = nullptr;
+        }
+        if (value != nullptr) {
+          std::string why;
+          if (!cli::from_json(*value, &u.value.value, &why)) {
+            *error = "values." + u.tag + ": " + why;
+            return false;
+          }
+        }
+        out->updates.push_back(std::move(u));
+      }
+    } else if (key == "trigger") {
+      if (!id_list(*it, "trigger", &out->triggers, error)) return false;
+    } else if (key == "read") {
+      if (!id_list(*it, "read", &out->reads, error)) return false;
+    } else {
+      *error = "unknown key '" + key + "' (t, values, trigger, read)";
+      return false;
+    }
+  }
+  return true;
+}
+
+nlohmann::ordered_json change_to_json(const std::string& tag, const DataValue& dv) {
+  nlohmann::ordered_json j;
+  j["tag"] = tag;
+  j["value"] = cli::to_json(dv.value);
+  j["status"] = status_code_name(dv.status);
+  j["status_code"] = dv.status;
+  j["source_time"] = format_datetime(dv.source_time);
+  j["server_time"] = format_datetime(dv.server_time);
+  j["error"] = dv.diagnostics.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(dv.diagnostics);
+  return j;
+}
+
+nlohmann::ordered_json definition_to_json(const TagDefinition& d) {
+  static const char* triggers[] = {"on_change", "periodic", "on_read", "manual"};
+  static const char* stamps[] = {"newest_input", "triggering_input", "evaluation_time"};
+  nlohmann::ordered_json j;
+  j["id"] = d.id;
+  j["type"] = std::string(to_string(d.type.type)) + (d.type.array ? "[]" : "");
+  j["trigger"] = triggers[static_cast<int>(d.trigger.kind)];
+  if (d.trigger.kind == TriggerKind::periodic) j["period_ms"] = d.trigger.period.count();
+  if (d.trigger.kind == TriggerKind::on_read) j["max_age_ms"] = d.trigger.max_age.count();
+  j["timestamps"] = stamps[static_cast<int>(d.timestamps)];
+  auto inputs = nlohmann::ordered_json::array();
+  for (const auto& in : d.inputs) {
+    nlohmann::ordered_json i;
+    i["tag"] = in.tag;
+    if (!in.name.empty()) i["name"] = in.name;
+    if (!in.trigger) i["trigger"] = false;
+    if (in.deadband == DeadbandKind::absolute) i["deadband"] = in.deadband_value;
+    if (in.deadband == DeadbandKind::percent) i["deadband_percent"] = in.deadband_value;
+    inputs.push_back(std::move(i));
+  }
+  j["inputs"] = std::move(inputs);
+  j["keep_state"] = d.keep_state;
+  return j;
+}
+
+}  // namespace outrun::tags::file
