@@ -52,7 +52,7 @@ export class FrameReader {
           this.check(len);
           const total = LENGTH_PREFIX_SIZE + len;
           if (n - pos >= total) {
-            out.push(chunk.slice(pos, pos + total));
+            out.push(new Uint8Array(chunk.subarray(pos, pos + total))); // a copy (Buffer#slice would not be)
             pos += total;
             continue;
           }

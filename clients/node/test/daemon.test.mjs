@@ -149,7 +149,7 @@ describe('outrund', () => {
       sock.write = orig;
     }
     assert.equal(writes.length, 1);
-    const len = writes[0].readUInt32LE(0);
+    const len = Buffer.from(writes[0]).readUInt32LE(0);
     assert.equal(len + 4, writes[0].length, 'exactly one frame in the write');
     assert.equal(results.length, 1000);
     results.forEach((r, i) => {

@@ -29,9 +29,9 @@ function canConnect(p) {
 }
 
 /** Starts outrund on `socket`; resolves once it accepts connections. */
-export async function startDaemon(socket, extra = []) {
+export async function startDaemon(socket, { timeoutMs = 100, extra = [] } = {}) {
   requireOutrund();
-  const args = ['--socket', socket, '--shards', '2', '--single-flight', 'off', '--timeout', '100', '--log-level', 'warn', ...extra];
+  const args = ['--socket', socket, '--shards', '2', '--single-flight', 'off', '--timeout', String(timeoutMs), '--log-level', 'warn', ...extra];
   const child = spawn(OUTRUND, args, { stdio: ['ignore', 'ignore', 'pipe'] });
   let stderr = '';
   child.stderr.on('data', (d) => { stderr += d; });
