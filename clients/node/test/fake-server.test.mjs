@@ -169,3 +169,27 @@ test('a daemon speaking another protocol version is refused', async () => {
   await assert.rejects(connect(srv.path), { status: 'unavailable', message: /protocol 2/ });
   await srv.close();
 });
+
+test("the daemon's own refusal of a registration rejects OutrunError with its status and message", async () => {
+  const flatbuffers = await import('flatbuffers');
+  const srv = await fakeServer((sock) => {
+    readFrames(sock, (f) => {
+      if (f.type === w.Body.ClientHello) sock.write(serverHello());
+      else if (f.type === w.Body.Register) {
+        const r = wire.body(f, w.Register);
+        const b = new flatbuffers.Builder(128);
+        const full = r.key() === 'full';
+        const e = b.createString(full ? 'the registry is full' : 'script key is odd');
+        const body = w.Registered.createRegistered(b, r.requestId(), full ? w.Status.Unavailable : w.Status.InvalidArgument, e, 0, 0, 0);
+        w.Frame.finishSizePrefixedFrameBuffer(b, w.Frame.createFrame(b, w.Body.Registered, body));
+        sock.write(b.asUint8Array());
+      }
+    });
+  });
+  const c = await connect(srv.path, { reconnect: false });
+  await assert.rejects(c.register('odd', 'return 1'), (e) => e instanceof OutrunError && e.status === 'invalid_argument' && e.message === 'script key is odd');
+  await assert.rejects(c.register('full', 'return 1'), { status: 'unavailable', message: 'the registry is full' });
+  assert.equal(c.connected, true, 'a refusal is not a protocol violation');
+  await c.close();
+  await srv.close();
+});
