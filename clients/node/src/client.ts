@@ -5,7 +5,7 @@ import * as net from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { MAX_KEY_BYTES, MAX_SOURCE_BYTES, PROTOCOL_VERSION } from './constants';
-import { FrameError, FrameReader } from './frame-reader';
+import { FrameReader } from './frame-reader';
 import { MalformedFrame } from './checked-buffer';
 import { OutrunError, StatusName, statusName } from './status';
 import { DecodeBudget, InvalidInput, InvalidValue, Inputs, OutputValue, toWireInputs, WireInputs } from './values';
@@ -459,7 +459,7 @@ export class Client extends EventEmitter<ClientEvents> {
   private drop(gen: number, why: OutrunError): void {
     if (gen !== this.gen || this.state === 'closed') return;
     const wasReady = this.state === 'ready';
-    const firstEver = !this.everReady;
+    const firstEver = !this.everReady; // connect() itself failed: reject it, no reconnection
     this.gen++;
     const s = this.socket;
     this.socket = null;
@@ -632,8 +632,9 @@ export class Client extends EventEmitter<ClientEvents> {
     try {
       wi = toWireInputs(inputs);
     } catch (e) {
-      if (e instanceof InvalidInput) return resolve(result('invalid_argument', e.message, script._shard));
-      throw e;
+      // InvalidInput, or whatever a getter or a Map iterator of the inputs threw.
+      const why = e instanceof InvalidInput ? e.message : `reading the inputs threw: ${(e as Error)?.message ?? String(e)}`;
+      return resolve(result('invalid_argument', why, script._shard));
     }
     const p: PendingEval = { script, inputs: wi, resolve, deadline: 0 };
     if (this.state === 'ready') {
@@ -740,5 +741,3 @@ export async function connect(socketPath?: string, options?: ConnectOptions): Pr
   await c.open();
   return c;
 }
-
-export { FrameError };

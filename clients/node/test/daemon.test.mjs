@@ -99,6 +99,11 @@ describe('outrund', () => {
     for (let i = 0; i < 40; i++) deep = [deep];
     assert.equal((await client.evaluate(echo, { x: deep })).status, 'invalid_argument');
     assert.equal((await client.evaluate({ key: 'fake' }, {})).status, 'invalid_argument');
+    const throwing = { get x() { throw new Error('no'); } };
+    const r = await client.evaluate(echo, { y: throwing });
+    assert.equal(r.status, 'invalid_argument');
+    assert.match(r.error, /threw: no/);
+    assert.equal((await client.evaluate(echo, 'not an object')).status, 'invalid_argument');
   });
 
   test('compile_error and runtime_error carry the line', async () => {
