@@ -164,6 +164,17 @@ describe('outrund', () => {
     });
   });
 
+  test('a batch larger than 4 MiB is split into several frames', async () => {
+    const len = await client.register('Len', 'return #inputs.s + inputs.i');
+    const big = 'x'.repeat(1 << 20);
+    const reqs = Array.from({ length: 12 }, (_, i) => ({ script: len, inputs: { s: big, i } }));
+    const results = await client.evaluateBatch(reqs);
+    results.forEach((r, i) => assert.deepEqual(r, { status: 'ok', value: (1 << 20) + i, error: '', shard: len.shard }));
+    // one evaluation over the 8 MiB input limit ends invalid_argument before it is sent
+    const huge = await client.evaluate(len, { s: 'y'.repeat(9 << 20), i: 0 });
+    assert.equal(huge.status, 'invalid_argument');
+  });
+
   test('10,000 evaluations in flight across several scripts', async () => {
     const scripts = await Promise.all(
       Array.from({ length: 8 }, (_, k) => client.register(`Conc.${k}`, `return inputs.i * ${k + 1} + ${k}`)),

@@ -135,3 +135,24 @@ test('constants agree with frame.h, runner.h and status.h', () => {
   const names = [...status.matchAll(/^\s+([a-z_]+)(?: = 0)?,/gm)].map((m) => m[1]);
   assert.deepEqual([...STATUS_NAMES], names);
 });
+
+test('Evaluate frames are split past 4 MiB, in order', () => {
+  const big = { k: wire.w.ValueKind.String, v: 'x'.repeat(1 << 20) };
+  const items = Array.from({ length: 12 }, (_, i) => ({ id: i + 1, handle: 7, inputs: [['s', big]] }));
+  const out = wire.evaluate(items);
+  assert.ok(out.length >= 2 && out.length <= 4, `${out.length} frames`);
+  const ids = [];
+  for (const bytes of out) {
+    assert.ok(bytes.length - 4 <= 5 << 20);
+    const [frame] = new FrameReader().push(bytes);
+    const ev = wire.body(wire.openFrame(frame), wire.w.Evaluate);
+    for (let i = 0; i < ev.itemsLength(); i++) {
+      const e = ev.items(i);
+      assert.equal(e.scriptId(), 7);
+      assert.equal(e.inputs(0).name(), 's');
+      assert.equal(e.inputs(0).value().stringValue().length, 1 << 20);
+      ids.push(Number(e.id()));
+    }
+  }
+  assert.deepEqual(ids, Array.from({ length: 12 }, (_, i) => i + 1));
+});
