@@ -1,0 +1,12 @@
+// @outrun/client: a Node.js client for outrund (README.md).
+export { connect, defaultSocketPath, Client, Script, PUSHED_BODIES } from './client';
+export type { Result, Request, ConnectOptions, ServerInfo, ClientEvents } from './client';
+export { OutrunError, STATUS_NAMES, statusName } from './status';
+export type { StatusName } from './status';
+export { Double, double } from './values';
+export type { InputValue, OutputValue, Inputs } from './values';
+export { FrameReader, FrameError } from './frame-reader';
+export type { FrameErrorKind } from './frame-reader';
+export * as constants from './constants';
+/** Low-level frame encoding/decoding (tests, tools, fake servers). */
+export * as wire from './wire';

@@ -1,0 +1,235 @@
+// Frames to and from the daemon, on top of the flatc-generated classes (src/generated/).
+import * as flatbuffers from 'flatbuffers';
+import * as w from './generated/outrun_generated';
+import { CheckedByteBuffer, MalformedFrame } from './checked-buffer';
+import { EVALUATE_SPLIT_BYTES, MAX_VALUE_DEPTH, PROTOCOL_VERSION } from './constants';
+import { DecodeBudget, InvalidValue, OutputValue, WireInputs, WireValue } from './values';
+
+export { w };
+
+// ---- encoding ----
+
+function finish(b: flatbuffers.Builder, type: w.Body, body: flatbuffers.Offset): Uint8Array {
+  const frame = w.Frame.createFrame(b, type, body);
+  w.Frame.finishSizePrefixedFrameBuffer(b, frame);
+  return b.asUint8Array().slice(); // copy: the builder's buffer is reused
+}
+
+export function clientHello(name: string): Uint8Array {
+  const b = new flatbuffers.Builder(256);
+  const n = b.createString(name);
+  w.ClientHello.startClientHello(b);
+  w.ClientHello.addProtocolVersion(b, PROTOCOL_VERSION);
+  w.ClientHello.addClientName(b, n);
+  return finish(b, w.Body.ClientHello, w.ClientHello.endClientHello(b));
+}
+
+export function register(requestId: number, key: string, source: string): Uint8Array {
+  const b = new flatbuffers.Builder(256 + source.length);
+  const k = b.createString(key);
+  const s = b.createString(source);
+  return finish(b, w.Body.Register, w.Register.createRegister(b, BigInt(requestId), k, s));
+}
+
+export function control(requestId: number, command: w.ControlCommand, shard: number): Uint8Array {
+  const b = new flatbuffers.Builder(64);
+  return finish(b, w.Body.Control, w.Control.createControl(b, BigInt(requestId), command, shard));
+}
+
+function encodeValue(b: flatbuffers.Builder, v: WireValue): flatbuffers.Offset {
+  switch (v.k) {
+    case w.ValueKind.Nil:
+      w.Value.startValue(b);
+      return w.Value.endValue(b);
+    case w.ValueKind.Boolean:
+      w.Value.startValue(b);
+      w.Value.addKind(b, v.k);
+      w.Value.addBoolValue(b, v.v);
+      return w.Value.endValue(b);
+    case w.ValueKind.Int:
+      w.Value.startValue(b);
+      w.Value.addKind(b, v.k);
+      w.Value.addIntValue(b, v.v);
+      return w.Value.endValue(b);
+    case w.ValueKind.Double:
+      w.Value.startValue(b);
+      w.Value.addKind(b, v.k);
+      w.Value.addDoubleValue(b, v.v);
+      return w.Value.endValue(b);
+    case w.ValueKind.String: {
+      const s = b.createString(v.v);
+      w.Value.startValue(b);
+      w.Value.addKind(b, v.k);
+      w.Value.addStringValue(b, s);
+      return w.Value.endValue(b);
+    }
+    case w.ValueKind.Bytes: {
+      const s = w.Value.createBytesValueVector(b, v.v);
+      w.Value.startValue(b);
+      w.Value.addKind(b, v.k);
+      w.Value.addBytesValue(b, s);
+      return w.Value.endValue(b);
+    }
+    case w.ValueKind.Array: {
+      const items = w.Value.createItemsVector(b, v.v.map((x) => encodeValue(b, x)));
+      w.Value.startValue(b);
+      w.Value.addKind(b, v.k);
+      w.Value.addItems(b, items);
+      return w.Value.endValue(b);
+    }
+    case w.ValueKind.Map: {
+      const items = w.Value.createItemsVector(b, v.v.map((x) => encodeValue(b, x)));
+      const keys = w.Value.createKeysVector(b, v.keys.map((k) => b.createString(k)));
+      w.Value.startValue(b);
+      w.Value.addKind(b, v.k);
+      w.Value.addItems(b, items);
+      w.Value.addKeys(b, keys);
+      return w.Value.endValue(b);
+    }
+  }
+}
+
+export interface OutgoingEvaluation {
+  id: number;
+  handle: number;
+  inputs: WireInputs;
+}
+
+/**
+ * Evaluate frames for `items`, in order: one frame, split when its FlatBuffer passes
+ * EVALUATE_SPLIT_BYTES (so no frame nears MAX_FRAME_SIZE; one evaluation's inputs are at most
+ * 8 MiB).
+ */
+export function evaluate(items: readonly OutgoingEvaluation[]): Uint8Array[] {
+  const frames: Uint8Array[] = [];
+  let b = new flatbuffers.Builder(1024);
+  let offsets: flatbuffers.Offset[] = [];
+  const flush = () => {
+    if (offsets.length === 0) return;
+    const vec = w.Evaluate.createItemsVector(b, offsets);
+    frames.push(finish(b, w.Body.Evaluate, w.Evaluate.createEvaluate(b, vec)));
+    b = new flatbuffers.Builder(1024);
+    offsets = [];
+  };
+  for (const e of items) {
+    const ins = e.inputs.map(([name, value]) => {
+      const n = b.createString(name);
+      const v = encodeValue(b, value);
+      w.Input.startInput(b);
+      w.Input.addName(b, n);
+      w.Input.addValue(b, v);
+      return w.Input.endInput(b);
+    });
+    const inputs = ins.length ? w.Evaluation.createInputsVector(b, ins) : 0;
+    w.Evaluation.startEvaluation(b);
+    w.Evaluation.addId(b, BigInt(e.id));
+    w.Evaluation.addScriptId(b, e.handle);
+    if (inputs) w.Evaluation.addInputs(b, inputs);
+    offsets.push(w.Evaluation.endEvaluation(b));
+    if (b.offset() > EVALUATE_SPLIT_BYTES) flush();
+  }
+  flush();
+  return frames;
+}
+
+// ---- decoding ----
+
+/** A received frame whose root and body passed the structural checks. */
+export interface IncomingFrame {
+  type: w.Body;
+  frame: w.Frame;
+  bytes: Uint8Array;
+}
+
+/**
+ * Opens one whole frame (prefix included, as FrameReader returns it). Throws MalformedFrame when
+ * the prefix does not match, the root is out of bounds, or the body is missing or of a type this
+ * schema does not know. Accessors on the result still throw MalformedFrame on out-of-bounds
+ * reads (CheckedByteBuffer).
+ */
+export function openFrame(bytes: Uint8Array): IncomingFrame {
+  const bb = new CheckedByteBuffer(bytes);
+  if (bb.readUint32(0) !== bytes.length - 4) throw new MalformedFrame('length prefix does not match the frame');
+  const frame = w.Frame.getSizePrefixedRootAsFrame(bb);
+  bb.readInt32(frame.bb_pos); // the root table's vtable offset must be inside
+  const type = frame.bodyType();
+  if (type === w.Body.NONE || w.Body[type] === undefined) throw new MalformedFrame(`unknown body type ${type}`);
+  if (!hasField(frame, 6)) throw new MalformedFrame('frame has no body');
+  return { type, frame, bytes };
+}
+
+function hasField(t: { bb: flatbuffers.ByteBuffer | null; bb_pos: number }, vtableOffset: number): boolean {
+  return t.bb!.__offset(t.bb_pos, vtableOffset) !== 0;
+}
+
+/** The body of `f` as a table of class `T`. */
+export function body<T>(f: IncomingFrame, make: new () => T): T {
+  return f.frame.body(new make()) as T;
+}
+
+/** Bytes of a [ubyte] vector, bounds-checked (a copy). */
+export function bytesOf(arr: Uint8Array | null): Uint8Array | null {
+  return arr ? Uint8Array.from(arr) : null;
+}
+
+/**
+ * Decodes a result Value. Throws InvalidValue for a value that breaks the rules (unknown kind,
+ * depth > 32, map keys/items mismatch or duplicate keys, missing fields); MalformedFrame (from
+ * the checked buffer, or when `budget` runs out) for a frame that cannot be read.
+ */
+export function decodeValue(v: w.Value, budget: DecodeBudget, depth = 1): OutputValue {
+  if (--budget.nodes < 0) throw new MalformedFrame('frame decodes to too many values');
+  if (depth > MAX_VALUE_DEPTH) throw new InvalidValue(`value nests deeper than ${MAX_VALUE_DEPTH} levels`);
+  const kind = v.kind();
+  switch (kind) {
+    case w.ValueKind.Nil:
+      return null;
+    case w.ValueKind.Boolean:
+      return v.boolValue();
+    case w.ValueKind.Int: {
+      const i = v.intValue();
+      return i >= BigInt(Number.MIN_SAFE_INTEGER) && i <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(i) : i;
+    }
+    case w.ValueKind.Double:
+      return v.doubleValue();
+    case w.ValueKind.String: {
+      const s = v.stringValue();
+      if (s === null) throw new InvalidValue('String value without a string');
+      return s;
+    }
+    case w.ValueKind.Bytes: {
+      const n = v.bytesValueLength();
+      const a = v.bytesValueArray();
+      if (n > 0 && (!a || a.length !== n)) throw new MalformedFrame('bytes vector runs past the frame');
+      return Buffer.from(a ? Uint8Array.from(a) : new Uint8Array(0));
+    }
+    case w.ValueKind.Array: {
+      const n = v.itemsLength();
+      const out: OutputValue[] = new Array(n);
+      const item = new w.Value();
+      for (let i = 0; i < n; i++) {
+        const x = v.items(i, item);
+        out[i] = x ? decodeValue(x, budget, depth + 1) : null;
+      }
+      return out;
+    }
+    case w.ValueKind.Map: {
+      const n = v.itemsLength();
+      if (v.keysLength() !== n) throw new InvalidValue('map keys and items differ in length');
+      const out: { [key: string]: OutputValue } = {};
+      const item = new w.Value();
+      for (let i = 0; i < n; i++) {
+        const key = v.keys(i);
+        if (key === null || key === undefined) throw new InvalidValue('map key missing');
+        if (Object.prototype.hasOwnProperty.call(out, key)) throw new InvalidValue(`duplicate map key '${key}'`);
+        const x = v.items(i, item);
+        const val = x ? decodeValue(x, budget, depth + 1) : null;
+        if (key === '__proto__') Object.defineProperty(out, key, { value: val, enumerable: true, writable: true, configurable: true });
+        else out[key] = val;
+      }
+      return out;
+    }
+    default:
+      throw new InvalidValue(`unknown value kind ${kind}`);
+  }
+}

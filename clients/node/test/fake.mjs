@@ -1,0 +1,54 @@
+// Frames a daemon sends, built with the generated classes: for fake servers in tests.
+import * as flatbuffers from 'flatbuffers';
+import { FrameReader, wire } from '../dist/index.js';
+
+const { w } = wire;
+
+function finish(b, type, body) {
+  w.Frame.finishSizePrefixedFrameBuffer(b, w.Frame.createFrame(b, type, body));
+  return Buffer.from(b.asUint8Array());
+}
+
+export function serverHello({ version = 1, shards = 1, error = null, maxInflight = 100 } = {}) {
+  const b = new flatbuffers.Builder(128);
+  const v = b.createString('fake');
+  const e = error ? b.createString(error) : 0;
+  w.ServerHello.startServerHello(b);
+  w.ServerHello.addProtocolVersion(b, version);
+  w.ServerHello.addShards(b, shards);
+  w.ServerHello.addServerVersion(b, v);
+  if (e) w.ServerHello.addError(b, e);
+  w.ServerHello.addMaxInflight(b, maxInflight);
+  return finish(b, w.Body.ServerHello, w.ServerHello.endServerHello(b));
+}
+
+export function registered(requestId, handle, shard = 0) {
+  const b = new flatbuffers.Builder(128);
+  const sha = w.Registered.createSha256Vector(b, new Uint8Array(32).fill(0xab));
+  return finish(b, w.Body.Registered, w.Registered.createRegistered(b, BigInt(requestId), w.Status.Ok, 0, handle, sha, shard));
+}
+
+/** Results{[Result{id, Ok, Int value}]} */
+export function intResults(pairs) {
+  const b = new flatbuffers.Builder(256);
+  const items = pairs.map(([id, n]) => {
+    w.Value.startValue(b);
+    w.Value.addKind(b, w.ValueKind.Int);
+    w.Value.addIntValue(b, BigInt(n));
+    const v = w.Value.endValue(b);
+    w.Result.startResult(b);
+    w.Result.addId(b, BigInt(id));
+    w.Result.addValue(b, v);
+    return w.Result.endResult(b);
+  });
+  const vec = w.Results.createItemsVector(b, items);
+  return finish(b, w.Body.Results, w.Results.createResults(b, vec));
+}
+
+/** Reads the client's frames off a socket: calls onFrame(IncomingFrame) for each. */
+export function readFrames(sock, onFrame) {
+  const reader = new FrameReader();
+  sock.on('data', (chunk) => {
+    for (const bytes of reader.push(chunk)) onFrame(wire.openFrame(bytes));
+  });
+}
