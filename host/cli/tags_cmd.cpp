@@ -7,7 +7,9 @@
 
 #include <fstream>
 #include <iostream>
+#include <algorithm>
 #include <mutex>
+#include <unordered_map>
 
 #include "json_values.h"
 #include "outrun/host.h"
@@ -121,6 +123,11 @@ int run_tags(const TagsRunArgs& a) {
     std::cerr << "outrun: " << e.message << "\n";
     return 3;
   }
+  std::unordered_map<std::string, std::size_t> order;
+  auto order_of = [&](const std::string& id) {
+    auto it = order.find(id);
+    return it == order.end() ? order.size() : it->second;
+  };
   auto flush = [&] {
     engine->wait_idle(std::chrono::milliseconds(60000));
     std::vector<tags::Change> out;
@@ -128,6 +135,11 @@ int run_tags(const TagsRunArgs& a) {
       std::lock_guard lock(mu);
       out.swap(pending);
     }
+    // Components run concurrently over workers: order the changes of one line by the graph's
+    // topological order (stable: one tag's changes keep their order), so output is deterministic.
+    std::stable_sort(out.begin(), out.end(), [&](const tags::Change& x, const tags::Change& y) {
+      return order_of(x.tag) < order_of(y.tag);
+    });
     for (const auto& c : out) print_change(c, a.json);
   };
 
@@ -160,6 +172,7 @@ int run_tags(const TagsRunArgs& a) {
     std::cerr << "outrun: " << a.file << ": " << to_string(e.status) << ": " << e.message << "\n";
     return 1;
   }
+  for (const auto& id : engine->ids()) order.emplace(id, order.size());
   engine->advance_clock(to.clock());
   flush();
   while (have_line) {

@@ -880,6 +880,23 @@ Error validate(const TagDefinition& d) {
   return {};
 }
 
+// A syntax error Lua finds at the end of the script is reported on the wrapper's closing line
+// (one past the script's last): name the script's last line instead.
+std::string user_lines(const std::string& error, const TagDefinition& d) {
+  const std::string prefix = "tag:" + d.id + ":";
+  if (error.rfind(prefix, 0) != 0) return error;
+  const std::size_t colon = error.find(':', prefix.size());
+  if (colon == std::string::npos) return error;
+  const std::string num = error.substr(prefix.size(), colon - prefix.size());
+  if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos || num.size() > 9) return error;
+  const long line = std::stol(num);
+  const long last = 1 + static_cast<long>(std::count(d.script.begin(), d.script.end(), '\n'));
+  if (line <= last) return error;
+  std::string rest = error.substr(colon);
+  if (auto p = rest.find("near 'end'"); p != std::string::npos) rest.replace(p, 10, "at the end of the script");
+  return prefix + std::to_string(last) + rest;
+}
+
 Result wait_result(std::future<Result>& f, std::chrono::milliseconds timeout) {
   if (f.wait_for(timeout) != std::future_status::ready)
     return {Status::unavailable, Value(), "no answer from the runner in time", -1};
@@ -1023,9 +1040,12 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
   }
   for (auto& [p, f] : checks) {
     Result r = wait_result(f, m.opts.wait_timeout);
-    if (r.status != Status::ok && !failure)
-      failure = {r.status == Status::compile_error ? Status::compile_error : r.status,
-                 "tag '" + p->def->id + "': " + std::string(to_string(r.status)) + ": " + r.error};
+    if (r.status != Status::ok && !failure) {
+      if (r.status == Status::compile_error)
+        failure = {Status::compile_error, "tag '" + p->def->id + "': " + user_lines(r.error, *p->def)};
+      else
+        failure = {r.status, "tag '" + p->def->id + "': " + std::string(to_string(r.status)) + ": " + r.error};
+    }
   }
   std::vector<Dispatch> out;
   {

@@ -1,0 +1,176 @@
+// The tags file and updates stream (host/tags/tags_file.h), and `outrun tags run` as a process.
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "tags_file.h"
+#include "test_support.h"
+
+namespace {
+
+using namespace outrun;
+
+std::string parse_error(const std::string& toml) {
+  std::vector<tags::TagDefinition> defs;
+  std::string err;
+  CHECK_FALSE(tags::file::parse_tags(toml, "", &defs, &err));
+  return err;
+}
+
+std::pair<int, std::string> run_cli(const std::string& args) {
+  const std::string cmd = std::string("OUTRUN_WORKER=") + OUTRUN_TEST_WORKER + " " + OUTRUN_TEST_CLI + " " + args;
+  return outrun::test::run_command(cmd);
+}
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  const std::string path = "/tmp/outrun-tags-test-" + std::to_string(getpid()) + "-" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("tags file: every field, and defaults") {
+  std::vector<tags::TagDefinition> defs;
+  std::string err;
+  const char* toml = R"(
+[defaults]
+type = "Float"
+last_usable_ms = 500
+
+[[tag]]
+id = "A"
+script = "return 1"
+
+[[tag]]
+id = "B"
+type = "Int32[]"
+inputs = ["A", { tag = "S", name = "s", trigger = false, deadband_percent = 5, range = [0, 50] }]
+trigger = "periodic"
+period_ms = 250
+timestamps = "evaluation_time"
+keep_state = true
+reset_state = true
+max_state_bytes = 1000
+description = "b"
+script = '''
+return {1, 2}
+'''
+)";
+  REQUIRE_MESSAGE(tags::file::parse_tags(toml, "", &defs, &err), err);
+  REQUIRE(defs.size() == 2);
+  CHECK(defs[0].type.type == tags::DataType::Float);
+  CHECK(defs[0].last_usable == std::chrono::milliseconds(500));
+  CHECK(defs[1].type.type == tags::DataType::Int32);
+  CHECK(defs[1].type.array);
+  REQUIRE(defs[1].inputs.size() == 2);
+  CHECK(defs[1].inputs[0].tag == "A");
+  CHECK(defs[1].inputs[1].name == "s");
+  CHECK_FALSE(defs[1].inputs[1].trigger);
+  CHECK(defs[1].inputs[1].deadband == tags::DeadbandKind::percent);
+  CHECK(defs[1].inputs[1].range_high == 50);
+  CHECK(defs[1].trigger.kind == tags::TriggerKind::periodic);
+  CHECK(defs[1].trigger.period == std::chrono::milliseconds(250));
+  CHECK(defs[1].timestamps == tags::TimestampPolicy::evaluation_time);
+  CHECK(defs[1].keep_state);
+  CHECK(defs[1].reset_state);
+  CHECK(defs[1].max_state_bytes == 1000);
+}
+
+TEST_CASE("tags file: errors name the line") {
+  CHECK(parse_error("[[tag]]\nid = \"A\"\nscript = 1\n").rfind("3:", 0) == 0);
+  CHECK(parse_error("[[tag]]\nid = \"A\"\nscript = \"x\"\ncolour = 1\n").find("4:10: unknown key 'colour'") !=
+        std::string::npos);
+  CHECK(parse_error("[[tag]]\nid = \"A\"\nscript = \"x\"\ntype = \"Double2\"\n").find("unknown DataType") !=
+        std::string::npos);
+  CHECK(parse_error("[[tag]]\nscript = \"x\"\n").find("needs an `id`") != std::string::npos);
+  CHECK(parse_error("[[tag]]\nid = \"A\"\n").find("needs a `script`") != std::string::npos);
+  CHECK(parse_error("[[tag]]\nid = \"A\"\nscript = \"x\"\n[[tag]]\nid = \"A\"\nscript = \"y\"\n")
+            .find("defined twice") != std::string::npos);
+  CHECK(parse_error("[[tag]]\nid = \"A\"\nscript = \"x\"\ntrigger = \"sometimes\"\n").find("trigger") !=
+        std::string::npos);
+  CHECK(parse_error("[[tag]]\nid = \"A\"\nscript = \"x\"\nperiod_ms = -5\n").find("period_ms") !=
+        std::string::npos);
+  CHECK(parse_error("[[tag]]\nid = \"A\"\nscript_file = \"x.lua\"\n").find("not allowed") != std::string::npos);
+  CHECK(parse_error("[[tag]\nid = \"A\"\n").rfind("1:", 0) == 0);  // TOML syntax error, with its line
+  CHECK(parse_error("x = 1\n").find("unknown top-level key") != std::string::npos);
+}
+
+TEST_CASE("tags updates: one wave per line") {
+  tags::file::Wave w;
+  std::string err;
+  REQUIRE_MESSAGE(tags::file::parse_wave(R"({"t": "2026-12-01T10:00:00.500Z", "values": {"T1": {"value": 85.5,
+      "status": "UncertainSubstituteValue", "source_time": "2026-12-01T09:59:59Z"}, "T2": 70, "T3": {"a": 1}},
+      "trigger": ["M"], "read": ["R"]})", &w, &err), err);
+  CHECK(w.has_time);
+  CHECK(format_datetime(w.time) == "2026-12-01T10:00:00.500Z");
+  REQUIRE(w.updates.size() == 3);
+  CHECK(w.updates[0].value.value == Value(85.5));
+  CHECK(w.updates[0].value.status == tags::codes::UncertainSubstituteValue);
+  CHECK(format_datetime(w.updates[0].value.source_time) == "2026-12-01T09:59:59.000Z");
+  CHECK(w.updates[1].value.value == Value(int64_t{70}));
+  CHECK(w.updates[1].value.status == tags::codes::Good);
+  CHECK(w.updates[2].value.value == Value(Map{{"a", Value(int64_t{1})}}));
+  CHECK(w.triggers == std::vector<std::string>{"M"});
+  CHECK(w.reads == std::vector<std::string>{"R"});
+  for (const char* bad : {"[1]", "{\"t\": \"noon\"}", "{\"values\": {\"A\": {\"value\": 1, \"status\": \"Fine\"}}}",
+                          "{\"values\": 5}", "{\"colour\": 1}", "{\"values\": {\"A\": {\"value\": 1, \"x\": 2}}}", "{"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(tags::file::parse_wave(bad, &w, &err));
+    CHECK_FALSE(err.empty());
+  }
+}
+
+TEST_CASE("outrun tags run: deterministic over workers and in-process; errors with line numbers") {
+  const std::string root = OUTRUN_TEST_SOURCE_DIR;
+  const std::string args = "tags run -f " + root + "/examples/tags/tank.toml --updates " + root +
+                           "/examples/tags/updates.jsonl --json";
+  auto a = run_cli(args);
+  auto b = run_cli(args + " --shards 2");
+  auto c = run_cli(args + " --in-process");
+  REQUIRE(a.first == 0);
+  CHECK(b.first == 0);
+  CHECK(c.first == 0);
+  CHECK(a.second == b.second);
+  CHECK(a.second == c.second);
+  // Every line is a change object; the alarm goes active and the level goes Bad then Good.
+  std::istringstream lines(a.second);
+  std::string line;
+  bool alarm_on = false, level_bad = false, level_good_after = false;
+  int n = 0;
+  while (std::getline(lines, line)) {
+    auto j = nlohmann::json::parse(line);
+    ++n;
+    CHECK(j.contains("tag"));
+    CHECK(j.contains("status_code"));
+    if (j["tag"] == "Tank1.HighAlarm" && j["value"] == true) alarm_on = true;
+    if (j["tag"] == "Tank1.Level" && j["status"] == "BadSensorFailure") level_bad = true;
+    if (level_bad && j["tag"] == "Tank1.Level" && j["status"] == "Good") level_good_after = true;
+  }
+  CHECK(n > 20);
+  CHECK(alarm_on);
+  CHECK(level_bad);
+  CHECK(level_good_after);
+
+  const std::string bad_toml = write_temp("bad.toml", "[[tag]]\nid = \"A\"\nscript = \"return 1\"\nwhat = 2\n");
+  auto r = run_cli("tags run -f " + bad_toml + " 2>&1");
+  CHECK(r.first == 2);
+  CHECK(r.second.find(bad_toml + ":4:8: unknown key 'what'") != std::string::npos);
+
+  const std::string ok_toml = write_temp("ok.toml", "[[tag]]\nid = \"A\"\ninputs = [\"S\"]\nscript = \"return inputs.S * 2\"\n");
+  const std::string bad_lines = write_temp("bad.jsonl", "{\"values\": {\"S\": 1}}\n\n{\"values\": {\"S\": }\n");
+  r = run_cli("tags run --in-process -f " + ok_toml + " --updates " + bad_lines + " 2>&1");
+  CHECK(r.first == 2);
+  CHECK(r.second.find("A = 2") != std::string::npos);  // the first wave ran
+  CHECK(r.second.find(bad_lines + ":3: not JSON") != std::string::npos);
+
+  const std::string broken = write_temp("broken.toml", "[[tag]]\nid = \"A\"\nscript = \"return (\"\n");
+  r = run_cli("tags run -f " + broken + " 2>&1");
+  CHECK(r.first == 1);
+  CHECK(r.second.find("compile_error") != std::string::npos);
+  CHECK(r.second.find("tag:A:1: unexpected symbol at the end of the script") != std::string::npos);
+  for (const auto& p : {bad_toml, ok_toml, bad_lines, broken}) std::remove(p.c_str());
+}
