@@ -36,6 +36,7 @@
 #include "profiler.h"
 #include "redis_peer.h"
 #include "report.h"
+#include "tags_perf.h"
 
 namespace fs = std::filesystem;
 
@@ -72,7 +73,7 @@ struct Options {
 };
 
 const std::vector<std::string> kSections = {"pipe",  "floor",  "redis", "idle",
-                                            "paced", "closed", "kill",  "scripts"};
+                                            "paced", "closed", "kill",  "scripts", "tags"};
 
 // Row ids (the first column of the JSON rows) and group names accepted by --rows, mapped to the
 // sections that measure them and their comparisons.
@@ -107,6 +108,9 @@ const std::map<std::string, std::vector<std::string>> kAliases = {
     {"kill_all", {"scripts"}},
     {"shard_kill", {"kill"}},
     {"idle_cpu", {"idle"}},
+    {"tags", {"paced", "tags"}},
+    {"tags_p99", {"paced", "tags"}},
+    {"tags_us", {"paced", "tags"}},
 };
 
 // ---------------------------------------------------------------- helpers
@@ -1024,6 +1028,7 @@ bool row_expected(const std::string& fig, const std::set<std::string>& sections)
     return ran("idle");
   if (starts("kill.")) return ran("kill");
   if (starts("scripts.")) return ran("scripts");
+  if (starts("tags.")) return ran("tags");
   if (fig == "all.wrong") return true;
   return false;
 }
@@ -1248,6 +1253,9 @@ int run(int argc, char** argv) {
                                specs[a].name + " (" + specs[a].spec + ")");
       if (o.sections.count("kill")) ok &= kill_section(o, plain_options(specs[a]), f);
       if (o.sections.count("scripts")) ok &= scripts_section(o, plain_options(specs[a]), f);
+      if (o.sections.count("tags"))
+        ok &= tags_section(TagsParams{o.rate, o.warmup, o.duration, 250}, plain_options(specs[a]), f,
+                           [&f](double checked, double wrong) { count_checked(f, checked, wrong); });
       derive(f);
       arms[a].samples.push_back(std::move(f));
     }

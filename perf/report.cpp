@@ -107,7 +107,8 @@ std::string beside_cell(const RowResult& r, const char* sep) {
 
 std::string figure_unit(const std::string& id) {
   if (id.find("_wakeups_per_") != std::string::npos) return "wakeups";
-  if (ends(id, "_us") || ends(id, "_us_per_eval") || ends(id, "_us_per_msg") || ends(id, "_us_net"))
+  if (ends(id, "_us") || ends(id, "_us_per_eval") || ends(id, "_us_per_msg") || ends(id, "_us_net") ||
+      ends(id, "_us_per_update"))
     return "µs";
   if (ends(id, "_ms")) return "ms";
   if (ends(id, "_pct")) return "%";
@@ -338,6 +339,25 @@ std::vector<RowDef> budget_rows(double rate, int scripts) {
        none(),
        none(),
        {{"all workers", "workers.idle_cpu_pct"}}},
+      {"tags_p99",
+       "tags: source update → change callback p99, 1,000 tags 3 deep, " + r + " updates/s",
+       "tags.p99_us",
+       none(),
+       at_most_and_other(1e300, "host.paced_p99_us", 1.2 * 3, "≤ 1.2× raw evaluate p99 per level (3 levels)"),
+       {{"p50", "tags.p50_us"},
+        {"raw evaluate p99", "host.paced_p99_us"},
+        {"keep_state", "tags.keep_state_p99_us"},
+        {"InProcess", "tags.inproc_p99_us"}}},
+      {"tags_us",
+       "tags: host on-CPU per source update (4 evaluations)",
+       "tags.host_us_per_update",
+       none(),
+       none(),
+       {{"raw evaluate, per evaluation", "host.paced_us_per_eval"},
+        {"evaluations per update", "tags.evals_per_update"},
+        {"keep_state", "tags.keep_state_host_us_per_update"},
+        {"workers", "tags.workers_us_per_update"},
+        {"InProcess", "tags.inproc_host_us_per_update"}}},
       {"wrong",
        "wrong or missing results",
        "all.wrong",

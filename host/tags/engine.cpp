@@ -63,6 +63,20 @@ const Value* map_get(const Value& m, std::string_view key) {
   return nullptr;
 }
 
+// The wrapper's own result form (prelude.h): a map whose keys start with NUL.
+bool wrapped(const Value& r) {
+  auto* m = std::get_if<Map>(&r.v);
+  return m != nullptr && !m->empty() && !m->front().key.empty() && m->front().key[0] == '\0';
+}
+const Value* field(const Value& r, std::string_view key) { return wrapped(r) ? map_get(r, key) : nullptr; }
+
+using namespace std::string_view_literals;
+
+struct StringHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
 struct Dispatch {
   Runner* runner;
   Script script;
@@ -96,6 +110,7 @@ struct Node {
   bool is_virtual = false;
   bool alive = true;
   uint32_t generation = 0;    // bumped when the slot is reused
+  uint32_t self = 0;          // its index
   DataValue value;
   std::vector<uint32_t> dependents;  // virtual tags that list this node as an input
   int component = -1;                // -1: nothing depends on it (a source) / set for tags
@@ -115,6 +130,8 @@ struct Node {
   int topo = 0;
   TagCounters counters;
   bool evaluated = false;      // at least one evaluation completed
+  // Whether the script's source mentions status, source_time, prev: only then are they sent.
+  bool uses_status = true, uses_times = true, uses_prev = true;
   DateTime last_eval_time;     // evaluation time of the last completed evaluation
   uint64_t completed = 0;      // evaluations completed (not counting a worker that was down)
   uint64_t results = 0;        // results received, of any status
@@ -141,6 +158,7 @@ struct Node {
   DateTime trig_time;
   bool in_flight = false;
   Clock::time_point submitted;
+  DateTime eval_time;  // of the evaluation in flight
 };
 
 struct Component {
@@ -154,9 +172,10 @@ struct Component {
   std::vector<uint32_t> pending_roots;
   std::vector<uint32_t> wave_tags;  // scratch
   std::vector<Change> changes;
+  std::vector<int> change_topo;  // parallel to changes
 };
 
-struct Engine::Impl : std::enable_shared_from_this<Engine::Impl> {
+struct Engine::Impl {
   Impl(Runner& r, TagsOptions o) : runner(r), opts(std::move(o)) {}
 
   Runner& runner;
@@ -166,7 +185,7 @@ struct Engine::Impl : std::enable_shared_from_this<Engine::Impl> {
   std::condition_variable cv;  // waves ending, evaluations completing, timers
   std::vector<std::unique_ptr<Node>> nodes;
   std::vector<uint32_t> free_nodes;
-  std::unordered_map<std::string, uint32_t> by_id;
+  std::unordered_map<std::string, uint32_t, StringHash, std::equal_to<>> by_id;
   std::vector<uint32_t> topo_order;  // virtual tags
   std::vector<Component> comps;
   std::size_t sources = 0;
@@ -201,7 +220,7 @@ struct Engine::Impl : std::enable_shared_from_this<Engine::Impl> {
   }
 
   Node* find(std::string_view id) const {
-    auto it = by_id.find(std::string(id));
+    auto it = by_id.find(id);
     return it == by_id.end() ? nullptr : nodes[it->second].get();
   }
 
@@ -218,6 +237,7 @@ struct Engine::Impl : std::enable_shared_from_this<Engine::Impl> {
       nodes.push_back(std::make_unique<Node>());
     }
     nodes[idx]->id = id;
+    nodes[idx]->self = idx;
     by_id[id] = idx;
     return idx;
   }
@@ -278,6 +298,7 @@ struct Engine::Impl : std::enable_shared_from_this<Engine::Impl> {
     std::unordered_map<uint32_t, int> comp_of_root;
     std::vector<Component> old = std::move(comps);
     comps.clear();
+    pending_comps.clear();
     for (uint32_t i = 0; i < nodes.size(); ++i) {
       Node& n = *nodes[i];
       if (!n.alive || (!n.is_virtual && n.dependents.empty())) continue;
@@ -299,13 +320,13 @@ struct Engine::Impl : std::enable_shared_from_this<Engine::Impl> {
           n.has_pending = false;
           continue;
         }
+        mark_pending(n.component);
         Component& c = comps[n.component];
-        c.pending = true;
         c.pending_sources.push_back(i);
         c.pending_time = latest;
       } else if (n.is_virtual && (n.pending_root || n.need_initial)) {
+        mark_pending(n.component);
         Component& c = comps[n.component];
-        c.pending = true;
         c.pending_roots.push_back(i);
         if (!(c.pending_time > DateTime{})) c.pending_time = latest;
       }
@@ -381,10 +402,20 @@ struct Engine::Impl : std::enable_shared_from_this<Engine::Impl> {
     return false;
   }
 
+  // Components with something pending, to be started (duplicates and stale entries are fine).
+  std::vector<int> pending_comps;
+  void mark_pending(int ci) {
+    Component& c = comps[ci];
+    if (!c.pending) pending_comps.push_back(ci);
+    c.pending = true;
+  }
+
   void start_waves(std::vector<Dispatch>* out) {
     if (paused > 0) return;
-    for (std::size_t c = 0; c < comps.size(); ++c)
-      if (comps[c].pending && !comps[c].running) start_wave(static_cast<int>(c), out);
+    std::vector<int> todo;
+    todo.swap(pending_comps);
+    for (int c : todo)
+      if (c < static_cast<int>(comps.size()) && comps[c].pending && !comps[c].running) start_wave(c, out);
   }
 
   void start_wave(int ci, std::vector<Dispatch>* out) {
@@ -456,6 +487,7 @@ struct Engine::Impl : std::enable_shared_from_this<Engine::Impl> {
       for (uint32_t d : nodes[t]->dependents) ++nodes[d]->wait;
     c.remaining = wave_tags.size();
     c.changes.clear();
+    c.change_topo.clear();
     if (wave_tags.empty()) {
       end_wave(ci, out);
       return;
@@ -491,9 +523,17 @@ struct Engine::Impl : std::enable_shared_from_this<Engine::Impl> {
     Component& c = comps[ci];
     c.running = false;
     if (!c.changes.empty()) {
-      std::sort(c.changes.begin(), c.changes.end(), [&](const Change& a, const Change& b) {
-        return nodes[by_id.at(a.tag)]->topo < nodes[by_id.at(b.tag)]->topo;
-      });
+      if (c.changes.size() > 1) {
+        std::vector<std::pair<int, std::size_t>> order;
+        order.reserve(c.changes.size());
+        for (std::size_t i = 0; i < c.changes.size(); ++i) order.emplace_back(c.change_topo[i], i);
+        std::sort(order.begin(), order.end());
+        std::vector<Change> sorted;
+        sorted.reserve(c.changes.size());
+        for (const auto& [topo, i] : order) sorted.push_back(std::move(c.changes[i]));
+        c.changes = std::move(sorted);
+      }
+      c.change_topo.clear();
       if (opts.on_change) deliveries.push_back(std::move(c.changes));
       c.changes.clear();
     }
@@ -517,15 +557,15 @@ struct Engine::Impl : std::enable_shared_from_this<Engine::Impl> {
     Inputs in;
     in.reserve(t.input_nodes.size() + 1);
     Map st, tm;
-    st.reserve(t.input_nodes.size());
-    tm.reserve(t.input_nodes.size());
+    if (t.uses_status) st.reserve(t.input_nodes.size());
+    if (t.uses_times) tm.reserve(t.input_nodes.size());
     if (mode.empty()) {
       for (std::size_t i = 0; i < t.input_nodes.size(); ++i) {
         const Node& src = *nodes[t.input_nodes[i]];
         const std::string& name = t.def.inputs[i].name.empty() ? t.def.inputs[i].tag : t.def.inputs[i].name;
         in.push_back({name, src.value.value});
-        st.push_back({name, Value(static_cast<int64_t>(src.value.status))});
-        tm.push_back({name, Value(src.value.source_time.unix_seconds())});
+        if (t.uses_status) st.push_back({name, Value(static_cast<int64_t>(src.value.status))});
+        if (t.uses_times) tm.push_back({name, Value(src.value.source_time.unix_seconds())});
         t.used[i] = src.value;
         t.used_set[i] = true;
       }
@@ -533,10 +573,10 @@ struct Engine::Impl : std::enable_shared_from_this<Engine::Impl> {
     Map ctx;
     ctx.reserve(8);
     if (mode.empty()) {
-      ctx.push_back({"s", Value(std::move(st))});
-      ctx.push_back({"t", Value(std::move(tm))});
+      if (t.uses_status) ctx.push_back({"s", Value(std::move(st))});
+      if (t.uses_times) ctx.push_back({"t", Value(std::move(tm))});
       ctx.push_back({"n", Value(time.unix_seconds())});
-      if (t.evaluated) ctx.push_back({"p", prev_value(t)});
+      if (t.evaluated && t.uses_prev) ctx.push_back({"p", prev_value(t)});
       if (t.def.keep_state) ctx.push_back({"ks", Value(true)});
     } else {
       ctx.push_back({"m", Value(std::string(mode))});
@@ -563,31 +603,33 @@ struct Engine::Impl : std::enable_shared_from_this<Engine::Impl> {
     ++in_flight;
     ++t.counters.evaluations;
     ++counters.evaluations;
-    auto self = shared_from_this();
+    // 16 bytes of capture: std::function keeps it without an allocation. The engine's destructor
+    // waits for every evaluation in flight, so `this` outlives the callback.
+    t.eval_time = c.time;
     const uint32_t gen = t.generation;
-    const DateTime time = c.time;
-    out->push_back({&runner, t.script, std::move(inputs), [self, idx, gen, time](Result r) {
-                      self->on_result(idx, gen, time, std::move(r));
+    Impl* self = this;
+    out->push_back({&runner, t.script, std::move(inputs), [self, idx, gen](Result r) {
+                      self->on_result(idx, gen, std::move(r));
                     }});
   }
 
-  void on_result(uint32_t idx, uint32_t gen, DateTime time, Result r) {
+  void on_result(uint32_t idx, uint32_t gen, Result r) {
     std::vector<Dispatch> out;
     {
       std::lock_guard lock(mu);
-      --in_flight;
       Node& t = *nodes[idx];
-      if (!t.alive || t.generation != gen) {  // cannot happen: removal waits for waves
-        cv.notify_all();
-        return;
+      if (t.alive && t.generation == gen) {  // always: removal waits for waves
+        t.in_flight = false;
+        ++t.results;
+        complete(idx, t.eval_time, std::move(r), &out);
       }
-      t.in_flight = false;
-      ++t.results;
-      complete(idx, time, std::move(r), &out);
-      cv.notify_all();
     }
     run_dispatches(std::move(out));
     deliver();
+    // Last: the destructor waits for this count, and nothing below touches the engine.
+    std::lock_guard lock(mu);
+    --in_flight;
+    cv.notify_all();
   }
 
   void complete(uint32_t idx, DateTime time, Result r, std::vector<Dispatch>* out) {
@@ -599,7 +641,7 @@ struct Engine::Impl : std::enable_shared_from_this<Engine::Impl> {
     if (si < std::size(t.counters.by_status)) ++t.counters.by_status[si];
 
     if (r.status == Status::ok) {
-      const Value* ns = map_get(r.value, "ns");
+      const Value* ns = field(r.value, "\0ns"sv);
       if (ns != nullptr && ns->is<bool>() && ns->as<bool>()) {
         // A fresh worker: send the kept state and run again, in the same wave.
         ++t.counters.state_restores;
@@ -659,6 +701,7 @@ struct Engine::Impl : std::enable_shared_from_this<Engine::Impl> {
       ++t.counters.changes;
       ++counters.changes;
       comps[t.component].changes.push_back({t.id, dv});
+      comps[t.component].change_topo.push_back(t.topo);
     } else {
       t.value.server_time = dv.server_time;
     }
@@ -687,9 +730,10 @@ struct Engine::Impl : std::enable_shared_from_this<Engine::Impl> {
   }
 
   void result_to_datavalue(Node& t, const Value& result, DataValue* dv) {
-    const Value* v = map_get(result, "v");
-    const Value* s = map_get(result, "s");
-    const Value* st = map_get(result, "st");
+    const bool w = wrapped(result);
+    const Value* v = w ? map_get(result, "\0v"sv) : &result;
+    const Value* s = w ? map_get(result, "\0s"sv) : nullptr;
+    const Value* st = w ? map_get(result, "\0st"sv) : nullptr;
     if (st != nullptr && t.def.keep_state) {
       if (value_bytes(*st) <= t.def.max_state_bytes) {
         t.kept_state = *st;
@@ -797,15 +841,15 @@ struct Engine::Impl : std::enable_shared_from_this<Engine::Impl> {
   }
 
   void add_root(Node& t) {
+    mark_pending(t.component);
     Component& c = comps[t.component];
     if (t.pending_root) {
       ++t.counters.coalesced;
       ++counters.coalesced;
     } else {
-      c.pending_roots.push_back(by_id.at(t.id));
+      c.pending_roots.push_back(t.self);
     }
     t.pending_root = true;
-    c.pending = true;
     if (!(c.pending_time > DateTime{})) c.pending_time = now();
   }
 
@@ -921,14 +965,18 @@ Engine::~Engine() {
   Impl& m = *impl_;
   std::vector<std::string> keys;
   {
-    std::unique_lock lock(m.mu);
+    std::lock_guard lock(m.mu);
     m.closing = true;
     m.cv.notify_all();
-    m.cv.wait_for(lock, m.opts.wait_timeout, [&] { return m.in_flight == 0; });
+  }
+  if (m.timer_thread.joinable()) m.timer_thread.join();
+  {
+    std::unique_lock lock(m.mu);
+    // Every evaluation ends exactly once (the runner's promise), and the callbacks point here.
+    m.cv.wait(lock, [&] { return m.in_flight == 0 && !m.delivering; });
     for (auto& n : m.nodes)
       if (n->alive && n->is_virtual) keys.push_back(n->key);
   }
-  if (m.timer_thread.joinable()) m.timer_thread.join();
   for (const auto& k : keys) (void)m.runner.unregister_script(k);
 }
 
@@ -1019,7 +1067,7 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
     auto f = m.runner.evaluate(p.old_script, std::move(in));
     Result r = wait_result(f, m.opts.wait_timeout);
     if (r.status == Status::ok)
-      if (const Value* st = map_get(r.value, "st")) {
+      if (const Value* st = field(r.value, "\0st"sv)) {
         p.state = *st;
         p.has_state = true;
       }
@@ -1072,6 +1120,10 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
         ++n.version;
         n.key = "tag:" + d.id;
         n.script = p.script;
+        // "status" also covers the helpers' usual argument (is_good(status.X)).
+        n.uses_status = d.script.find("status") != std::string::npos;
+        n.uses_times = d.script.find("source_time") != std::string::npos;
+        n.uses_prev = d.script.find("prev") != std::string::npos;
         n.input_nodes.clear();
         for (const auto& in : d.inputs) {
           uint32_t src;
@@ -1196,6 +1248,7 @@ Error Engine::update(const std::vector<SourceUpdate>& updates, DateTime time) {
         n.value = std::move(dv);
         continue;
       }
+      m.mark_pending(n.component);
       Component& c = m.comps[n.component];
       if (n.has_pending) {
         for (uint32_t d : n.dependents) {
@@ -1207,7 +1260,6 @@ Error Engine::update(const std::vector<SourceUpdate>& updates, DateTime time) {
       }
       n.pending = std::move(dv);
       n.has_pending = true;
-      c.pending = true;
       if (time > c.pending_time) c.pending_time = time;
     }
     m.counters.source_updates += updates.size();
