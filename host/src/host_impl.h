@@ -28,7 +28,10 @@
 namespace outrun {
 
 struct Host::Impl {
-  explicit Impl(const HostOptions& o) : opts(o), registry(this, static_cast<uint32_t>(o.shards), o.max_script_bytes, /*deferred_ids=*/true) {}
+  explicit Impl(const HostOptions& o)
+      : opts(o),
+        registry(this, static_cast<uint32_t>(o.shards), o.max_script_bytes, /*deferred_ids=*/true) {
+  }
 
   using Ended = std::vector<std::pair<detail::Completion, Result>>;
 

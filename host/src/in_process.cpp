@@ -1,8 +1,7 @@
 #include "outrun/in_process.h"
 
-#include <mutex>
-
 #include <lua.hpp>
+#include <mutex>
 
 #include "lua_values.h"
 #include "sandbox.h"

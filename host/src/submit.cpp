@@ -109,7 +109,8 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
   }
   Shard& sh = *shards[r->shard];
   if (r->unregistered.load(std::memory_order_relaxed)) [[unlikely]] {
-    deliver_now(sh, std::move(done), Result{Status::invalid_argument, {}, unregistered_message(r), sh.index});
+    deliver_now(sh, std::move(done),
+                Result{Status::invalid_argument, {}, unregistered_message(r), sh.index});
     return;
   }
   if (stopping.load(std::memory_order_relaxed)) {
@@ -195,8 +196,10 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
       continue;
     }
     if (r->unregistered.load(std::memory_order_relaxed)) [[unlikely]] {
-      deliver_now(*shards[r->shard], Completion(detail::BatchTarget{shared_cb, i}),
-                  Result{Status::invalid_argument, {}, unregistered_message(r), static_cast<int>(r->shard)});
+      deliver_now(
+          *shards[r->shard], Completion(detail::BatchTarget{shared_cb, i}),
+          Result{
+              Status::invalid_argument, {}, unregistered_message(r), static_cast<int>(r->shard)});
       continue;
     }
     by_shard[r->shard].push_back(i);

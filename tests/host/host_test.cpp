@@ -500,7 +500,8 @@ TEST_CASE("Host: unregister_script: its handles end invalid_argument, the key re
   check_unregister_semantics(*host);
 }
 
-TEST_CASE("InProcess: unregister_script: its handles end invalid_argument, the key registers again") {
+TEST_CASE(
+    "InProcess: unregister_script: its handles end invalid_argument, the key registers again") {
   InProcess inproc;
   check_unregister_semantics(inproc);
 }
@@ -519,7 +520,8 @@ TEST_CASE("Host: an evaluation in flight when its script is unregistered finishe
   CHECK(wait_worker_scripts(*host, std::vector<uint64_t>(2, 0)));
 }
 
-TEST_CASE("Host: 10,000 register/evaluate/unregister cycles give back every byte and worker state") {
+TEST_CASE(
+    "Host: 10,000 register/evaluate/unregister cycles give back every byte and worker state") {
   auto host = make_host(2);
   Script keep = reg(*host, "cycle.keep", "return 0");
   CHECK(host->evaluate(keep, {}).get().status == Status::ok);
@@ -610,7 +612,8 @@ TEST_CASE("Host: register, evaluate and unregister race from several threads") {
   for (auto& th : threads) th.join();
   CHECK(bad.load() == 0);
   for (int t = 0; t < 4; ++t)
-    for (int k = 0; k < 7; ++k) (void)host->unregister_script("race." + std::to_string(t) + "." + std::to_string(k));
+    for (int k = 0; k < 7; ++k)
+      (void)host->unregister_script("race." + std::to_string(t) + "." + std::to_string(k));
   (void)host->unregister_script("race.shared");
   CHECK(host->registry_stats().scripts == before.scripts);
   CHECK(host->registry_stats().bytes == before.bytes);
