@@ -164,7 +164,14 @@ int Worker::run() {
     }
     if (!flush()) return kExitIo;
     if (shutdown_) return kExitOk;
-    if (opts_.faults & kFaultForgetScripts) scripts_.clear();
+    if (opts_.faults & kFaultForgetScripts) {
+      if (opts_.page)  // "held now": the page follows what is dropped
+        opts_.page->scripts.fetch_sub(
+            static_cast<uint64_t>(std::count_if(scripts_.begin(), scripts_.end(),
+                                                [](const auto& p) { return p != nullptr; })),
+            std::memory_order_relaxed);
+      scripts_.clear();
+    }
   }
 }
 
@@ -188,6 +195,19 @@ void Worker::handle(const wire::Frame* frame) {
     case wire::Body::Shutdown:
       shutdown_ = true;
       return;
+    case wire::Body::Forget: {
+      // The host freed these scripts: drop their states. Ids it does not hold are ignored (a
+      // state never compiled here, or one already dropped); any id may come back later with
+      // other source, always behind this frame.
+      const auto* ids = frame->body_as_Forget()->script_ids();
+      if (!ids) return;
+      for (const uint32_t id : *ids) {
+        if (id >= scripts_.size() || !scripts_[id]) continue;
+        scripts_[id].reset();
+        if (opts_.page) opts_.page->scripts.fetch_sub(1, std::memory_order_relaxed);
+      }
+      return;
+    }
     default:
       // Hello/Results are not for a worker; ignore rather than die (forward compatibility).
       return;

@@ -4,7 +4,7 @@
 //               (-e SOURCE | -f FILE) [-i NAME=VALUE]... [--inputs-json JSON] [--json]
 //               [--in-process]
 //   outrun [--socket PATH] stats [--json | --prometheus] | shards | scripts | kill-shard N |
-//               restart-shard N
+//               restart-shard N | unregister KEY
 //   outrun [--socket PATH] bench [--clients C] [--count N] [--shards K] [--in-process]
 //   outrun [--socket PATH] drill NAME [--rate R] [--duration S] [--shards K] [--json]
 // --socket (or $OUTRUN_SOCKET) sends eval through outrund; the administration commands always
@@ -199,6 +199,17 @@ int run_admin(const std::string& what, StatsFormat fmt, int shard) {
   return 0;
 }
 
+int run_unregister(const std::string& key) {
+  std::unique_ptr<Client> c;
+  if (int rc = connect_client(&c)) return rc;
+  if (Error err = c->unregister_script(key)) {
+    std::cerr << to_string(err.status) << ": " << err.message << "\n";
+    return 1;
+  }
+  std::cout << "unregistered " << key << "\n";
+  return 0;
+}
+
 struct BenchArgs {
   int clients = 1;
   int count = 20000;
@@ -332,6 +343,11 @@ int main(int argc, char** argv) {
   auto* restart =
       app.add_subcommand("restart-shard", "outrund: restart a shard's worker gracefully");
   restart->add_option("shard", shard_n, "shard index")->required();
+  std::string unregister_key;
+  auto* unreg = app.add_subcommand(
+      "unregister", "outrund: unregister a script key (its handles end invalid_argument)");
+  unreg->add_option("key", unregister_key, "the script key")->required();
+  unreg->callback([&] { rc = run_unregister(unregister_key); });
   BenchArgs ba;
   auto* bench = app.add_subcommand(
       "bench", "closed-loop round trips: through outrund with --socket, else embedded");
@@ -349,12 +365,9 @@ int main(int argc, char** argv) {
   std::string drill_list;
   for (const auto& n : drill_names()) drill_list += (drill_list.empty() ? "" : ", ") + n;
   auto* drill = app.add_subcommand(
-      "drill",
-      "resilience drill under load: " + drill_list +
-          ". Against outrund at --socket, else a private outrund this command starts");
-  drill->add_option("name", da.name, "the drill")
-      ->required()
-      ->check(CLI::IsMember(drill_names()));
+      "drill", "resilience drill under load: " + drill_list +
+                   ". Against outrund at --socket, else a private outrund this command starts");
+  drill->add_option("name", da.name, "the drill")->required()->check(CLI::IsMember(drill_names()));
   drill->add_option("--rate", da.rate, "evaluations per second (open loop)")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();

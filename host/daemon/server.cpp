@@ -618,10 +618,22 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
         e = Error{Status::invalid_argument, "register needs a key and a source"};
       else
         e = host_->register_script(r->key()->string_view(), r->source()->string_view(), &script);
+      uint32_t handle = 0;
       if (!e) {
         const uint32_t id = script.record()->id;
-        while (scripts_.size() <= id) scripts_.emplace_back();
-        scripts_[id].script = script;
+        if (scripts_.size() <= id) scripts_.resize(id + 1);
+        auto& slot = scripts_[id];
+        if (!slot || slot->script.record() != script.record()) {
+          // A new record (an index whose entry is a tombstone, or a new one).
+          auto entry = std::make_shared<ScriptEntry>();
+          entry->gen = slot ? (slot->gen + 1) & ((1u << (32 - kHandleIdBits)) - 1) : 0;
+          entry->key = script.key();
+          entry->script = script;
+          slot = std::move(entry);
+          ++live_scripts_;
+          key_entries_[script.key()].push_back(id);
+        }
+        handle = handle_of(*slot);
       }
       f.Clear();
       flatbuffers::Offset<flatbuffers::String> err;
@@ -636,7 +648,7 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
       if (e) {
         b.add_error(err);
       } else {
-        b.add_handle(script.record()->id);
+        b.add_handle(handle);
         b.add_sha256(sha);
         b.add_shard(static_cast<int>(script.shard()));
       }
@@ -658,11 +670,16 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
       for (const wire::Evaluation* e : *items) {
         Result refused;
         refused.status = Status::ok;
-        if (e->script_id() >= scripts_.size() || !scripts_[e->script_id()].script.valid()) {
+        const uint32_t idx = e->script_id() & kHandleIdMask;
+        const ScriptEntry* entry = idx < scripts_.size() ? scripts_[idx].get() : nullptr;
+        if (!entry || entry->gen != e->script_id() >> kHandleIdBits) {
           refused = Result{Status::invalid_argument,
                            {},
                            "unknown script handle " + std::to_string(e->script_id()),
                            -1};
+        } else if (!entry->script.valid()) {
+          refused = Result{
+              Status::invalid_argument, {}, "script '" + entry->key + "' was unregistered", -1};
         } else if (draining_) {
           refused = Result{Status::unavailable, {}, "outrund is stopping", -1};
         } else if (c->inflight.load(std::memory_order_relaxed) + batch.size() >=
@@ -679,15 +696,14 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
           for (const wire::Input* in : *e->inputs()) {
             Value v;
             if (in->value() && !detail::decode_value(in->value(), &v, &decode_budget)) {
-              refused = Result{
-                  Status::invalid_argument,
-                  {},
-                  decode_budget == 0
-                      ? "the inputs of this frame decode to more than " +
-                            std::to_string(protocol::kMaxFrameSize) +
-                            " bytes (a shared subtree counts each time it is used)"
-                      : "input '" + in->name()->str() + "' is not a valid value",
-                  -1};
+              refused = Result{Status::invalid_argument,
+                               {},
+                               decode_budget == 0
+                                   ? "the inputs of this frame decode to more than " +
+                                         std::to_string(protocol::kMaxFrameSize) +
+                                         " bytes (a shared subtree counts each time it is used)"
+                                   : "input '" + in->name()->str() + "' is not a valid value",
+                               -1};
               break;
             }
             inputs.push_back(Input{in->name()->str(), std::move(v)});
@@ -699,7 +715,7 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
           send_result(*c, e->id(), refused);
           continue;
         }
-        batch.push_back(Request{scripts_[e->script_id()].script, std::move(inputs)});
+        batch.push_back(Request{entry->script, std::move(inputs)});
         ids.push_back(e->id());
       }
       if (batch.empty()) return true;
@@ -718,18 +734,51 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
         ctr->inflight.fetch_sub(1, std::memory_order_relaxed);
       };
       if (batch.size() == 1) {
-        ScriptEntry* entry = &scripts_[batch[0].script.record()->id];
+        std::shared_ptr<ScriptEntry> entry = scripts_[batch[0].script.record()->id];
         host_->evaluate(batch[0].script, std::move(batch[0].inputs),
-                        [deliver, id = ids[0], entry](Result r) { deliver(id, entry, r); });
+                        [deliver, id = ids[0], entry](Result r) { deliver(id, entry.get(), r); });
       } else {
-        auto shared =
-            std::make_shared<std::pair<std::vector<uint64_t>, std::vector<ScriptEntry*>>>();
+        using Entries = std::vector<std::shared_ptr<ScriptEntry>>;
+        auto shared = std::make_shared<std::pair<std::vector<uint64_t>, Entries>>();
         shared->first = std::move(ids);
-        for (const Request& rq : batch) shared->second.push_back(&scripts_[rq.script.record()->id]);
+        for (const Request& rq : batch) shared->second.push_back(scripts_[rq.script.record()->id]);
         host_->evaluate_batch(std::move(batch), [deliver, shared](std::size_t i, Result r) {
-          deliver(shared->first[i], shared->second[i], r);
+          deliver(shared->first[i], shared->second[i].get(), r);
         });
       }
+      return true;
+    }
+    case wire::Body::Unregister: {
+      const auto* u = frame->body_as_Unregister();
+      Error e;
+      if (!u->key()) {
+        e = Error{Status::invalid_argument, "unregister needs a key"};
+      } else {
+        e = host_->unregister_script(u->key()->string_view());
+        if (!e) {
+          // Every handle of the key this daemon gave out goes: the current one and those it
+          // replaced. Their records are freed once their evaluations in flight end.
+          if (auto it = key_entries_.find(u->key()->str()); it != key_entries_.end()) {
+            for (uint32_t id : it->second) {
+              if (scripts_[id] && scripts_[id]->script.valid()) {
+                scripts_[id]->script = Script();
+                --live_scripts_;
+              }
+            }
+            key_entries_.erase(it);
+          }
+          spdlog::info("client {} (pid {}): unregistered '{}'", c->id, c->pid,
+                       u->key()->string_view().substr(0, 256));
+        }
+      }
+      f.Clear();
+      auto err = e ? f.CreateString(e.message) : flatbuffers::Offset<flatbuffers::String>();
+      wire::UnregisteredBuilder b(f);
+      b.add_request_id(u->request_id());
+      b.add_status(static_cast<wire::Status>(e.status));
+      if (e) b.add_error(err);
+      auto body = b.Finish();
+      c->writer.write(frame_of(f, wire::Body::Unregistered, body.Union()));
       return true;
     }
     case wire::Body::Control: {
@@ -826,6 +875,7 @@ std::string Server::stats_json(bool shards_only) const {
     by_status[std::string(to_string(static_cast<Status>(i)))] =
         counters_.by_status[i].load(std::memory_order_relaxed);
   const auto& h = counters_.latency;
+  const RegistryStats reg = host_->registry_stats();
   json j{{"version", OUTRUN_VERSION},
          {"pid", getpid()},
          {"uptime_s",
@@ -835,7 +885,8 @@ std::string Server::stats_json(bool shards_only) const {
          {"clients_refused", clients_refused_},
          {"client_protocol_violations", violations_},
          {"inflight", counters_.inflight.load(std::memory_order_relaxed)},
-         {"scripts", scripts_.size()},
+         {"scripts", live_scripts_},
+         {"registry", {{"scripts", reg.scripts}, {"bytes", reg.bytes}}},
          {"evaluations", by_status},
          {"latency_us", latency_json(h)},
          {"shards", shards}};
@@ -845,8 +896,9 @@ std::string Server::stats_json(bool shards_only) const {
 std::string Server::scripts_json() const {
   using nlohmann::json;
   json arr = json::array();
-  for (const ScriptEntry& e : scripts_) {
-    if (!e.script.valid()) continue;
+  for (const auto& p : scripts_) {
+    if (!p || !p->script.valid()) continue;
+    const ScriptEntry& e = *p;
     json by_status = json::object();
     uint64_t total = 0;
     for (int i = 0; i < kStatusCount; ++i) {
@@ -854,7 +906,7 @@ std::string Server::scripts_json() const {
       total += n;
       if (n) by_status[std::string(to_string(static_cast<Status>(i)))] = n;
     }
-    arr.push_back(json{{"handle", e.script.record()->id},
+    arr.push_back(json{{"handle", handle_of(e)},
                        {"key", e.script.key()},
                        {"sha256", hex(e.script.sha256())},
                        {"shard", e.script.shard()},

@@ -44,11 +44,17 @@ class LatencyHistogram {
 
 inline constexpr int kStatusCount = 11;  // outrun::Status values
 
-// Per registered script (by Host record id): what `outrun scripts` shows.
+// Per registered script (by Host record id): what `outrun scripts` shows. The client's handle is
+// `gen << kHandleIdBits | record id`: record ids are reused once a record is freed, and the
+// generation keeps a stale handle from reaching the script that reuses its id (1,024 reuses).
 struct ScriptEntry {
-  Script script;
+  Script script;  // empty once unregistered (the entry stays for its message)
+  std::string key;
+  uint32_t gen = 0;  // < 2^(32 - kHandleIdBits)
   std::array<std::atomic<uint64_t>, kStatusCount> by_status{};
 };
+inline constexpr int kHandleIdBits = 22;  // record ids are < 2^22
+inline constexpr uint32_t kHandleIdMask = (1u << kHandleIdBits) - 1;
 
 struct Counters {
   std::array<std::atomic<uint64_t>, kStatusCount> by_status{};
@@ -96,6 +102,9 @@ class Server {
 
   std::string stats_json(bool shards_only) const;
   std::string scripts_json() const;
+  static uint32_t handle_of(const ScriptEntry& e) {
+    return e.gen << kHandleIdBits | e.script.record()->id;
+  }
 
   DaemonConfig cfg_;
   std::unique_ptr<Host> host_;
@@ -118,7 +127,13 @@ class Server {
   std::unordered_map<Conn*, std::shared_ptr<Conn>> conns_;
   uint64_t next_conn_id_ = 1;
   uint64_t clients_total_ = 0, clients_refused_ = 0, violations_ = 0;
-  std::deque<ScriptEntry> scripts_;  // index = Host record id; grows on the loop thread only
+  // Index = Host record id; grows on the loop thread only. Evaluations in flight share the
+  // entry, so an index given to a new record never mixes their counts.
+  std::vector<std::shared_ptr<ScriptEntry>> scripts_;
+  // Record ids of the entries of each key registered here: the current one and those it
+  // replaced (still valid handles), all dropped when the key is unregistered.
+  std::unordered_map<std::string, std::vector<uint32_t>> key_entries_;
+  std::size_t live_scripts_ = 0;  // entries with a script
 
   Counters counters_;
 };

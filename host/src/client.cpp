@@ -13,7 +13,6 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -71,10 +70,11 @@ struct Client::Impl {
   bool dead = false;  // reader ended: nothing more will complete
   std::string dead_reason;
 
-  // Scripts by daemon handle (records never move).
+  // Scripts by daemon handle, and each key's latest handle. The records are this client's own
+  // (no registry): freed with the last handle.
   std::mutex smu;
-  std::deque<detail::ScriptRecord> records;
-  std::unordered_map<uint32_t, const detail::ScriptRecord*> by_handle;
+  std::unordered_map<uint32_t, Script> by_handle;
+  std::unordered_map<std::string, uint32_t> by_key;
 
   ~Impl() {
     if (fd >= 0) {
@@ -187,6 +187,14 @@ struct Client::Impl {
         rep.shard = r->shard();
         if (r->sha256() && r->sha256()->size() == 32)
           std::memcpy(rep.sha.data(), r->sha256()->data(), 32);
+        complete(r->request_id(), std::move(rep));
+        return;
+      }
+      case wire::Body::Unregistered: {
+        const auto* r = f->body_as_Unregistered();
+        Reply rep;
+        rep.status = static_cast<Status>(r->status());
+        if (r->error()) rep.error = r->error()->str();
         complete(r->request_id(), std::move(rep));
         return;
       }
@@ -338,22 +346,58 @@ Error Client::register_script(std::string_view key, std::string_view source, Scr
     f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Register, body.Union()));
   });
   if (r.status != Status::ok) return Error{r.status, r.error};
+  Script dropped;  // released after the lock
   std::lock_guard lock(impl_->smu);
   auto it = impl_->by_handle.find(r.handle);
-  if (it != impl_->by_handle.end() && it->second->sha256 == r.sha && it->second->key == key) {
-    *out = Script(it->second);
+  if (it != impl_->by_handle.end() && it->second.sha256() == r.sha && it->second.key() == key) {
+    *out = it->second;
     return {};
   }
-  detail::ScriptRecord& rec = impl_->records.emplace_back();
-  rec.owner = impl_.get();
-  rec.id = r.handle;
-  rec.shard = static_cast<uint32_t>(std::max(0, r.shard));
-  rec.key = std::string(key);
-  rec.source = std::string(source);
-  rec.sha256 = r.sha;
-  rec.chunk_name = rec.key;
-  impl_->by_handle[r.handle] = &rec;
-  *out = Script(&rec);
+  auto* rec = new detail::ScriptRecord();
+  rec->owner = impl_.get();
+  rec->id = r.handle;
+  rec->shard = static_cast<uint32_t>(std::max(0, r.shard));
+  rec->key = std::string(key);
+  rec->source = std::string(source);
+  rec->sha256 = r.sha;
+  rec->chunk_name = rec->key;
+  Script script(rec);
+  // The daemon retired the key's previous handle (design/daemon.md): forget it here too.
+  auto [k, fresh] = impl_->by_key.try_emplace(rec->key, r.handle);
+  if (!fresh) {
+    if (k->second != r.handle) {
+      if (auto old = impl_->by_handle.find(k->second); old != impl_->by_handle.end()) {
+        dropped = std::move(old->second);
+        impl_->by_handle.erase(old);
+      }
+    }
+    k->second = r.handle;
+  }
+  impl_->by_handle[r.handle] = script;
+  *out = std::move(script);
+  return {};
+}
+
+Error Client::unregister_script(std::string_view key) {
+  if (key.empty() || key.size() > kMaxKeySize)
+    return Error{Status::invalid_argument,
+                 "script key must be 1.." + std::to_string(kMaxKeySize) + " bytes"};
+  Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
+    auto k = f.CreateString(key);
+    auto body = wire::CreateUnregister(f, id, k);
+    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Unregister, body.Union()));
+  });
+  if (r.status != Status::ok) return Error{r.status, r.error};
+  Script dropped;  // released after the lock
+  std::lock_guard lock(impl_->smu);
+  if (auto k = impl_->by_key.find(std::string(key)); k != impl_->by_key.end()) {
+    if (auto h = impl_->by_handle.find(k->second); h != impl_->by_handle.end()) {
+      const_cast<detail::ScriptRecord*>(h->second.record())->unregistered.store(true);
+      dropped = std::move(h->second);
+      impl_->by_handle.erase(h);
+    }
+    impl_->by_key.erase(k);
+  }
   return {};
 }
 
@@ -412,6 +456,12 @@ void Client::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
     if (!sc.valid() || sc.record()->owner != impl_.get()) {
       failed.emplace_back(
           i, Result{Status::invalid_argument, {}, "script handle is not from this client", -1});
+      continue;
+    }
+    if (sc.record()->unregistered.load(std::memory_order_relaxed)) {
+      failed.emplace_back(
+          i,
+          Result{Status::invalid_argument, {}, "script '" + sc.key() + "' was unregistered", -1});
       continue;
     }
     uint64_t id;

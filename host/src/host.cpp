@@ -67,6 +67,7 @@ Error Host::Impl::start() {
     wakeup_open = true;
   }
   uv_timer_init(&loop, &shutdown_timer);
+  registry.set_on_retire([this] { wake(); });  // the loop sends Forget (flush_forgets)
   for (int i = 0; i < opts.shards; ++i) {
     auto sh = std::make_unique<Shard>();
     sh->index = i;
@@ -98,6 +99,8 @@ Error Host::Impl::start() {
 }
 
 void Host::Impl::shutdown() {
+  // Records freed from now on (handles that outlive the host included) wake nothing.
+  registry.set_on_retire({});
   if (!loop_thread.joinable()) {  // start() failed before the loop ran
     if (loop.data) uv_loop_close(&loop);
     return;
@@ -163,6 +166,14 @@ Host::~Host() {
 
 Error Host::register_script(std::string_view key, std::string_view source, Script* out) {
   return impl_->registry.add(key, source, out);
+}
+
+Error Host::unregister_script(std::string_view key) {
+  return impl_->registry.remove(key);
+}
+
+RegistryStats Host::registry_stats() const {
+  return impl_->registry.stats();
 }
 
 void Host::evaluate(const Script& script, Inputs inputs, Callback done) {

@@ -28,7 +28,10 @@
 namespace outrun {
 
 struct Host::Impl {
-  explicit Impl(const HostOptions& o) : opts(o), registry(this, static_cast<uint32_t>(o.shards), o.max_script_bytes) {}
+  explicit Impl(const HostOptions& o)
+      : opts(o),
+        registry(this, static_cast<uint32_t>(o.shards), o.max_script_bytes, /*deferred_ids=*/true) {
+  }
 
   using Ended = std::vector<std::pair<detail::Completion, Result>>;
 
@@ -126,6 +129,8 @@ struct Host::Impl {
   void enter_crash_loop(detail::Shard& sh, const std::string& why);
   static void on_wakeup(uv_async_t* a);
   void run_commands();
+  // Freed records: Forget frames to their shards' workers, then their ids may be reused.
+  void flush_forgets();
   void begin_shutdown();
   static void on_shutdown_timeout(uv_timer_t* t);
   void maybe_finish_shutdown();

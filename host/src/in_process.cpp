@@ -1,9 +1,7 @@
 #include "outrun/in_process.h"
 
-#include <deque>
-#include <mutex>
-
 #include <lua.hpp>
+#include <mutex>
 
 #include "lua_values.h"
 #include "sandbox.h"
@@ -76,23 +74,32 @@ struct InProcess::Impl {
   explicit Impl(const InProcessOptions& o) : opts(o), registry(this, 1) {}
   InProcessOptions opts;
   detail::ScriptRegistry registry;
-  std::mutex engines_mu;  // guards engines (growth only; Engine addresses are stable)
-  std::deque<Engine> engines;
 };
 
 InProcess::InProcess(const InProcessOptions& options) : impl_(std::make_unique<Impl>(options)) {}
 InProcess::~InProcess() = default;
 
 Error InProcess::register_script(std::string_view key, std::string_view source, Script* out) {
-  return impl_->registry.add(key, source, out, [this](detail::ScriptRecord& r) {
-    std::lock_guard lock(impl_->engines_mu);
-    r.engine = &impl_->engines.emplace_back();
+  // The engine lives as long as the record: freed with its last handle.
+  return impl_->registry.add(key, source, out, [](detail::ScriptRecord& r) {
+    r.engine = new Engine();
+    r.free_engine = [](void* e) { delete static_cast<Engine*>(e); };
   });
+}
+
+Error InProcess::unregister_script(std::string_view key) {
+  return impl_->registry.remove(key);
+}
+
+RegistryStats InProcess::registry_stats() const {
+  return impl_->registry.stats();
 }
 
 Result InProcess::run(const Script& script, const Inputs& inputs) {
   const detail::ScriptRecord* r = script.record();
   if (!r || r->owner != impl_.get()) return {Status::invalid_argument, {}, "script handle is not from this runner", -1};
+  if (r->unregistered.load(std::memory_order_relaxed)) [[unlikely]]
+    return {Status::invalid_argument, {}, "script '" + r->key + "' was unregistered", -1};
   auto* e = static_cast<Engine*>(r->engine);
   std::lock_guard lock(e->mu);
   if (!e->tried) {

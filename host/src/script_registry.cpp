@@ -4,6 +4,9 @@
 
 namespace outrun::detail {
 
+static_assert(sizeof(ScriptRecord) + 96 <= kScriptRecordOverhead,
+              "kScriptRecordOverhead must cover the record and its key-index entry");
+
 uint64_t route_hash(std::string_view key) {
   uint64_t h = 14695981039346656037ull;
   for (unsigned char c : key) {
@@ -17,56 +20,158 @@ void sha256(std::string_view data, std::array<uint8_t, 32>* out) {
   SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), out->data());
 }
 
+void release_script_record(const ScriptRecord* rec) {
+  if (rec->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  auto* r = const_cast<ScriptRecord*>(rec);  // the last reference: nobody else can see it
+  if (std::shared_ptr<RegistryShared> shared = std::move(r->registry)) {
+    std::lock_guard lock(shared->mu);
+    if (shared->reg) shared->reg->freed(r);
+  }
+  if (r->free_engine) r->free_engine(r->engine);
+  delete r;
+}
+
+ScriptRegistry::ScriptRegistry(const void* owner, uint32_t shards, std::size_t max_bytes,
+                               bool deferred_ids)
+    : owner_(owner),
+      shards_(shards),
+      max_bytes_(max_bytes),
+      deferred_ids_(deferred_ids),
+      shared_(std::make_shared<RegistryShared>()) {
+  shared_->reg = this;
+}
+
+ScriptRegistry::~ScriptRegistry() {
+  std::unordered_map<std::string, Script> held;
+  {
+    std::lock_guard lock(shared_->mu);
+    shared_->reg = nullptr;  // records still held by handles are deleted without accounting
+    held.swap(by_key_);
+  }
+}
+
+void ScriptRegistry::freed(ScriptRecord* r) {
+  bytes_ -= r->bytes;
+  --records_;
+  if (--key_refs_[r->key_id] == 0) free_key_ids_.push_back(r->key_id);
+  if (deferred_ids_) {
+    retired_.emplace_back(r->shard, r->id);
+    if (on_retire_) on_retire_();
+  } else {
+    free_ids_.push_back(r->id);
+  }
+}
+
 Error ScriptRegistry::add(std::string_view key, std::string_view source, Script* out,
                           const std::function<void(ScriptRecord&)>& on_new) {
   if (key.empty() || key.size() > kMaxKeySize)
-    return {Status::invalid_argument, "script key must be 1.." + std::to_string(kMaxKeySize) + " bytes"};
+    return {Status::invalid_argument,
+            "script key must be 1.." + std::to_string(kMaxKeySize) + " bytes"};
   if (source.size() > kMaxSourceSize)
-    return {Status::invalid_argument, "script source is larger than " + std::to_string(kMaxSourceSize) + " bytes"};
+    return {Status::invalid_argument,
+            "script source is larger than " + std::to_string(kMaxSourceSize) + " bytes"};
   std::array<uint8_t, 32> digest;
   sha256(source, &digest);  // once per registration, outside the lock
-  std::lock_guard lock(mu_);
-  auto it = by_key_.find(std::string(key));
-  if (it != by_key_.end() && records_[it->second].sha256 == digest) {
-    *out = Script(&records_[it->second]);
-    return {};
+  Script result, replaced;  // dropped after the lock: the last reference takes it
+  {
+    std::lock_guard lock(shared_->mu);
+    auto it = by_key_.find(std::string(key));
+    if (it != by_key_.end() && it->second.record()->sha256 == digest) {
+      result = it->second;
+    } else {
+      if (free_ids_.empty() && next_id_ >= (1u << 22))
+        return {Status::invalid_argument, "too many scripts registered"};
+      // key (record) + source + chunk name (= key) + the record and its key-index entry.
+      const std::size_t bytes = 2 * key.size() + source.size() + kScriptRecordOverhead;
+      if (bytes > max_bytes_ - bytes_)
+        return {Status::unavailable, "the host holds " + std::to_string(records_) + " scripts of " +
+                                         std::to_string(bytes_) +
+                                         " bytes; this one would pass max_script_bytes (" +
+                                         std::to_string(max_bytes_) + ")"};
+      auto* r = new ScriptRecord();
+      r->owner = owner_;
+      if (!free_ids_.empty()) {
+        r->id = free_ids_.back();
+        free_ids_.pop_back();
+      } else {
+        r->id = next_id_++;
+      }
+      r->shard = static_cast<uint32_t>(route_hash(key) % shards_);
+      r->key = std::string(key);
+      r->source = std::string(source);
+      r->sha256 = digest;
+      r->chunk_name = std::string(key);
+      r->bytes = bytes;
+      if (it != by_key_.end()) {
+        r->key_id = it->second.record()->key_id;
+      } else if (!free_key_ids_.empty()) {
+        r->key_id = free_key_ids_.back();
+        free_key_ids_.pop_back();
+      } else {
+        r->key_id = next_key_id_++;
+        key_refs_.push_back(0);
+      }
+      ++key_refs_[r->key_id];
+      r->registry = shared_;
+      bytes_ += bytes;
+      ++records_;
+      if (on_new) on_new(*r);
+      result = Script(r);
+      if (it != by_key_.end()) {
+        replaced = std::move(it->second);
+        it->second = result;
+      } else {
+        by_key_.emplace(r->key, result);
+      }
+    }
   }
-  if (records_.size() >= (1u << 22)) return {Status::invalid_argument, "too many scripts registered"};
-  const std::size_t bytes = key.size() + source.size();
-  if (bytes > max_bytes_ - bytes_)
-    return {Status::unavailable, "the host holds " + std::to_string(records_.size()) +
-                                     " scripts of " + std::to_string(bytes_) +
-                                     " bytes; this one would pass max_script_bytes (" +
-                                     std::to_string(max_bytes_) + ")"};
-  bytes_ += bytes;
-  ScriptRecord& r = records_.emplace_back();
-  r.owner = owner_;
-  r.id = static_cast<uint32_t>(records_.size() - 1);
-  r.shard = static_cast<uint32_t>(route_hash(key) % shards_);
-  r.key = std::string(key);
-  r.source = std::string(source);
-  r.sha256 = digest;
-  r.chunk_name = std::string(key);
-  r.key_id = it != by_key_.end() ? records_[it->second].key_id : keys_++;
-  if (on_new) on_new(r);
-  by_key_[r.key] = r.id;
-  *out = Script(&r);
+  *out = std::move(result);
   return {};
 }
 
-uint32_t ScriptRegistry::keys() const {
-  std::lock_guard lock(mu_);
-  return keys_;
+Error ScriptRegistry::remove(std::string_view key) {
+  Script gone;  // dropped after the lock
+  {
+    std::lock_guard lock(shared_->mu);
+    auto it = by_key_.find(std::string(key));
+    if (it == by_key_.end())
+      return {Status::invalid_argument, "no script is registered under '" + std::string(key) + "'"};
+    const_cast<ScriptRecord*>(it->second.record())->unregistered.store(true);
+    gone = std::move(it->second);
+    by_key_.erase(it);
+  }
+  return {};
+}
+
+RegistryStats ScriptRegistry::stats() const {
+  std::lock_guard lock(shared_->mu);
+  return {records_, bytes_};
 }
 
 std::size_t ScriptRegistry::size() const {
-  std::lock_guard lock(mu_);
-  return records_.size();
+  std::lock_guard lock(shared_->mu);
+  return records_;
 }
 
-const ScriptRecord* ScriptRegistry::get(uint32_t id) const {
-  std::lock_guard lock(mu_);
-  return id < records_.size() ? &records_[id] : nullptr;
+uint32_t ScriptRegistry::keys() const {
+  std::lock_guard lock(shared_->mu);
+  return next_key_id_ - static_cast<uint32_t>(free_key_ids_.size());
+}
+
+void ScriptRegistry::set_on_retire(std::function<void()> f) {
+  std::lock_guard lock(shared_->mu);
+  on_retire_ = std::move(f);
+}
+
+void ScriptRegistry::take_retired(std::vector<std::pair<uint32_t, uint32_t>>* out) {
+  std::lock_guard lock(shared_->mu);
+  out->swap(retired_);
+  retired_.clear();
+}
+
+void ScriptRegistry::recycle(const std::vector<uint32_t>& ids) {
+  std::lock_guard lock(shared_->mu);
+  free_ids_.insert(free_ids_.end(), ids.begin(), ids.end());
 }
 
 }  // namespace outrun::detail

@@ -1,13 +1,16 @@
-// Registered scripts of one runner: SHA-256 and shard computed once, at registration.
+// Registered scripts of one runner: SHA-256 and shard computed once, at registration; records
+// reference counted and freed with their last reference (design/decisions.md D-unreg).
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "outrun/runner.h"
 
@@ -19,30 +22,65 @@ uint64_t route_hash(std::string_view key);
 
 void sha256(std::string_view data, std::array<uint8_t, 32>* out);
 
+class ScriptRegistry;
+
+// Shared by a registry and its records, so that a handle that outlives its runner can still be
+// dropped: the record is then deleted without any accounting.
+struct RegistryShared {
+  std::mutex mu;                  // guards everything in the ScriptRegistry that `reg` points to
+  ScriptRegistry* reg = nullptr;  // null once the registry is gone
+};
+
 class ScriptRegistry {
  public:
-  // `max_bytes`: keys and sources of all records together (HostOptions::max_script_bytes).
-  ScriptRegistry(const void* owner, uint32_t shards, std::size_t max_bytes = SIZE_MAX)
-      : owner_(owner), shards_(shards), max_bytes_(max_bytes) {}
+  // `max_bytes`: what all records together may cost (HostOptions::max_script_bytes).
+  // `deferred_ids`: a freed record's id is not reused until recycle() gives it back (Host: after
+  // the Forget frame for it is queued to the shard's worker). Otherwise at once.
+  ScriptRegistry(const void* owner, uint32_t shards, std::size_t max_bytes = SIZE_MAX,
+                 bool deferred_ids = false);
+  ~ScriptRegistry();
+  ScriptRegistry(const ScriptRegistry&) = delete;
+  ScriptRegistry& operator=(const ScriptRegistry&) = delete;
 
   // Thread-safe. Same key and same source: returns the existing handle. `on_new` runs under the
   // registry's lock for a new record, before any handle to it exists.
   Error add(std::string_view key, std::string_view source, Script* out,
             const std::function<void(ScriptRecord&)>& on_new = {});
-  std::size_t size() const;
-  uint32_t keys() const;
-  // Record by id (ids are dense, 0..size-1). Thread-safe; records never move.
-  const ScriptRecord* get(uint32_t id) const;
+  // Thread-safe. Removes `key`: its record is marked unregistered and the registry's reference
+  // dropped. Unknown key: invalid_argument.
+  Error remove(std::string_view key);
+  RegistryStats stats() const;
+  std::size_t size() const;  // records alive
+  uint32_t keys() const;     // key ids in use
+
+  // deferred_ids: runs under the registry's lock when a freed id waits for recycle() (Host: wakes
+  // the loop). Cleared before the runner's state goes.
+  void set_on_retire(std::function<void()> f);
+  // deferred_ids: (shard, id) of the records freed since the last call.
+  void take_retired(std::vector<std::pair<uint32_t, uint32_t>>* out);
+  // deferred_ids: these ids may be given to new records now.
+  void recycle(const std::vector<uint32_t>& ids);
 
  private:
+  friend void release_script_record(const ScriptRecord* rec);
+  void freed(ScriptRecord* r);  // shared_->mu held; the record is deleted by the caller
+
   const void* owner_;
   const uint32_t shards_;
   const std::size_t max_bytes_;
-  std::size_t bytes_ = 0;  // keys and sources held; guarded by mu_
-  mutable std::mutex mu_;                      // guards records_ and by_key_
-  std::deque<ScriptRecord> records_;           // deque: records never move
-  std::unordered_map<std::string, uint32_t> by_key_;  // latest id per key
-  uint32_t keys_ = 0;                                 // distinct keys so far
+  const bool deferred_ids_;
+  std::shared_ptr<RegistryShared> shared_;
+  // Guarded by shared_->mu:
+  std::size_t bytes_ = 0;    // what live records cost
+  std::size_t records_ = 0;  // live records
+  uint32_t next_id_ = 0;
+  std::vector<uint32_t> free_ids_;
+  std::vector<std::pair<uint32_t, uint32_t>> retired_;  // (shard, id), deferred_ids only
+  uint32_t next_key_id_ = 0;
+  std::vector<uint32_t> free_key_ids_;
+  std::vector<uint32_t> key_refs_;                  // by key id: live records with it
+  std::unordered_map<std::string, Script> by_key_;  // the registry's reference to each key's record
+  std::function<void()> on_retire_;
 };
 
 }  // namespace outrun::detail

@@ -24,6 +24,10 @@ std::string busy_message(const detail::ScriptRecord* r) {
   return "an evaluation of '" + r->key + "' is already in flight (single flight: refuse)";
 }
 
+std::string unregistered_message(const detail::ScriptRecord* r) {
+  return "script '" + r->key + "' was unregistered";
+}
+
 }  // namespace
 
 uint32_t Host::Impl::alloc_slot(Shard& sh) {  // sh.mu held
@@ -104,6 +108,11 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
     return;
   }
   Shard& sh = *shards[r->shard];
+  if (r->unregistered.load(std::memory_order_relaxed)) [[unlikely]] {
+    deliver_now(sh, std::move(done),
+                Result{Status::invalid_argument, {}, unregistered_message(r), sh.index});
+    return;
+  }
   if (stopping.load(std::memory_order_relaxed)) {
     deliver_now(sh, std::move(done), Result{Status::cancelled, {}, "the host is shutting down", sh.index});
     return;
@@ -184,6 +193,13 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
     if (!r || r->owner != this) {
       deliver_now(*shards[0], Completion(detail::BatchTarget{shared_cb, i}),
                   Result{Status::invalid_argument, {}, "script handle is not from this host", -1});
+      continue;
+    }
+    if (r->unregistered.load(std::memory_order_relaxed)) [[unlikely]] {
+      deliver_now(
+          *shards[r->shard], Completion(detail::BatchTarget{shared_cb, i}),
+          Result{
+              Status::invalid_argument, {}, unregistered_message(r), static_cast<int>(r->shard)});
       continue;
     }
     by_shard[r->shard].push_back(i);

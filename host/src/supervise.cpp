@@ -174,11 +174,52 @@ void Host::Impl::on_wakeup(uv_async_t* a) {
       uv_poll_start(&sh->worker->wpoll, UV_WRITABLE, &Impl::on_wpoll);
     }
   }
+  self->flush_forgets();
   if (self->stopping.load() && !self->shutdown_started) {
     self->begin_shutdown();
     return;
   }
   self->run_commands();
+}
+
+// Records freed since the last wake-up (their last handle or evaluation let go): each shard's
+// worker is told to drop their compiled states, in one Forget frame per shard (merged into the
+// writer's batch), and only then are the ids given back for reuse. So a reused id's first
+// Evaluation (with its source: `known` is cleared here) is always behind the Forget of the
+// record that had it, on the same pipe (design/decisions.md D-unreg). A shard without a worker
+// needs none: the next worker starts with no script.
+void Host::Impl::flush_forgets() {
+  std::vector<std::pair<uint32_t, uint32_t>> retired;
+  registry.take_retired(&retired);
+  if (retired.empty()) return;
+  std::vector<std::vector<uint32_t>> by_shard(shards.size());
+  std::vector<uint32_t> all;
+  all.reserve(retired.size());
+  for (auto [shard, id] : retired) {
+    by_shard[shard].push_back(id);
+    all.push_back(id);
+  }
+  constexpr std::size_t kMaxIdsPerFrame = 1u << 16;  // 256 KiB of ids: far below kMaxFrameSize
+  auto& f = loop_fbb;
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    const auto& ids = by_shard[s];
+    if (ids.empty()) continue;
+    Shard& sh = *shards[s];
+    std::lock_guard lock(sh.mu);
+    for (uint32_t id : ids)
+      if (id < sh.known.size()) sh.known[id] = 0;
+    if (!sh.writer) continue;
+    for (std::size_t k = 0; k < ids.size(); k += kMaxIdsPerFrame) {
+      f.Clear();
+      const std::size_t n = std::min(kMaxIdsPerFrame, ids.size() - k);
+      auto vec = f.CreateVector(ids.data() + k, n);
+      f.FinishSizePrefixed(
+          wire::CreateFrame(f, wire::Body::Forget, wire::CreateForget(f, vec).Union()));
+      // Nobody else is writing when this returns true: write now so the builder can be reused.
+      if (sh.writer->enqueue({f.GetBufferPointer(), f.GetSize()})) sh.writer->write_pending();
+    }
+  }
+  registry.recycle(all);
 }
 
 void Host::Impl::run_commands() {

@@ -506,3 +506,70 @@ TEST_CASE("outrund: a frame whose inputs use one subtree thousands of times is r
   check_client_works(d, "after.shared");
   CHECK(d.stop() == 0);
 }
+
+TEST_CASE("outrund: unregister through outrun::Client and outrun unregister; memory comes back") {
+  Daemon d;
+  auto c = d.client();
+  auto other = d.client();
+  outrun::Script s, seen;
+  REQUIRE(!c->register_script("unreg.k", "return 5", &s));
+  REQUIRE(!other->register_script("unreg.k", "return 5", &seen));  // the same handle
+  CHECK(c->evaluate(s, {}).get().value == outrun::Value(int64_t{5}));
+  const auto before = d.stats();
+  REQUIRE(before.contains("registry"));
+  CHECK(before["registry"]["scripts"].get<int>() >= 1);
+  CHECK(!c->unregister_script("unreg.k"));
+  // This client knows at once; another one learns it from the daemon.
+  outrun::Result r = c->evaluate(s, {}).get();
+  CHECK(r.status == outrun::Status::invalid_argument);
+  CHECK(r.error == "script 'unreg.k' was unregistered");
+  r = other->evaluate(seen, {}).get();
+  CHECK(r.status == outrun::Status::invalid_argument);
+  CHECK(r.error == "script 'unreg.k' was unregistered");
+  // Unknown keys.
+  outrun::Error e = c->unregister_script("unreg.k");
+  CHECK(e.status == outrun::Status::invalid_argument);
+  CHECK(e.message.find("unreg.k") != std::string::npos);
+  CHECK(c->unregister_script("never.registered").status == outrun::Status::invalid_argument);
+  // The key registers again, with a new handle.
+  outrun::Script again;
+  REQUIRE(!c->register_script("unreg.k", "return 6", &again));
+  CHECK(c->evaluate(again, {}).get().value == outrun::Value(int64_t{6}));
+  CHECK(other->evaluate(seen, {}).get().status == outrun::Status::invalid_argument);
+
+  // 300 cycles: the daemon's registry is back where it was, and so are its workers.
+  const auto base = d.stats();
+  for (int i = 0; i < 300; ++i) {
+    const std::string key = "unreg.cycle." + std::to_string(i);
+    outrun::Script x;
+    REQUIRE(!c->register_script(key, "return " + std::to_string(i), &x));
+    REQUIRE(c->evaluate(x, {}).get().value == outrun::Value(int64_t{i}));
+    REQUIRE(!c->unregister_script(key));
+  }
+  const auto after = d.stats();
+  CHECK(after["registry"] == base["registry"]);
+  CHECK(after["scripts"] == base["scripts"]);
+  auto worker_scripts = [](const nlohmann::json& j) {
+    int64_t n = 0;
+    for (const auto& sh : j["shards"]) n += sh["worker_scripts"].get<int64_t>();
+    return n;
+  };
+  bool back = false;
+  for (int i = 0; i < 2000 && !back; ++i) {
+    back = worker_scripts(d.stats()) == worker_scripts(base);
+    if (!back) std::this_thread::sleep_for(10ms);
+  }
+  CHECK(back);
+
+  // The command line.
+  const std::string cli = std::string(OUTRUN_TEST_CLI) + " --socket " + d.socket;
+  auto [rc, out] = run_command(cli + " unregister unreg.k 2>&1");
+  CHECK(rc == 0);
+  CHECK(out.find("unregistered unreg.k") != std::string::npos);
+  std::tie(rc, out) = run_command(cli + " unregister unreg.k 2>&1");
+  CHECK(rc != 0);
+  CHECK(out.find("invalid_argument") != std::string::npos);
+  CHECK(c->evaluate(again, {}).get().status == outrun::Status::invalid_argument);
+  check_client_works(d, "after.unregister");
+  CHECK(d.stop() == 0);
+}

@@ -159,10 +159,10 @@ bool verbose() {
 // ---------------------------------------------------------------------------------------------
 // What the stream asks for, read independently of the daemon (design/protocol.md).
 
-struct Request {  // a Register or a Control, answered in order
+struct Request {  // a Register, an Unregister or a Control, answered in order
   wire::Body type{};
   uint64_t request_id = 0;
-  // Register
+  // Register, Unregister (key only)
   bool has_key = false, has_source = false;
   std::string key, source;
   // Control
@@ -181,6 +181,7 @@ struct Expectation {
   bool hello = false;        // a ClientHello with the right version was handled
   bool violation = false;    // the daemon must close the connection
   bool bad_version = false;  // ... after a ServerHello{error}
+  bool unregisters = false;  // the stream unregisters keys: the next input gets a fresh daemon
   std::vector<Request> requests;
   std::vector<Evaluation> evaluations;
   std::size_t replies() const {  // frames and results a clean stream gets back
@@ -259,6 +260,17 @@ bool expect(std::span<const uint8_t> stream, Expectation* x) {
         // Pattern matching can run for minutes in one C call, which only the hard kill at T+G
         // ends (and each kill delays the shard's restart); fuzz_compile fuzzes it bounded.
         if (names_pattern_function(q.source)) return false;
+        x->requests.push_back(std::move(q));
+        break;
+      }
+      case wire::Body::Unregister: {
+        if (++registers > kMaxRegisters) return false;
+        const auto* u = frame->body_as_Unregister();
+        Request q;
+        q.type = wire::Body::Unregister;
+        q.request_id = u->request_id();
+        if ((q.has_key = u->key() != nullptr)) q.key = u->key()->str();
+        x->unregisters = true;
         x->requests.push_back(std::move(q));
         break;
       }
@@ -458,6 +470,8 @@ std::vector<uint32_t> check_answers(const Frames& frames, std::size_t cut, const
   std::vector<uint32_t> registered;
   std::vector<std::vector<uint32_t>> known(1);  // known[k]: valid handles after k requests
   for (uint32_t h = 0; h < kFixedCount; ++h) known[0].push_back(h);
+  std::map<uint32_t, std::string> handle_key;  // the key of each handle known here
+  for (uint32_t h = 0; h < kFixedCount; ++h) handle_key[h] = kFixed[h].key;
 
   for (std::size_t i = 0; i < frames.size(); ++i) {
     Aligned copy(frames[i]);
@@ -496,7 +510,9 @@ std::vector<uint32_t> check_answers(const Frames& frames, std::size_t cut, const
         }
         FUZZ_CHECK(r->status() == wire::Status::Ok);
         FUZZ_CHECK(r->error() == nullptr);
-        FUZZ_CHECK(r->handle() < (1u << 22));
+        // Record ids stay below what a daemon that is recycled at kRecycleScripts entries holds;
+        // the high bits are the generation of a reused id (design/daemon.md).
+        FUZZ_CHECK((r->handle() & daemon::kHandleIdMask) < kRecycleScripts + 2 * kMaxRegisters);
         FUZZ_CHECK(r->shard() >= 0 && r->shard() < kShards);
         std::array<uint8_t, 32> sha;
         SHA256(reinterpret_cast<const unsigned char*>(q.source.data()), q.source.size(),
@@ -513,8 +529,34 @@ std::vector<uint32_t> check_answers(const Frames& frames, std::size_t cut, const
             FUZZ_CHECK(r->handle() != it->second.second);
         }
         last[q.key] = {q.source, r->handle()};
+        handle_key[r->handle()] = q.key;
         known.back().push_back(r->handle());
         registered.push_back(r->handle());
+        break;
+      }
+      case wire::Body::Unregistered: {
+        FUZZ_CHECK(next_request < x.requests.size());
+        const Request& q = x.requests[next_request++];
+        FUZZ_CHECK(q.type == wire::Body::Unregister);
+        const auto* r = f->body_as_Unregistered();
+        FUZZ_CHECK(r->request_id() == q.request_id);
+        known.push_back(known.back());
+        if (!q.has_key) FUZZ_CHECK(r->status() == wire::Status::InvalidArgument);
+        if (r->status() != wire::Status::Ok) {
+          FUZZ_CHECK(r->status() == wire::Status::InvalidArgument);  // no such key
+          FUZZ_CHECK(r->error() != nullptr && r->error()->size() > 0);
+          break;
+        }
+        FUZZ_CHECK(r->error() == nullptr);
+        // Every handle of the key is gone; registering it again gives a fresh record.
+        auto& k = known.back();
+        k.erase(std::remove_if(k.begin(), k.end(),
+                               [&](uint32_t h) {
+                                 auto it = handle_key.find(h);
+                                 return it != handle_key.end() && it->second == q.key;
+                               }),
+                k.end());
+        last.erase(q.key);
         break;
       }
       case wire::Body::ControlReply: {
@@ -567,7 +609,8 @@ std::vector<uint32_t> check_answers(const Frames& frames, std::size_t cut, const
           bool all_impossible = true, all_known = true;
           for (const Evaluation& e : x.evaluations) {
             if (e.id != r->id()) continue;
-            all_impossible = all_impossible && e.handle >= (1u << 22);  // no registry holds it
+            // No record id that high is ever given out (see Registered above).
+            all_impossible = all_impossible && (e.handle & daemon::kHandleIdMask) >= (1u << 21);
             const auto& k = known[std::min(e.requests_before, known.size() - 1)];
             all_known = all_known && e.inputs_ok && e.requests_before < known.size() &&
                         std::find(k.begin(), k.end(), e.handle) != k.end();
@@ -652,7 +695,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::size_t cut = 0;
   const Frames frames = converse(*g_daemon->server, stream, x, &cut);
   check_answers(frames, cut, x);
-  if (ServerTestAccess::scripts(*g_daemon->server) > kRecycleScripts) {
+  // Unregistered keys (the fixed ones too) would break the next input's expectations.
+  if (x.unregisters || ServerTestAccess::scripts(*g_daemon->server) > kRecycleScripts) {
     stop_daemon();
     start_daemon();
   }

@@ -209,6 +209,12 @@ ByteVec control(uint64_t request_id, wire::ControlCommand command, int32_t shard
                 wire::CreateControl(fbb, request_id, command, shard).Union());
 }
 
+ByteVec unreg(uint64_t request_id, const char* key) {
+  flatbuffers::FlatBufferBuilder fbb(64);
+  const auto k = key ? fbb.CreateString(key) : flatbuffers::Offset<flatbuffers::String>();
+  return finish(fbb, wire::Body::Unregister, wire::CreateUnregister(fbb, request_id, k).Union());
+}
+
 // A client evaluation: id chosen by the client, script_id = the handle (fuzz_daemon_client's
 // daemon registers its fixed scripts as handles 0..7 before the first input).
 Eval call(uint64_t id, uint32_t handle, Inputs inputs = {}) {
@@ -416,6 +422,11 @@ int main(int argc, char** argv) {
         "invalid_utf8_key",  // ListScripts threw in json::dump (outrund ended); found by the fuzzer
         cat({client_hello(), reg(1, "Line1.\xff\xfe", "return 1"), control(2, C::ListScripts),
              control(3, C::Stats)}));
+    write_seed(T, "unregister",  // a key goes, its handle ends invalid_argument, it comes back
+               cat({client_hello(), reg(1, "Line1.Gone", "return 1"), evaluate({call(1, 8)}),
+                    unreg(2, "Line1.Gone"), evaluate({call(2, 8)}), unreg(3, "Line1.Gone"),
+                    unreg(4, nullptr), unreg(5, "fuzz.sum"), evaluate({call(3, 0, ab)}),
+                    reg(6, "Line1.Gone", "return 2"), evaluate({call(4, 8)})}));
     write_seed(T, "repeated_ids",  // ids are the client's: one id, a good and an impossible handle
                cat({client_hello(), evaluate({call(7, 0, ab), call(7, 1u << 22), call(7, 1)})}));
     write_seed(T, "single_flight",  // the same looping script again and again: busy

@@ -333,7 +333,10 @@ TEST_CASE("Host: registered scripts hold at most max_script_bytes; past it, unav
   HostOptions o;
   o.shards = 1;
   o.worker_path = OUTRUN_TEST_WORKER;
-  o.max_script_bytes = 4096;
+  // A record costs its key, source and chunk name (the key) plus kScriptRecordOverhead: four
+  // of the records below (2 + 1,000 + 2 + overhead each) and 400 bytes to spare.
+  const std::size_t record = 2 + 1000 + 2 + kScriptRecordOverhead;
+  o.max_script_bytes = 4 * record + 400;
   auto host = test::start_host(o);
   // "return 1" padded with a comment to 1,000 bytes of source.
   auto source = [](int v) {
@@ -343,17 +346,20 @@ TEST_CASE("Host: registered scripts hold at most max_script_bytes; past it, unav
   };
   std::vector<Script> held;
   for (int i = 0; i < 4; ++i) held.push_back(reg(*host, "k" + std::to_string(i), source(i)));
-  // 4 x (2 + 1,000) bytes held: a fifth does not fit.
+  CHECK(host->registry_stats().scripts == 4);
+  CHECK(host->registry_stats().bytes == 4 * record);
+  // 4 records held: a fifth does not fit.
   Script s;
   Error err = host->register_script("k4", source(4), &s);
   CHECK(err.status == Status::unavailable);
-  CHECK(err.message.find("max_script_bytes (4096)") != std::string::npos);
+  CHECK(err.message.find("max_script_bytes (" + std::to_string(o.max_script_bytes) + ")") !=
+        std::string::npos);
   // Neither does a new source for a key already held (its old record stays valid)...
   CHECK(host->register_script("k0", source(40), &s).status == Status::unavailable);
   // ...but a script already held registers again, and whatever is held runs.
   CHECK(!host->register_script("k1", source(1), &s));
   CHECK(s.record() == held[1].record());
-  CHECK(!host->register_script("tiny", "return 7", &s));  // 12 bytes still fit
+  CHECK(!host->register_script("tiny", "return 7", &s));  // 4 + 8 + 4 + overhead still fit
   CHECK(host->evaluate(s, {}).get().value == Value(int64_t{7}));
   for (int i = 0; i < 4; ++i) CHECK(host->evaluate(held[i], {}).get().value == Value(int64_t{i}));
 }
@@ -414,4 +420,202 @@ TEST_CASE("Host: worker_large_pages starts workers with mimalloc's large OS page
     CHECK(host->evaluate(s, {}).get().value == Value(int64_t{1000}));
     CHECK((env_of(next).find(flag) != std::string::npos) == on);
   }
+}
+
+// ---- Unregistration and freed records (design/decisions.md D-unreg).
+
+namespace {
+
+// Waits (bounded) until every shard's worker holds `want[i]` script states: Forget frames go
+// out from the loop thread and the status page follows when the worker has read them.
+bool wait_worker_scripts(Host& host, const std::vector<uint64_t>& want,
+                         std::chrono::milliseconds limit = 20000ms) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    bool all = true;
+    for (int i = 0; i < host.shards(); ++i)
+      all &= host.shard_stats(i).worker_scripts == want[static_cast<std::size_t>(i)];
+    if (all) return true;
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+}
+
+std::vector<uint64_t> worker_scripts(Host& host) {
+  std::vector<uint64_t> v;
+  for (int i = 0; i < host.shards(); ++i) v.push_back(host.shard_stats(i).worker_scripts);
+  return v;
+}
+
+void check_unregister_semantics(Runner& r) {
+  Script s = reg(r, "unreg.a", "return 1");
+  CHECK(r.evaluate(s, {}).get().value == Value(int64_t{1}));
+  CHECK(s.registered());
+  CHECK(!r.unregister_script("unreg.a"));
+  CHECK(!s.registered());
+  Result res = r.evaluate(s, {}).get();
+  CHECK(res.status == Status::invalid_argument);
+  CHECK(res.error == "script 'unreg.a' was unregistered");
+  // A batch says the same for that request, the others run.
+  Script other = reg(r, "unreg.b", "return 2");
+  std::vector<Request> batch;
+  batch.push_back(Request{s, {}});
+  batch.push_back(Request{other, {}});
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Result> got(2);
+  int n = 0;
+  r.evaluate_batch(std::move(batch), [&](std::size_t i, Result x) {
+    std::lock_guard lock(mu);
+    got[i] = std::move(x);
+    ++n;
+    cv.notify_all();
+  });
+  {
+    std::unique_lock lock(mu);
+    REQUIRE(cv.wait_for(lock, 10s, [&] { return n == 2; }));
+  }
+  CHECK(got[0].status == Status::invalid_argument);
+  CHECK(got[1].value == Value(int64_t{2}));
+  // Unknown keys, and a key unregistered twice.
+  Error e = r.unregister_script("unreg.never");
+  CHECK(e.status == Status::invalid_argument);
+  CHECK(e.message.find("unreg.never") != std::string::npos);
+  CHECK(r.unregister_script("unreg.a").status == Status::invalid_argument);
+  // The key registers again: a fresh record (the same source too), and it runs.
+  Script again = reg(r, "unreg.a", "return 1");
+  CHECK(again.record() != s.record());
+  CHECK(again.registered());
+  CHECK(r.evaluate(again, {}).get().value == Value(int64_t{1}));
+  CHECK(r.evaluate(s, {}).get().status == Status::invalid_argument);  // still the old one
+  Script changed = reg(r, "unreg.a", "return 3");
+  CHECK(r.evaluate(changed, {}).get().value == Value(int64_t{3}));
+  CHECK(r.evaluate(again, {}).get().value == Value(int64_t{1}));  // replaced, not unregistered
+}
+
+}  // namespace
+
+TEST_CASE("Host: unregister_script: its handles end invalid_argument, the key registers again") {
+  auto host = make_host();
+  check_unregister_semantics(*host);
+}
+
+TEST_CASE(
+    "InProcess: unregister_script: its handles end invalid_argument, the key registers again") {
+  InProcess inproc;
+  check_unregister_semantics(inproc);
+}
+
+TEST_CASE("Host: an evaluation in flight when its script is unregistered finishes ok") {
+  auto host = make_host(2, 5000ms);
+  Script s = reg(*host, "unreg.slow", "local n = 0 for i = 1, 3e6 do n = n + 1 end return n");
+  std::vector<std::future<Result>> running;
+  running.push_back(host->evaluate(s, {}));
+  CHECK(!host->unregister_script("unreg.slow"));
+  s = Script();  // the evaluation holds the record alone now
+  Result r = running[0].get();
+  CHECK(r.status == Status::ok);
+  CHECK(r.value == Value(int64_t{3000000}));
+  CHECK(host->registry_stats().scripts == 0);
+  CHECK(wait_worker_scripts(*host, std::vector<uint64_t>(2, 0)));
+}
+
+TEST_CASE(
+    "Host: 10,000 register/evaluate/unregister cycles give back every byte and worker state") {
+  auto host = make_host(2);
+  Script keep = reg(*host, "cycle.keep", "return 0");
+  CHECK(host->evaluate(keep, {}).get().status == Status::ok);
+  const RegistryStats before = host->registry_stats();
+  REQUIRE(wait_worker_scripts(*host, worker_scripts(*host)));
+  const std::vector<uint64_t> workers_before = worker_scripts(*host);
+  for (int i = 0; i < 10000; ++i) {
+    const std::string key = "cycle." + std::to_string(i);
+    Script s = reg(*host, key, "return " + std::to_string(i));
+    Result r = host->evaluate(s, {}).get();
+    REQUIRE(r.status == Status::ok);
+    REQUIRE(r.value == Value(int64_t{i}));
+    REQUIRE(!host->unregister_script(key));
+  }
+  const RegistryStats after = host->registry_stats();
+  CHECK(after.scripts == before.scripts);
+  CHECK(after.bytes == before.bytes);
+  CHECK(wait_worker_scripts(*host, workers_before));
+  uint64_t compiles = 0;
+  for (int i = 0; i < host->shards(); ++i) compiles += host->shard_stats(i).worker_compiles;
+  CHECK(compiles >= 10000);
+  CHECK(host->evaluate(keep, {}).get().value == Value(int64_t{0}));
+}
+
+TEST_CASE("InProcess: 10,000 register/evaluate/unregister cycles give back every byte") {
+  InProcess inproc;
+  Script keep = reg(inproc, "cycle.keep", "return 0");
+  const RegistryStats before = inproc.registry_stats();
+  for (int i = 0; i < 10000; ++i) {
+    const std::string key = "cycle." + std::to_string(i);
+    Script s = reg(inproc, key, "return " + std::to_string(i));
+    REQUIRE(inproc.run(s, {}).value == Value(int64_t{i}));
+    REQUIRE(!inproc.unregister_script(key));
+  }
+  CHECK(inproc.registry_stats().scripts == before.scripts);
+  CHECK(inproc.registry_stats().bytes == before.bytes);
+  CHECK(inproc.run(keep, {}).value == Value(int64_t{0}));
+}
+
+TEST_CASE("Host: replacing a key 1,000 times keeps the registry and the workers bounded") {
+  auto host = make_host(2);
+  Script s;
+  for (int i = 0; i < 1000; ++i) {
+    s = reg(*host, "replace.me", "return " + std::to_string(i));  // the old handle goes here
+    REQUIRE(host->evaluate(s, {}).get().value == Value(int64_t{i}));
+  }
+  const RegistryStats st = host->registry_stats();
+  CHECK(st.scripts == 1);
+  CHECK(st.bytes == 2 * std::string("replace.me").size() + std::string("return 999").size() +
+                        kScriptRecordOverhead);
+  std::vector<uint64_t> one(2, 0);
+  one[s.shard()] = 1;
+  CHECK(wait_worker_scripts(*host, one));
+  // A handle kept to an old source keeps it (and only it) alive, and it still runs.
+  Script old = s;
+  s = reg(*host, "replace.me", "return -1");
+  CHECK(host->registry_stats().scripts == 2);
+  CHECK(host->evaluate(old, {}).get().value == Value(int64_t{999}));
+  old = Script();
+  CHECK(host->registry_stats().scripts == 1);
+  CHECK(host->evaluate(s, {}).get().value == Value(int64_t{-1}));
+}
+
+TEST_CASE("Host: register, evaluate and unregister race from several threads") {
+  auto host = make_host(2, 5000ms, SingleFlight::off);
+  const RegistryStats before = host->registry_stats();
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  // Each thread cycles its own keys and also a shared key that the others unregister under it.
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 400; ++i) {
+        const std::string key = "race." + std::to_string(t) + "." + std::to_string(i % 7);
+        Script mine, shared;
+        if (host->register_script(key, "return " + std::to_string(i), &mine)) ++bad;
+        (void)host->register_script("race.shared", "return 'shared' .. " + std::to_string(i % 3),
+                                    &shared);
+        auto a = host->evaluate(mine, {});
+        auto b = host->evaluate(shared, {});
+        (void)host->unregister_script("race.shared");  // may be gone already
+        if (i % 2 == 0 && host->unregister_script(key)) ++bad;
+        if (a.get().status != Status::ok) ++bad;
+        const Status sb = b.get().status;
+        if (sb != Status::ok && sb != Status::invalid_argument) ++bad;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(bad.load() == 0);
+  for (int t = 0; t < 4; ++t)
+    for (int k = 0; k < 7; ++k)
+      (void)host->unregister_script("race." + std::to_string(t) + "." + std::to_string(k));
+  (void)host->unregister_script("race.shared");
+  CHECK(host->registry_stats().scripts == before.scripts);
+  CHECK(host->registry_stats().bytes == before.bytes);
+  CHECK(wait_worker_scripts(*host, std::vector<uint64_t>(2, 0)));
 }

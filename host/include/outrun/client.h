@@ -31,6 +31,8 @@ class Client final : public Runner {
 
   // Registration goes to the daemon (a round trip); the handle is valid while this Client lives.
   Error register_script(std::string_view key, std::string_view source, Script* out) override;
+  // Unregistration goes to the daemon (a round trip). Any client may unregister any key.
+  Error unregister_script(std::string_view key) override;
   // Callbacks and futures complete on the client's reader thread. A callback should not block:
   // the reader does not read while it runs. If the connection is lost, what is in flight ends
   // `unavailable`.

@@ -69,10 +69,12 @@ struct HostOptions {
   // code). false: through the shard's dispatcher thread, like callbacks.
   bool fulfill_futures_on_loop = true;
 
-  // Bytes of keys and sources all registered scripts may hold together. The host keeps every
-  // source (a restarted worker gets it again), and a key registered again with a new source
-  // keeps its old record for the handles that point to it. A registration that would pass this
-  // fails `unavailable`; one of a script already held (same key, same source) never does.
+  // Bytes all script records may cost together: key, source and chunk name of each plus
+  // kScriptRecordOverhead (runner.h). The host keeps every source (a restarted worker gets it
+  // again); a key registered again with a new source keeps its old record while a handle or an
+  // evaluation uses it, and unregister_script frees a record the same way. A registration that
+  // would pass this fails `unavailable`; one of a script already held (same key, same source)
+  // never does.
   std::size_t max_script_bytes = std::size_t{256} << 20;
 
   // Evaluations accepted for a shard whose worker is restarting, before they are answered
@@ -149,12 +151,17 @@ class Host final : public Runner {
   ~Host() override;
 
   Error register_script(std::string_view key, std::string_view source, Script* out) override;
+  Error unregister_script(std::string_view key) override;
   void evaluate(const Script& script, Inputs inputs, Callback done) override;
   std::future<Result> evaluate(const Script& script, Inputs inputs) override;
   void evaluate_batch(std::vector<Request> requests, BatchCallback done) override;
 
   int shards() const;
   ShardStats shard_stats(int shard) const;
+  // Records alive and what they cost against max_script_bytes (tests, outrund's stats). A
+  // record's worker states are forgotten shortly after it is freed (asynchronously, on the
+  // loop thread; ShardStats::worker_scripts follows).
+  RegistryStats registry_stats() const;
 
   // Drills. kill_shard: SIGKILL the shard's process group now; what it was running is retried on
   // the restarted worker. restart_shard: the worker finishes what it has, exits, and a new one

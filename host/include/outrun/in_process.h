@@ -26,12 +26,16 @@ class InProcess final : public Runner {
   ~InProcess() override;
 
   Error register_script(std::string_view key, std::string_view source, Script* out) override;
+  Error unregister_script(std::string_view key) override;
   void evaluate(const Script& script, Inputs inputs, Callback done) override;
   std::future<Result> evaluate(const Script& script, Inputs inputs) override;
   void evaluate_batch(std::vector<Request> requests, BatchCallback done) override;
 
   // Runs one evaluation synchronously (what evaluate() does, without a callback).
   Result run(const Script& script, const Inputs& inputs);
+
+  // Records alive and what they cost (tests, statistics).
+  RegistryStats registry_stats() const;
 
   struct Impl;
 

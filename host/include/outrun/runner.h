@@ -2,6 +2,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -9,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "outrun/status.h"
@@ -17,38 +19,90 @@
 namespace outrun {
 
 namespace detail {
-// What a runner keeps per registered script. Immutable after registration and alive as long as
-// the runner that made it, so a Script handle is a plain pointer.
+struct RegistryShared;  // script_registry.h
+
+// What a runner keeps per registered script. Immutable after registration (but for `refs` and
+// `unregistered`). Reference counted: the runner's registry holds one reference while the
+// script is registered under its key, every Script handle and every evaluation in flight one
+// more; the record is freed (and its bytes leave the registry's account) with the last one.
 struct ScriptRecord {
   const void* owner = nullptr;  // the runner that registered it
-  uint32_t id = 0;              // dense, per runner
+  uint32_t id = 0;              // dense, per runner; reused after the record is freed
   uint32_t key_id = 0;          // dense, per key (re-registering a key keeps it): single flight
   uint32_t shard = 0;           // stable hash of the key mod shards, computed once
   std::string key;
   std::string source;
-  std::array<uint8_t, 32> sha256{};  // of `source`, computed once at registration
-  std::string chunk_name;            // how errors name the script ("key:3: ...")
-  void* engine = nullptr;            // runner-private (InProcess: the script's Lua state)
+  std::array<uint8_t, 32> sha256{};      // of `source`, computed once at registration
+  std::string chunk_name;                // how errors name the script ("key:3: ...")
+  void* engine = nullptr;                // runner-private (InProcess: the script's Lua state)
+  void (*free_engine)(void*) = nullptr;  // frees `engine` with the record
+  std::size_t bytes = 0;                 // what it costs in the registry's account
+  mutable std::atomic<uint32_t> refs{0};
+  std::atomic<bool> unregistered{false};     // evaluations of it end `invalid_argument`
+  std::shared_ptr<RegistryShared> registry;  // null: freed by the last reference alone
 };
+
+// Drops one reference; the last one frees the record (through its registry, if any).
+void release_script_record(const ScriptRecord* rec);
 }  // namespace detail
 
-// Handle of a registered script. Cheap to copy; valid while its runner lives.
+// Handle of a registered script. Cheap to copy (one atomic increment); keeps its record alive,
+// so it is safe to hold and to evaluate after its script was replaced or unregistered (an
+// unregistered script's evaluations end `invalid_argument`).
 class Script {
  public:
   Script() = default;
+  Script(const Script& o) : rec_(o.rec_) { retain(); }
+  Script(Script&& o) noexcept : rec_(o.rec_) { o.rec_ = nullptr; }
+  Script& operator=(const Script& o) {
+    if (this != &o) {
+      Script copy(o);
+      std::swap(rec_, copy.rec_);
+    }
+    return *this;
+  }
+  Script& operator=(Script&& o) noexcept {
+    if (this != &o) {
+      Script old(std::move(*this));
+      rec_ = o.rec_;
+      o.rec_ = nullptr;
+    }
+    return *this;
+  }
+  ~Script() {
+    if (rec_) detail::release_script_record(rec_);
+  }
+
   bool valid() const { return rec_ != nullptr; }
   const std::string& key() const { return rec_->key; }
   const std::array<uint8_t, 32>& sha256() const { return rec_->sha256; }
   std::string sha256_hex() const;
   uint32_t shard() const { return rec_->shard; }
+  // False once the script was unregistered (its evaluations end `invalid_argument`).
+  bool registered() const { return rec_ && !rec_->unregistered.load(std::memory_order_relaxed); }
 
-  // For runner implementations.
-  explicit Script(const detail::ScriptRecord* rec) : rec_(rec) {}
+  // For runner implementations: a new reference to `rec`.
+  explicit Script(const detail::ScriptRecord* rec) : rec_(rec) { retain(); }
   const detail::ScriptRecord* record() const { return rec_; }
 
  private:
+  void retain() {
+    if (rec_) rec_->refs.fetch_add(1, std::memory_order_relaxed);
+  }
   const detail::ScriptRecord* rec_ = nullptr;
 };
+
+// What a runner's registry holds: records alive (registered, or replaced/unregistered but still
+// used by a handle or an evaluation) and what they cost. `bytes` counts, per record, its key,
+// source and chunk name plus kScriptRecordOverhead.
+struct RegistryStats {
+  std::size_t scripts = 0;
+  std::size_t bytes = 0;
+};
+// An estimate of what a record costs beyond its strings: the ScriptRecord itself (~220 B with
+// its allocation header), its entry in the key index (~70 B: node, hash, bucket) and the copy of
+// the key in that entry. Counted against max_script_bytes.
+inline constexpr std::size_t kScriptRecordOverhead = 320;
 
 struct Result {
   Status status = Status::ok;
@@ -78,8 +132,17 @@ class Runner {
   virtual ~Runner() = default;
 
   // Registers (or replaces) a script under `key`. Computes its SHA-256 once, here. Replacing a
-  // key with new source gives a new handle; handles to the old source keep working.
+  // key with new source gives a new handle; handles to the old source keep working (Host,
+  // InProcess; outrund retires them, see design/daemon.md) and the old record is freed once no
+  // handle and no evaluation uses it.
   virtual Error register_script(std::string_view key, std::string_view source, Script* out) = 0;
+
+  // Removes `key` from the registry: afterwards the key can be registered again (a fresh
+  // record), evaluations of any handle to it end `invalid_argument` ("script 'KEY' was
+  // unregistered"), evaluations already accepted finish normally, and its memory (here and in
+  // the workers) is freed once the last handle and evaluation let go. Unknown key:
+  // `invalid_argument`.
+  virtual Error unregister_script(std::string_view key) = 0;
 
   // Evaluates `script` with `inputs`; `done` is called exactly once.
   virtual void evaluate(const Script& script, Inputs inputs, Callback done) = 0;
@@ -90,9 +153,6 @@ class Runner {
   // Many evaluations in one call, written to each shard as few frames as possible. `done` is
   // called once per request, with its index, in no particular order.
   virtual void evaluate_batch(std::vector<Request> requests, BatchCallback done) = 0;
-
-  // TEMPORARY until the unregister branch lands.
-  virtual Error unregister_script(std::string_view) { return {}; }
 };
 
 }  // namespace outrun
