@@ -988,6 +988,16 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
           default:
             e = Error{Status::invalid_argument, "unknown control command"};
         }
+      // A document must fit one frame with room for the rest of the reply: ListScripts of
+      // millions of scripts (keys of up to 256 bytes, escaped) could pass kMaxFrameSize, and the
+      // client's reader would then drop the connection. Refused instead, the connection goes on.
+      if (constexpr std::size_t kMaxDocument = protocol::kMaxFrameSize - 4096;
+          json.size() > kMaxDocument) {
+        e = Error{Status::unavailable, "the document is " + std::to_string(json.size()) +
+                                           " bytes, more than a reply frame holds (" +
+                                           std::to_string(kMaxDocument) + ")"};
+        json.clear();
+      }
       f.Clear();
       auto err = e ? f.CreateString(e.message) : flatbuffers::Offset<flatbuffers::String>();
       auto js = json.empty() ? flatbuffers::Offset<flatbuffers::String>() : f.CreateString(json);

@@ -307,3 +307,29 @@ TEST_CASE("outrund: out of file descriptors (EMFILE) it does not spin, and serve
   CHECK(served);
   CHECK(d.stop() == 0);
 }
+
+TEST_CASE(
+    "outrund: max_clients that cannot fit RLIMIT_NOFILE is refused at start; a low soft limit is "
+    "raised") {
+  const std::string dir = temp_dir();
+  const std::string base = std::string(OUTRUN_TEST_DAEMON) + " --socket " + dir +
+                           "/outrund.sock --worker " + OUTRUN_TEST_WORKER + " --shards 1";
+  // 256 clients + 64 pending + 72 of margin cannot fit a hard limit of 200.
+  auto [code, out] = run_command("prlimit --nofile=200:200 " + base + " 2>&1");
+  CHECK(code == 1);
+  CHECK(out.find("RLIMIT_NOFILE is 200 (hard 200)") != std::string::npos);
+  CHECK(out.find("lower daemon.max_clients") != std::string::npos);
+  // A soft limit below what is needed, a hard one above: raised, and the daemon starts (it gets
+  // as far as listening; SIGTERM ends it, exit 0).
+  const std::string cmd = "prlimit --nofile=200:4096 " + base +
+                          " --log-level info 2>&1 & pid=$!; "
+                          "for i in $(seq 100); do [ -S " +
+                          dir +
+                          "/outrund.sock ] && break; "
+                          "sleep 0.05; done; kill -TERM $pid; wait $pid";
+  auto [code2, out2] = run_command(cmd);
+  CHECK(code2 == 0);
+  CHECK(out2.find("raised RLIMIT_NOFILE from 200 to 392") != std::string::npos);
+  std::remove((dir + "/outrund.sock").c_str());
+  rmdir(dir.c_str());
+}
