@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -278,12 +279,16 @@ Error Client::connect(const ClientOptions& options, std::unique_ptr<Client>* out
     if (::getsockopt(impl->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
       return Error{Status::unavailable,
                    "cannot check who listens at " + path + ": " + std::strerror(errno)};
-    if (cred.uid != ::geteuid() && cred.uid != 0)
-      return Error{Status::unavailable, "refusing the server at " + path + ": it runs as uid " +
-                                            std::to_string(cred.uid) + " (pid " +
-                                            std::to_string(cred.pid) + "), neither ours (" +
-                                            std::to_string(::geteuid()) +
-                                            ") nor root; nothing was sent"};
+    const auto& want = options.server_uids;
+    const bool trusted = want.empty() ? cred.uid == ::geteuid() || cred.uid == 0
+                                      : std::find(want.begin(), want.end(), cred.uid) != want.end();
+    if (!trusted)
+      return Error{Status::unavailable,
+                   "refusing the server at " + path + ": it runs as uid " +
+                       std::to_string(cred.uid) + " (pid " + std::to_string(cred.pid) + "), " +
+                       (want.empty() ? "neither ours (" + std::to_string(::geteuid()) + ") nor root"
+                                     : std::string("not one of ClientOptions::server_uids")) +
+                       "; nothing was sent"};
   }
 
   // Hello, then wait for the daemon's (with a receive timeout, cleared afterwards).

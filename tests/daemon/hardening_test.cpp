@@ -183,7 +183,8 @@ TEST_CASE("outrun::Client refuses a listener of another uid before it sends anyt
   rmdir(dir.c_str());
 }
 
-TEST_CASE("outrund: KillShard/RestartShard need an admin uid; evaluation access is separate") {
+TEST_CASE(
+    "outrund: KillShard and RestartShard need an admin uid and evaluation access stays separate") {
   ConfigFile conf("admin_uids = [4242]");
   Daemon d({"--config", conf.path});
   auto c = d.client();
@@ -332,4 +333,21 @@ TEST_CASE(
   CHECK(out2.find("raised RLIMIT_NOFILE from 200 to 392") != std::string::npos);
   std::remove((dir + "/outrund.sock").c_str());
   rmdir(dir.c_str());
+}
+
+TEST_CASE("outrun::Client server_uids names who may listen, replacing our uid and root") {
+  Daemon d;
+  outrun::ClientOptions o;
+  o.socket = d.socket;
+  o.server_uids = {4242};  // the daemon runs as us (root in CI): now not trusted
+  std::unique_ptr<outrun::Client> c;
+  outrun::Error e = outrun::Client::connect(o, &c);
+  CHECK(e.status == outrun::Status::unavailable);
+  CHECK(e.message.find("not one of ClientOptions::server_uids") != std::string::npos);
+  o.server_uids = {4242, static_cast<uint32_t>(geteuid())};
+  e = outrun::Client::connect(o, &c);
+  CHECK(!e);
+  CHECK(c);
+  c.reset();
+  CHECK(d.stop() == 0);
 }
