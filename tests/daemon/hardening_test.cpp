@@ -310,8 +310,8 @@ TEST_CASE("outrund: out of file descriptors (EMFILE) it does not spin, and serve
 }
 
 TEST_CASE(
-    "outrund: max_clients that cannot fit RLIMIT_NOFILE is refused at start; a low soft limit is "
-    "raised") {
+    "outrund: max_clients that cannot fit RLIMIT_NOFILE is refused at start and a low soft limit "
+    "is raised") {
   const std::string dir = temp_dir();
   const std::string base = std::string(OUTRUN_TEST_DAEMON) + " --socket " + dir +
                            "/outrund.sock --worker " + OUTRUN_TEST_WORKER + " --shards 1";
