@@ -203,6 +203,58 @@ void make_read_only(lua_State* L, const char* name) {
   lua_setglobal(L, name);
 }
 
+// Lua 5.4.4 bug 5.4.4-9 (lua.org/bugs.html, "C-stack overflow with deep nesting of
+// coroutine.close"): lua_resetthread runs the coroutine's __close handlers without counting the
+// call against LUAI_MAXCCALLS, so a chain of coroutines whose __close closes the previous one
+// (~12,000 deep) overflows the C stack: a segfault of the worker, or of the application in
+// InProcess. Fixed upstream in 5.4.6 (lua_closethread); Debian 12 ships 5.4.4 unpatched.
+// coroutine.close is therefore this copy of luaB_close, which bounds the nesting (a counter in
+// the state's RunContext, shared by all its coroutines through the extra space). Every check
+// that can raise is made before the counter moves, and lua_resetthread itself never raises
+// (it runs the handlers in protected mode), so no error can skip the decrement.
+constexpr int kMaxCloseDepth = 100;
+constexpr uintptr_t kMaxCloseStack = 1u << 20;
+
+int safe_coroutine_close(lua_State* L) {
+  lua_State* co = lua_tothread(L, 1);
+  if (!co)  // named as luaB_close names it (luaL_argexpected would say '?': we are not in _G)
+    return luaL_error(L, "bad argument #1 to 'close' (coroutine expected, got %s)",
+                      luaL_typename(L, 1));
+  const char* busy = nullptr;  // the states luaB_close refuses, named as it names them
+  lua_Debug ar;
+  if (co == L)
+    busy = "running";
+  else if (lua_status(co) == LUA_OK && lua_getstack(co, 0, &ar))
+    busy = "normal";
+  if (busy) return luaL_error(L, "cannot close a %s coroutine", busy);
+  auto* ctx = *static_cast<RunContext**>(lua_getextraspace(L));
+  const auto here = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+  if (ctx->close_depth >= kMaxCloseDepth ||
+      (ctx->stack_base != 0 && here < ctx->stack_base && ctx->stack_base - here > kMaxCloseStack))
+    return luaL_error(L,
+                      "coroutine.close: too deeply nested (more than %d closes inside __close "
+                      "handlers, or too much C stack)",
+                      kMaxCloseDepth);
+  ++ctx->close_depth;
+  const int status = lua_resetthread(co);
+  --ctx->close_depth;
+  if (status == LUA_OK) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  lua_pushboolean(L, 0);
+  lua_xmove(co, L, 1);  // the error object
+  return 2;
+}
+
+// coroutine, with close replaced by safe_coroutine_close.
+int open_coroutine(lua_State* L) {
+  luaopen_coroutine(L);
+  lua_pushcfunction(L, safe_coroutine_close);
+  lua_setfield(L, -2, "close");
+  return 1;
+}
+
 // os: only the harmless clocks.
 int open_os_clocks(lua_State* L) {
   luaopen_os(L);
@@ -286,7 +338,7 @@ int setup_sandbox(lua_State* L) {
   lua_pop(L, 2);
 
   make_read_only(L, LUA_STRLIBNAME);
-  make_lazy(L, LUA_COLIBNAME, luaopen_coroutine);
+  make_lazy(L, LUA_COLIBNAME, open_coroutine);
   make_lazy(L, LUA_TABLIBNAME, luaopen_table);
   make_lazy(L, LUA_MATHLIBNAME, luaopen_math);
   make_lazy(L, LUA_UTF8LIBNAME, luaopen_utf8);
@@ -428,9 +480,12 @@ Outcome ScriptState::run(PushInputsFn push_inputs, const void* inputs, int64_t t
   lua_pushlightuserdata(L_, &args);
   lua_pushvalue(L_, 1);
   ctx_->timed_out = false;
+  ctx_->close_depth = 0;
+  ctx_->stack_base = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
   ctx_->deadline_ns = (start_ns != 0 ? start_ns : monotonic_ns()) + timeout_ns;
   account_->system_refused = false;
   const int status = lua_pcall(L_, 2, 1, 0);
+  ctx_->stack_base = 0;
   const bool timed_out = ctx_->timed_out;
   if (lua_gethookcount(L_) != kHookInterval)
     lua_sethook(L_, count_hook, LUA_MASKCOUNT, kHookInterval);

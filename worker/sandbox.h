@@ -40,6 +40,13 @@ struct MemoryAccount {
 struct RunContext {
   int64_t deadline_ns = 0;  // CLOCK_MONOTONIC
   bool timed_out = false;
+  // How many coroutine.close calls are running, nested inside one another (through __close
+  // handlers): Lua 5.4.4 does not count them against its C-stack limit (bug 5.4.4-9).
+  int close_depth = 0;
+  // The C stack's position when the evaluation started (0: none running): coroutine.close also
+  // refuses once the evaluation has used kMaxCloseStack bytes of C stack, since each nested close
+  // lets its handler nest up to LUAI_MAXCCALLS C calls again.
+  uintptr_t stack_base = 0;
 };
 
 struct Outcome {

@@ -13,16 +13,27 @@ bool from_json(const nlohmann::json& j, Value* out, std::string* error, int dept
     return false;
   }
   switch (j.type()) {
-    case nlohmann::json::value_t::null: *out = Value(); return true;
-    case nlohmann::json::value_t::boolean: *out = Value(j.get<bool>()); return true;
-    case nlohmann::json::value_t::number_integer: *out = Value(j.get<int64_t>()); return true;
+    case nlohmann::json::value_t::null:
+      *out = Value();
+      return true;
+    case nlohmann::json::value_t::boolean:
+      *out = Value(j.get<bool>());
+      return true;
+    case nlohmann::json::value_t::number_integer:
+      *out = Value(j.get<int64_t>());
+      return true;
     case nlohmann::json::value_t::number_unsigned: {
       const auto u = j.get<uint64_t>();
-      *out = u <= uint64_t(INT64_MAX) ? Value(static_cast<int64_t>(u)) : Value(static_cast<double>(u));
+      *out =
+          u <= uint64_t(INT64_MAX) ? Value(static_cast<int64_t>(u)) : Value(static_cast<double>(u));
       return true;
     }
-    case nlohmann::json::value_t::number_float: *out = Value(j.get<double>()); return true;
-    case nlohmann::json::value_t::string: *out = Value(j.get<std::string>()); return true;
+    case nlohmann::json::value_t::number_float:
+      *out = Value(j.get<double>());
+      return true;
+    case nlohmann::json::value_t::string:
+      *out = Value(j.get<std::string>());
+      return true;
     case nlohmann::json::value_t::array: {
       Array a(j.size());
       for (std::size_t i = 0; i < j.size(); ++i)
@@ -50,7 +61,11 @@ nlohmann::json to_json(const Value& v) {
   if (v.is<Nil>()) return nullptr;
   if (const bool* b = std::get_if<bool>(&v.v)) return *b;
   if (const int64_t* i = std::get_if<int64_t>(&v.v)) return *i;
-  if (const double* d = std::get_if<double>(&v.v)) return std::isfinite(*d) ? nlohmann::json(*d) : nlohmann::json();
+  if (const double* d = std::get_if<double>(&v.v)) {
+    if (std::isnan(*d)) return "NaN";
+    if (std::isinf(*d)) return *d > 0 ? "Infinity" : "-Infinity";
+    return nlohmann::json(*d);
+  }
   if (const std::string* s = std::get_if<std::string>(&v.v)) return *s;
   if (const Bytes* by = std::get_if<Bytes>(&v.v)) {
     static const char* hex = "0123456789abcdef";
@@ -86,9 +101,35 @@ Value parse_scalar(const std::string& t) {
     if (errno == 0 && *end == '\0') return Value(static_cast<int64_t>(i));
     errno = 0;
     const double d = std::strtod(t.c_str(), &end);
-    if (errno == 0 && *end == '\0' && !std::isspace(static_cast<unsigned char>(t[0]))) return Value(d);
+    if (errno == 0 && *end == '\0' && !std::isspace(static_cast<unsigned char>(t[0])))
+      return Value(d);
   }
   return Value(t);
+}
+
+std::string escape_control(std::string_view s) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  out.reserve(s.size());
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c < 0x20 || c == 0x7f) {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += ch;
+    }
+  }
+  return out;
 }
 
 }  // namespace outrun::cli

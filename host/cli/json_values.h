@@ -11,8 +11,13 @@ namespace outrun::cli {
 // -> maps. Returns false (with *error) for input nested deeper than kMaxValueDepth.
 bool from_json(const nlohmann::json& j, Value* out, std::string* error, int depth = 1);
 
-// Bytes become {"$bytes": "<hex>"}; NaN and infinities become null (JSON has neither).
+// Bytes become {"$bytes": "<hex>"}; JSON has no NaN or infinities, so they become the strings
+// "NaN", "Infinity" and "-Infinity" (the spelling of JavaScript and Python's json module).
 nlohmann::json to_json(const Value& v);
+
+// `s` with every control character (C0, DEL) escaped, for text on a terminal: \n \r \t \\ and
+// \xNN for the others; backslashes are doubled so the escaping is unambiguous.
+std::string escape_control(std::string_view s);
 
 // A command-line input value: true, false, nil, an integer, a number, "quoted" (always a
 // string), or anything else as a string.

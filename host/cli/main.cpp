@@ -9,6 +9,9 @@
 //   outrun [--socket PATH] drill NAME [--rate R] [--duration S] [--shards K] [--json]
 // --socket (or $OUTRUN_SOCKET) sends eval through outrund; the administration commands always
 // talk to outrund (default socket: see outrun::default_client_socket()).
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
@@ -45,7 +48,13 @@ struct EvalArgs {
   bool json = false;
   bool in_process = false;
   std::string key = "cli";
+  bool host_options_given = false;  // --shards, --timeout, --grace or --memory-limit
 };
+
+// Exit codes of `outrun eval` (README): 0 ok; 1 the evaluation ended with any other status;
+// 2 bad usage (arguments, inputs, an unreadable file, a registration refused); 3 the script could
+// not be run at all (the workers did not start, outrund is unavailable).
+constexpr int kExitFailed = 1, kExitUsage = 2, kExitNoRunner = 3;
 
 std::string g_socket;  // --socket
 
@@ -70,14 +79,34 @@ int connect_client(std::unique_ptr<Client>* out) {
   return 0;
 }
 
+// A failure before there is a result: with --json one document on stdout, as for results
+// (shard -1), else "STATUS: message" on stderr.
+int eval_failed(const EvalArgs& a, Status status, const std::string& message, int code) {
+  if (a.json) {
+    nlohmann::json j{{"status", std::string(to_string(status))},
+                     {"value", nullptr},
+                     {"error", message},
+                     {"shard", -1},
+                     {"latency_us", 0}};
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else {
+    std::cerr << to_string(status) << ": " << message << "\n";
+  }
+  return code;
+}
+
 int run_eval(const EvalArgs& a) {
   std::string source = a.source;
+  if (!a.in_process && socket_given() && a.host_options_given)
+    return eval_failed(a, Status::invalid_argument,
+                       "--shards, --timeout, --grace and --memory-limit configure the workers "
+                       "this command starts; through outrund (--socket, $OUTRUN_SOCKET) the "
+                       "daemon's own settings apply (host.timeout_ms and others in its config)",
+                       kExitUsage);
   if (!a.file.empty()) {
     std::ifstream f(a.file, std::ios::binary);
-    if (!f) {
-      std::cerr << "invalid_argument: cannot read '" << a.file << "'\n";
-      return 2;
-    }
+    if (!f)
+      return eval_failed(a, Status::invalid_argument, "cannot read '" + a.file + "'", kExitUsage);
     std::stringstream ss;
     ss << f.rdbuf();
     source = ss.str();
@@ -85,33 +114,33 @@ int run_eval(const EvalArgs& a) {
   Inputs inputs;
   if (!a.inputs_json.empty()) {
     nlohmann::json j = nlohmann::json::parse(a.inputs_json, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) {
-      std::cerr << "invalid_argument: --inputs-json must be a JSON object\n";
-      return 2;
-    }
+    if (j.is_discarded() || !j.is_object())
+      return eval_failed(a, Status::invalid_argument, "--inputs-json must be a JSON object",
+                         kExitUsage);
     for (auto it = j.begin(); it != j.end(); ++it) {
       Input in{it.key(), {}};
       std::string err;
-      if (!from_json(it.value(), &in.value, &err)) {
-        std::cerr << "invalid_argument: " << err << "\n";
-        return 2;
-      }
+      if (!from_json(it.value(), &in.value, &err))
+        return eval_failed(a, Status::invalid_argument, err, kExitUsage);
       inputs.push_back(std::move(in));
     }
   }
   for (const auto& kv : a.inputs) {
     const auto eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0) {
-      std::cerr << "invalid_argument: -i expects NAME=VALUE, got '" << kv << "'\n";
-      return 2;
-    }
+    if (eq == std::string::npos || eq == 0)
+      return eval_failed(a, Status::invalid_argument, "-i expects NAME=VALUE, got '" + kv + "'",
+                         kExitUsage);
     inputs.push_back(Input{kv.substr(0, eq), parse_scalar(kv.substr(eq + 1))});
   }
 
   std::unique_ptr<Runner> runner;
   if (!a.in_process && socket_given()) {
     std::unique_ptr<Client> client;
-    if (int rc = connect_client(&client)) return rc;
+    ClientOptions co;
+    co.socket = g_socket;
+    co.name = "outrun-cli";
+    if (Error err = Client::connect(co, &client))
+      return eval_failed(a, err.status, err.message, kExitNoRunner);
     runner = std::move(client);
   } else if (a.in_process) {
     InProcessOptions o;
@@ -125,17 +154,14 @@ int run_eval(const EvalArgs& a) {
     o.grace = std::chrono::milliseconds(a.grace_ms);
     o.memory_limit = static_cast<std::size_t>(a.memory_mb) << 20;
     std::unique_ptr<Host> host;
-    if (Error err = Host::create(o, &host)) {
-      std::cerr << to_string(err.status) << ": " << err.message << "\n";
-      return 3;
-    }
+    if (Error err = Host::create(o, &host))
+      return eval_failed(a, err.status, err.message, kExitNoRunner);
     runner = std::move(host);
   }
   Script script;
-  if (Error err = runner->register_script(a.key, source, &script)) {
-    std::cerr << to_string(err.status) << ": " << err.message << "\n";
-    return 2;
-  }
+  if (Error err = runner->register_script(a.key, source, &script))
+    return eval_failed(a, err.status, err.message,
+                       err.status == Status::unavailable ? kExitNoRunner : kExitUsage);
   const auto t0 = std::chrono::steady_clock::now();
   Result r = runner->evaluate(script, std::move(inputs)).get();
   const auto latency_us =
@@ -149,11 +175,11 @@ int run_eval(const EvalArgs& a) {
                      {"latency_us", latency_us}};
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else if (r.status == Status::ok) {
-    std::cout << to_display_string(r.value) << "\n";
+    std::cout << escape_control(to_display_string(r.value)) << "\n";
   } else {
-    std::cerr << to_string(r.status) << ": " << r.error << "\n";
+    std::cerr << to_string(r.status) << ": " << escape_control(r.error) << "\n";
   }
-  return r.status == Status::ok ? 0 : 1;
+  return r.status == Status::ok ? 0 : kExitFailed;
 }
 
 enum class StatsFormat { text, json, prometheus };
@@ -295,6 +321,10 @@ int run_bench(const BenchArgs& a) {
 
 int main(int argc, char** argv) {
   using namespace outrun::cli;
+  // The library logs through spdlog's default logger, which writes to stdout: stdout is for
+  // results (--json documents), so the command's log lines go to stderr.
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "outrun", std::make_shared<spdlog::sinks::stderr_color_sink_mt>()));
   CLI::App app{"outrun: run untrusted Lua 5.4 scripts out of process"};
   app.require_subcommand(1);
   app.fallthrough();  // --socket before or after the command
@@ -302,18 +332,20 @@ int main(int argc, char** argv) {
                  "outrund socket (default $OUTRUN_SOCKET, else the daemon's default)");
   EvalArgs ea;
   auto* eval = app.add_subcommand("eval", "evaluate one script and print its result");
-  eval->add_option("--shards", ea.shards, "worker processes")
-      ->check(CLI::Range(1, 64))
-      ->capture_default_str();
-  eval->add_option("--timeout", ea.timeout_ms, "soft timeout T in ms")
-      ->check(CLI::Range(1, 3600000))
-      ->capture_default_str();
-  eval->add_option("--grace", ea.grace_ms, "grace G in ms before the worker is killed")
-      ->check(CLI::Range(0, 3600000))
-      ->capture_default_str();
-  eval->add_option("--memory-limit", ea.memory_mb, "memory per script state, MB")
-      ->check(CLI::Range(1, 65536))
-      ->capture_default_str();
+  std::vector<CLI::Option*> host_options{
+      eval->add_option("--shards", ea.shards, "worker processes")
+          ->check(CLI::Range(1, 64))
+          ->capture_default_str(),
+      eval->add_option("--timeout", ea.timeout_ms, "soft timeout T in ms (not with --socket)")
+          ->check(CLI::Range(1, 3600000))
+          ->capture_default_str(),
+      eval->add_option("--grace", ea.grace_ms,
+                       "grace G in ms before the worker is killed (not with --socket)")
+          ->check(CLI::Range(0, 3600000))
+          ->capture_default_str(),
+      eval->add_option("--memory-limit", ea.memory_mb, "memory per script state, MB")
+          ->check(CLI::Range(1, 65536))
+          ->capture_default_str()};
   auto* e = eval->add_option("-e,--source", ea.source, "Lua source");
   auto* f = eval->add_option("-f,--file", ea.file, "file with the Lua source");
   e->excludes(f);
@@ -398,13 +430,17 @@ int main(int argc, char** argv) {
   add_tags_commands(app, &rc);
   bench->callback([&] { rc = run_bench(ba); });
   eval->callback([&] {
-    if (ea.source.empty() && ea.file.empty()) throw CLI::RequiredError("-e SOURCE or -f FILE");
+    if (ea.source.empty() && ea.file.empty() && eval->count("-e") == 0)
+      throw CLI::RequiredError("-e SOURCE or -f FILE");
+    for (auto* o : host_options) ea.host_options_given |= o->count() > 0;
     rc = run_eval(ea);
   });
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& err) {
-    return app.exit(err);
+    // --help and --version exit 0; every usage error exits 2 (CLI11's own codes are 100+).
+    const int code = app.exit(err);
+    return code == 0 ? 0 : kExitUsage;
   }
   return rc;
 }

@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "json_values.h"
+
 namespace outrun::cli {
 
 namespace {
@@ -105,17 +107,16 @@ std::string stats_prometheus(const nlohmann::json& j) {
         {"outrun_shard_restarts_total", "counter", "Worker restarts of the shard.", "restarts", 0},
         {"outrun_shard_evaluations_total", "counter", "Evaluations submitted to the shard.",
          "evaluations", 0},
-        {"outrun_shard_retried_total", "counter",
-         "Evaluations sent again after their worker died.", "retried", 0},
+        {"outrun_shard_retried_total", "counter", "Evaluations sent again after their worker died.",
+         "retried", 0},
         {"outrun_shard_rss_bytes", "gauge", "Resident set of the shard's worker.", "rss_bytes", 0},
-        {"outrun_shard_peak_rss_bytes", "gauge",
-         "Peak resident set of the shard's current worker.", "peak_rss_bytes", 0},
+        {"outrun_shard_peak_rss_bytes", "gauge", "Peak resident set of the shard's current worker.",
+         "peak_rss_bytes", 0},
     };
     for (const ShardNumber& m : kShardNumbers) {
       p.family(m.name, m.type, m.help);
       for (const auto& s : sh)
-        p.sample(m.name, shard_label(s),
-                 s.contains(m.key) ? s[m.key] : nlohmann::json(m.missing));
+        p.sample(m.name, shard_label(s), s.contains(m.key) ? s[m.key] : nlohmann::json(m.missing));
     }
     p.family("outrun_shard_deaths_total", "counter", "Worker deaths of the shard, by cause.");
     for (const auto& s : sh)
@@ -207,8 +208,8 @@ std::string scripts_text(const nlohmann::json& doc) {
     for (auto it = s["by_status"].begin(); it != s["by_status"].end(); ++it)
       by += (by.empty() ? "" : " ") + it.key() + "=" + it.value().dump();
     std::snprintf(line, sizeof line, "%-6u %-32s %-16s %-5u %12llu  %s\n", s.value("handle", 0u),
-                  s.value("key", "").c_str(), s.value("sha256", "").substr(0, 16).c_str(),
-                  s.value("shard", 0u),
+                  escape_control(s.value("key", "")).c_str(),  // keys are any bytes
+                  s.value("sha256", "").substr(0, 16).c_str(), s.value("shard", 0u),
                   static_cast<unsigned long long>(s.value("evaluations", 0ull)), by.c_str());
     os << line;
   }

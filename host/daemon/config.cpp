@@ -108,8 +108,20 @@ bool read_daemon(const toml::table& t, DaemonConfig* c, Reader& r) {
       c->uids_set = true;
     } else if (key == "allowed_gids") {
       ok = r.ids(n, key, &c->allowed_gids);
+    } else if (key == "socket_group") {
+      ok = r.string(n, key, &c->socket_group);
+    } else if (key == "admin_uids") {
+      ok = r.ids(n, key, &c->admin_uids);
+      c->admin_set = true;
+    } else if (key == "admin_gids") {
+      ok = r.ids(n, key, &c->admin_gids);
+      c->admin_set = true;
     } else if (key == "max_clients") {
       if ((ok = r.integer(n, key, 1, 65536, &v))) c->max_clients = static_cast<int>(v);
+    } else if (key == "max_pending_hello") {
+      if ((ok = r.integer(n, key, 1, 65536, &v))) c->max_pending_hello = static_cast<int>(v);
+    } else if (key == "hello_timeout_ms") {
+      ok = r.ms(n, key, 1, &c->hello_timeout);
     } else if (key == "max_inflight_per_client") {
       if ((ok = r.integer(n, key, 1, 10'000'000, &v)))
         c->max_inflight_per_client = static_cast<uint32_t>(v);
@@ -239,11 +251,18 @@ std::string load_config_file(const std::string& path, DaemonConfig* cfg) {
 }
 
 std::string finalize_config(DaemonConfig* cfg) {
-  if (cfg->socket.empty()) cfg->socket = default_socket_path();
+  if (cfg->socket.empty()) {
+    cfg->socket = default_socket_path();
+    cfg->socket_is_default = true;
+  }
   if (cfg->cache_dir.empty()) cfg->cache_dir = default_cache_dir();
   if (!cfg->uids_set && cfg->allowed_uids.empty()) {
     cfg->allowed_uids.push_back(static_cast<uint32_t>(geteuid()));
     if (geteuid() != 0) cfg->allowed_uids.push_back(0);
+  }
+  if (!cfg->admin_set && cfg->admin_uids.empty()) {
+    cfg->admin_uids.push_back(static_cast<uint32_t>(geteuid()));
+    if (geteuid() != 0) cfg->admin_uids.push_back(0);
   }
   static const char* levels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
   bool level_ok = false;
@@ -267,7 +286,12 @@ std::string to_toml(const DaemonConfig& c) {
                 {"socket_mode", std::string(mode)},
                 {"allowed_uids", ids(c.allowed_uids)},
                 {"allowed_gids", ids(c.allowed_gids)},
+                {"socket_group", c.socket_group},
+                {"admin_uids", ids(c.admin_uids)},
+                {"admin_gids", ids(c.admin_gids)},
                 {"max_clients", c.max_clients},
+                {"max_pending_hello", c.max_pending_hello},
+                {"hello_timeout_ms", static_cast<int64_t>(c.hello_timeout.count())},
                 {"max_inflight_per_client", static_cast<int64_t>(c.max_inflight_per_client)},
                 {"drain_timeout_ms", static_cast<int64_t>(c.drain_timeout.count())},
                 {"log_level", c.log_level},

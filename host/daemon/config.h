@@ -18,7 +18,14 @@ struct DaemonConfig {
   std::vector<uint32_t> allowed_uids;  // empty and !uids_set: the daemon's uid and root
   std::vector<uint32_t> allowed_gids;  // empty: none (besides uids)
   bool uids_set = false;               // allowed_uids given explicitly (file or flag)
+  std::string socket_group;            // empty: the daemon's group; else the socket file's group
+  std::vector<uint32_t> admin_uids;    // Control KillShard/RestartShard; empty and !admin_set:
+  std::vector<uint32_t> admin_gids;    // the daemon's uid and root
+  bool admin_set = false;              // admin_uids given explicitly
+  bool socket_is_default = false;      // socket left to default_socket_path() (finalize_config)
   int max_clients = 256;
+  int max_pending_hello = 64;                     // connections that have not said hello yet
+  std::chrono::milliseconds hello_timeout{5000};  // a connection's time to send its ClientHello
   uint32_t max_inflight_per_client = 10000;
   std::chrono::milliseconds drain_timeout{5000};
   std::string log_level = "info";  // trace, debug, info, warn, error, critical, off

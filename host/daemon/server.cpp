@@ -2,9 +2,11 @@
 
 #include <fcntl.h>
 #include <flatbuffers/flatbuffers.h>
+#include <grp.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -109,6 +111,8 @@ struct Conn : std::enable_shared_from_this<Conn> {
   uid_t uid = 0;
   gid_t gid = 0;
   pid_t pid = 0;
+  bool admin = false;  // may send KillShard/RestartShard (daemon.admin_uids, admin_gids)
+  std::chrono::steady_clock::time_point accepted;
   std::string name;
 };
 
@@ -200,6 +204,70 @@ bool mkdirs(const std::string& dir, mode_t mode) {
   return ::mkdir(dir.c_str(), mode) == 0 || errno == EEXIST;
 }
 
+// The socket's directory must be the daemon's: a directory another user can write to (or owns)
+// lets them replace the socket with their own listener, and every client's scripts and inputs
+// go to them. Checked with lstat after it is created (or found): a real directory, not a
+// symbolic link; owned by the daemon's uid (also root for a configured path); not group- or
+// world-writable (a configured path may be a sticky directory such as /tmp). Returns why not,
+// or empty.
+std::string check_socket_dir(const std::string& dir, bool strict) {
+  struct stat st;
+  if (::lstat(dir.c_str(), &st) != 0)
+    return "cannot check the socket directory " + dir + ": " + std::strerror(errno);
+  if (S_ISLNK(st.st_mode)) return "the socket directory " + dir + " is a symbolic link";
+  if (!S_ISDIR(st.st_mode)) return "the socket directory " + dir + " is not a directory";
+  const uid_t me = ::geteuid();
+  if (st.st_uid != me && (strict || st.st_uid != 0))
+    return "the socket directory " + dir + " is owned by uid " + std::to_string(st.st_uid) +
+           ", not by outrund's uid " + std::to_string(me) + (strict ? "" : " or root");
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (strict || (st.st_mode & S_ISVTX) == 0)) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return "the socket directory " + dir + " is writable by its group or by others (mode " + mode +
+           ")";
+  }
+  return {};
+}
+
+// The peer's supplementary groups, from /proc/PID/status ("Groups:"), as the process has them
+// (not as the group database says). The pid comes from SO_PEERCRED at accept: a process that
+// exits at once could in principle be replaced by another with the same pid before this read
+// (TOCTOU), so the line is only believed when the same file's "Uid:" line shows the peer's
+// real uid. Empty when unreadable.
+std::vector<gid_t> peer_groups(pid_t pid, uid_t uid) {
+  std::vector<gid_t> out;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  bool uid_ok = false;
+  std::vector<gid_t> groups;
+  while (std::getline(in, line)) {
+    if (line.rfind("Uid:", 0) == 0) {
+      std::istringstream is(line.substr(4));
+      unsigned long real = 0;
+      uid_ok = (is >> real) && real == uid;
+    } else if (line.rfind("Groups:", 0) == 0) {
+      std::istringstream is(line.substr(7));
+      unsigned long g;
+      while (is >> g) groups.push_back(static_cast<gid_t>(g));
+    }
+  }
+  if (uid_ok) out = std::move(groups);
+  return out;
+}
+
+bool contains(const std::vector<uint32_t>& v, uint32_t x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+// Whether uid, gid or one of the supplementary groups is on the lists.
+bool allowed(const std::vector<uint32_t>& uids, const std::vector<uint32_t>& gids, uid_t uid,
+             gid_t gid, const std::vector<gid_t>& groups) {
+  if (contains(uids, uid) || contains(gids, gid)) return true;
+  for (gid_t g : groups)
+    if (contains(gids, g)) return true;
+  return false;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -232,9 +300,26 @@ void Server::reopen_logs() {
 bool Server::open_socket(std::string* err) {
   const std::string& path = cfg_.socket;
   const auto slash = path.rfind('/');
-  if (slash != std::string::npos && slash > 0 && !mkdirs(path.substr(0, slash), 0755)) {
-    *err = "cannot create the directory of " + path + ": " + std::strerror(errno);
-    return false;
+  if (slash != std::string::npos && slash > 0) {
+    const std::string dir = path.substr(0, slash);
+    // The default directory ($XDG_RUNTIME_DIR/outrun, /tmp/outrun-UID, /run/outrun) is made
+    // here, 0700 (0755 for root, whose socket_group clients must reach it), and must be ours
+    // exactly; a configured one is made 0755 if missing, and may also be root's.
+    const bool strict = cfg_.socket_is_default;
+    const auto up = dir.rfind('/');
+    const bool made =
+        (up == std::string::npos || up == 0 || mkdirs(dir.substr(0, up), 0755)) &&
+        (strict ? (::mkdir(dir.c_str(), ::geteuid() == 0 ? 0755 : 0700) == 0 || errno == EEXIST)
+                : mkdirs(dir, 0755));
+    if (!made) {
+      *err = "cannot create the directory of " + path + ": " + std::strerror(errno);
+      return false;
+    }
+    if (std::string why = check_socket_dir(dir, strict); !why.empty()) {
+      *err = "refusing to start: " + why +
+             " (another user could replace the socket; fix or remove it, or set daemon.socket)";
+      return false;
+    }
   }
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
@@ -270,6 +355,25 @@ bool Server::open_socket(std::string* err) {
     return false;
   }
   ::chmod(path.c_str(), static_cast<mode_t>(cfg_.socket_mode));
+  if (!cfg_.socket_group.empty()) {
+    gid_t gid = 0;
+    char buf[4096];
+    group gr{}, *found = nullptr;
+    char* end = nullptr;
+    const unsigned long num = std::strtoul(cfg_.socket_group.c_str(), &end, 10);
+    if (::getgrnam_r(cfg_.socket_group.c_str(), &gr, buf, sizeof buf, &found) == 0 && found)
+      gid = found->gr_gid;
+    else if (*end == 0 && end != cfg_.socket_group.c_str())
+      gid = static_cast<gid_t>(num);
+    else {
+      *err = "daemon.socket_group: no group named " + cfg_.socket_group;
+      return false;
+    }
+    if (::chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+      *err = "cannot give " + path + " to group " + cfg_.socket_group + ": " + std::strerror(errno);
+      return false;
+    }
+  }
   if (::listen(listen_fd_, 128) != 0) {
     *err = std::string("listen: ") + std::strerror(errno);
     return false;
@@ -297,6 +401,13 @@ int Server::run() {
   const sigset_t stop = stop_signals();
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   started_ = std::chrono::steady_clock::now();
+  {
+    std::string why;
+    if (!check_fd_limit(&why)) {
+      spdlog::critical("{}", why);
+      return 1;
+    }
+  }
   if (!mkdirs(cfg_.cache_dir, 0755))
     spdlog::warn("cannot create cache directory {}", cfg_.cache_dir);
   if (Error e = Host::create(cfg_.host, &host_)) {
@@ -331,6 +442,17 @@ int Server::run() {
   pthread_sigmask(SIG_UNBLOCK, &stop, nullptr);  // one that came during start-up is handled now
   uv_timer_init(&loop_, &drain_timer_);
   drain_timer_.data = this;
+  uv_timer_init(&loop_, &hello_timer_);
+  hello_timer_.data = this;
+  uv_timer_init(&loop_, &accept_pause_timer_);
+  accept_pause_timer_.data = this;
+  timers_ = true;
+  {
+    const auto every =
+        std::clamp<int64_t>(cfg_.hello_timeout.count() / 4, 10, 1000);  // ms, late by 25% at most
+    uv_timer_start(&hello_timer_, &Server::on_hello_timer, static_cast<uint64_t>(every),
+                   static_cast<uint64_t>(every));
+  }
   spdlog::info("outrund {} listening on {} (mode {:04o}), {} shards, pid {}", OUTRUN_VERSION,
                cfg_.socket, cfg_.socket_mode, host_->shards(), getpid());
   sd_notify("READY=1\nSTATUS=serving");
@@ -427,6 +549,13 @@ void Server::finish() {
   finished_ = true;
   uv_timer_stop(&drain_timer_);
   uv_close(reinterpret_cast<uv_handle_t*>(&drain_timer_), nullptr);
+  if (timers_) {
+    timers_ = false;
+    for (uv_timer_t* t : {&hello_timer_, &accept_pause_timer_}) {
+      uv_timer_stop(t);
+      uv_close(reinterpret_cast<uv_handle_t*>(t), nullptr);
+    }
+  }
   // Stopping already: a repeated SIGTERM or SIGINT (systemd's, a second Ctrl-C) is ignored from
   // here on, with no window in which it would meet the default action (see stop_signals()).
   const sigset_t stop = stop_signals();
@@ -455,10 +584,15 @@ void Server::on_listen(uv_poll_t* h, int status, int) {
 }
 
 void Server::accept_all() {
+  if (accept_paused_) return;
   for (int n = 0; n < 64; ++n) {
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EMFILE || errno == ENFILE) {
+        pause_accepting(errno);
+        return;
+      }
       if (errno != EAGAIN && errno != EWOULDBLOCK) spdlog::warn("accept: {}", std::strerror(errno));
       return;
     }
@@ -468,11 +602,13 @@ void Server::accept_all() {
       ::close(fd);
       continue;
     }
-    const bool uid_ok = std::find(cfg_.allowed_uids.begin(), cfg_.allowed_uids.end(), cred.uid) !=
-                        cfg_.allowed_uids.end();
-    const bool gid_ok = std::find(cfg_.allowed_gids.begin(), cfg_.allowed_gids.end(), cred.gid) !=
-                        cfg_.allowed_gids.end();
-    if (!uid_ok && !gid_ok) {
+    // Supplementary groups are read only when a gid list could let the peer in.
+    std::vector<gid_t> groups;
+    const bool plain_ok =
+        contains(cfg_.allowed_uids, cred.uid) || contains(cfg_.allowed_gids, cred.gid);
+    if ((!plain_ok && !cfg_.allowed_gids.empty()) || !cfg_.admin_gids.empty())
+      groups = peer_groups(cred.pid, cred.uid);
+    if (!allowed(cfg_.allowed_uids, cfg_.allowed_gids, cred.uid, cred.gid, groups)) {
       ++clients_refused_;
       spdlog::warn("refused a client: pid {} uid {} gid {} is not allowed", cred.pid, cred.uid,
                    cred.gid);
@@ -481,24 +617,108 @@ void Server::accept_all() {
       ::close(fd);
       continue;
     }
-    if (static_cast<int>(conns_.size()) >= cfg_.max_clients) {
+    if (static_cast<int>(conns_.size() - pending_.size()) >= cfg_.max_clients) {
       ++clients_refused_;
-      spdlog::warn("refused a client: {} clients connected (max_clients)", conns_.size());
+      spdlog::warn("refused a client: {} clients connected (max_clients)",
+                   conns_.size() - pending_.size());
       reply_error_hello(fd, "too many clients");
       ::close(fd);
       continue;
+    }
+    // Connections that have not said hello are bounded apart from max_clients: when there are
+    // max_pending_hello of them, the oldest goes (an honest client says hello at once, so idle
+    // connections cannot keep it out).
+    if (static_cast<int>(pending_.size()) >= cfg_.max_pending_hello) {
+      Conn* oldest = pending_.begin()->second;
+      spdlog::debug("client {} closed: max_pending_hello reached", oldest->id);
+      close_conn(oldest, "no hello (max_pending_hello)");
     }
     auto c = std::make_shared<Conn>(this, fd, next_conn_id_++);
     c->uid = cred.uid;
     c->gid = cred.gid;
     c->pid = cred.pid;
+    c->admin = allowed(cfg_.admin_uids, cfg_.admin_gids, cred.uid, cred.gid, groups);
+    c->accepted = std::chrono::steady_clock::now();
     uv_poll_init(&loop_, &c->poll, fd);
     c->poll.data = c.get();
     conns_.emplace(c.get(), c);
+    pending_.emplace(c->id, c.get());
     ++clients_total_;
     update_poll(c.get());
     spdlog::debug("client {} connected: pid {} uid {}", c->id, cred.pid, cred.uid);
   }
+}
+
+// accept() found no fd left (EMFILE: this process's RLIMIT_NOFILE; ENFILE: the system's). The
+// connection stays in the backlog and the socket stays readable, so polling it again at once
+// would spin: stop polling for 100 ms. Warned at most every 10 s, with the count since.
+void Server::pause_accepting(int err) {
+  ++accept_failures_;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_accept_warning_ >= std::chrono::seconds(10)) {
+    spdlog::warn("accept: {} ({} times since the last warning); not accepting for 100 ms",
+                 std::strerror(err), accept_failures_);
+    last_accept_warning_ = now;
+    accept_failures_ = 0;
+  }
+  if (!timers_ || !listening_) return;
+  accept_paused_ = true;
+  uv_poll_stop(&listen_poll_);
+  uv_timer_start(&accept_pause_timer_, &Server::on_accept_pause, 100, 0);
+}
+
+void Server::on_accept_pause(uv_timer_t* h) {
+  auto* s = static_cast<Server*>(h->data);
+  s->accept_paused_ = false;
+  if (!s->listening_) return;
+  uv_poll_start(&s->listen_poll_, UV_READABLE, &Server::on_listen);
+  s->accept_all();
+}
+
+// Closes the connections that have not said hello within hello_timeout (oldest first: pending_
+// is in accept order).
+void Server::on_hello_timer(uv_timer_t* h) {
+  auto* s = static_cast<Server*>(h->data);
+  const auto now = std::chrono::steady_clock::now();
+  while (!s->pending_.empty()) {
+    Conn* c = s->pending_.begin()->second;
+    if (now - c->accepted < s->cfg_.hello_timeout) break;
+    spdlog::debug("client {} (pid {}) sent no hello in {} ms; closed", c->id, c->pid,
+                  s->cfg_.hello_timeout.count());
+    s->close_conn(c, "no hello in time");
+  }
+}
+
+// max_clients connections, max_pending_hello more before their hello, and a margin for the
+// daemon's own fds (listening socket, loop, logs, each shard's sockets and pipes) must fit
+// RLIMIT_NOFILE. The soft limit is raised up to the hard one if needed; past it, refuse.
+bool Server::check_fd_limit(std::string* err) {
+  const rlim_t margin = 64 + 8 * static_cast<rlim_t>(cfg_.host.shards);
+  const rlim_t need =
+      static_cast<rlim_t>(cfg_.max_clients) + static_cast<rlim_t>(cfg_.max_pending_hello) + margin;
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return true;
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need) {
+      *err = "RLIMIT_NOFILE is " + std::to_string(rl.rlim_cur) + " (hard " +
+             std::to_string(rl.rlim_max) + "), but max_clients " +
+             std::to_string(cfg_.max_clients) + " + max_pending_hello " +
+             std::to_string(cfg_.max_pending_hello) + " + " + std::to_string(margin) +
+             " for the daemon itself need " + std::to_string(need) +
+             " file descriptors: lower daemon.max_clients or raise the limit (LimitNOFILE=)";
+      return false;
+    }
+    const rlim_t old = rl.rlim_cur;
+    rl.rlim_cur = need;
+    if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+      *err = std::string("cannot raise RLIMIT_NOFILE to ") + std::to_string(need) + ": " +
+             std::strerror(errno);
+      return false;
+    }
+    spdlog::info("raised RLIMIT_NOFILE from {} to {} (max_clients + max_pending_hello + {})", old,
+                 need, margin);
+  }
+  return true;
 }
 
 void Server::update_poll(Conn* c) {
@@ -557,6 +777,7 @@ void Server::close_conn(Conn* c, const char* why) {
   c->closing = true;
   c->writer.close();
   spdlog::debug("client {} closed: {} ({} in flight dropped)", c->id, why, c->inflight.load());
+  pending_.erase(c->id);
   auto it = conns_.find(c);
   // The poll handle lives in the Conn: keep the Conn until libuv is done with it.
   auto* keep = new std::shared_ptr<Conn>(it->second);
@@ -597,6 +818,7 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
       return false;
     }
     c->hello = true;
+    pending_.erase(c->id);
     if (h->client_name()) c->name = h->client_name()->str().substr(0, 64);
     f.Clear();
     auto v = f.CreateString(OUTRUN_VERSION);
@@ -785,26 +1007,46 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
       const auto* ctl = frame->body_as_Control();
       Error e;
       std::string json;
-      switch (ctl->command()) {
-        case wire::ControlCommand::Stats:
-          json = stats_json(false);
-          break;
-        case wire::ControlCommand::Shards:
-          json = stats_json(true);
-          break;
-        case wire::ControlCommand::ListScripts:
-          json = scripts_json();
-          break;
-        case wire::ControlCommand::KillShard:
-          e = host_->kill_shard(ctl->shard());
-          if (!e) spdlog::info("client {} (pid {}): kill shard {}", c->id, c->pid, ctl->shard());
-          break;
-        case wire::ControlCommand::RestartShard:
-          e = host_->restart_shard(ctl->shard());
-          if (!e) spdlog::info("client {} (pid {}): restart shard {}", c->id, c->pid, ctl->shard());
-          break;
-        default:
-          e = Error{Status::invalid_argument, "unknown control command"};
+      const bool admin_command = ctl->command() == wire::ControlCommand::KillShard ||
+                                 ctl->command() == wire::ControlCommand::RestartShard;
+      if (admin_command && !c->admin) {
+        spdlog::warn("client {} (pid {} uid {}): {} refused: not an admin", c->id, c->pid, c->uid,
+                     wire::EnumNameControlCommand(ctl->command()));
+        e = Error{Status::invalid_argument,
+                  "permission denied: uid " + std::to_string(c->uid) +
+                      " may evaluate but not administer outrund (daemon.admin_uids, admin_gids)"};
+      } else
+        switch (ctl->command()) {
+          case wire::ControlCommand::Stats:
+            json = stats_json(false);
+            break;
+          case wire::ControlCommand::Shards:
+            json = stats_json(true);
+            break;
+          case wire::ControlCommand::ListScripts:
+            json = scripts_json();
+            break;
+          case wire::ControlCommand::KillShard:
+            e = host_->kill_shard(ctl->shard());
+            if (!e) spdlog::info("client {} (pid {}): kill shard {}", c->id, c->pid, ctl->shard());
+            break;
+          case wire::ControlCommand::RestartShard:
+            e = host_->restart_shard(ctl->shard());
+            if (!e)
+              spdlog::info("client {} (pid {}): restart shard {}", c->id, c->pid, ctl->shard());
+            break;
+          default:
+            e = Error{Status::invalid_argument, "unknown control command"};
+        }
+      // A document must fit one frame with room for the rest of the reply: ListScripts of
+      // millions of scripts (keys of up to 256 bytes, escaped) could pass kMaxFrameSize, and the
+      // client's reader would then drop the connection. Refused instead, the connection goes on.
+      if (constexpr std::size_t kMaxDocument = protocol::kMaxFrameSize - 4096;
+          json.size() > kMaxDocument) {
+        e = Error{Status::unavailable, "the document is " + std::to_string(json.size()) +
+                                           " bytes, more than a reply frame holds (" +
+                                           std::to_string(kMaxDocument) + ")"};
+        json.clear();
       }
       f.Clear();
       auto err = e ? f.CreateString(e.message) : flatbuffers::Offset<flatbuffers::String>();

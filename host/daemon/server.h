@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -87,8 +88,12 @@ class Server {
   static void on_async(uv_async_t* h);
   static void on_signal(uv_signal_t* h, int sig);
   static void on_drain_timer(uv_timer_t* h);
+  static void on_hello_timer(uv_timer_t* h);
+  static void on_accept_pause(uv_timer_t* h);
 
   bool open_socket(std::string* err);
+  bool check_fd_limit(std::string* err);
+  void pause_accepting(int err);
   void accept_all();
   void conn_event(Conn* c, int status, int events);
   void handle_frames(const std::shared_ptr<Conn>& c);
@@ -113,6 +118,14 @@ class Server {
   uv_async_t async_{};
   uv_signal_t sigterm_{}, sigint_{}, sighup_{};
   uv_timer_t drain_timer_{};
+  // Connections that have not said hello close after hello_timeout (hello_timer_); accept()
+  // failing with EMFILE/ENFILE stops the listening poll for a pause (accept_pause_timer_), so
+  // the loop does not spin on a socket that stays readable. Both exist once run() made them.
+  uv_timer_t hello_timer_{}, accept_pause_timer_{};
+  bool timers_ = false;
+  bool accept_paused_ = false;
+  std::chrono::steady_clock::time_point last_accept_warning_{};
+  uint64_t accept_failures_ = 0;  // EMFILE/ENFILE since the last warning
   int listen_fd_ = -1;
   bool listening_ = false;
   bool draining_ = false;
@@ -125,6 +138,7 @@ class Server {
 
   // Loop thread only.
   std::unordered_map<Conn*, std::shared_ptr<Conn>> conns_;
+  std::map<uint64_t, Conn*> pending_;  // connections before their hello, by id (accept order)
   uint64_t next_conn_id_ = 1;
   uint64_t clients_total_ = 0, clients_refused_ = 0, violations_ = 0;
   // Index = Host record id; grows on the loop thread only. Evaluations in flight share the

@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -278,6 +279,25 @@ Error Client::connect(const ClientOptions& options, std::unique_ptr<Client>* out
   if (::connect(impl->fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
     return Error{Status::unavailable,
                  "cannot connect to outrund at " + path + ": " + std::strerror(errno)};
+  // The socket is the owner's: whoever listens there must run as our uid or as root, else it
+  // may be a squatter waiting for our scripts and inputs. Checked before anything is sent.
+  {
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (::getsockopt(impl->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+      return Error{Status::unavailable,
+                   "cannot check who listens at " + path + ": " + std::strerror(errno)};
+    const auto& want = options.server_uids;
+    const bool trusted = want.empty() ? cred.uid == ::geteuid() || cred.uid == 0
+                                      : std::find(want.begin(), want.end(), cred.uid) != want.end();
+    if (!trusted)
+      return Error{Status::unavailable,
+                   "refusing the server at " + path + ": it runs as uid " +
+                       std::to_string(cred.uid) + " (pid " + std::to_string(cred.pid) + "), " +
+                       (want.empty() ? "neither ours (" + std::to_string(::geteuid()) + ") nor root"
+                                     : std::string("not one of ClientOptions::server_uids")) +
+                       "; nothing was sent"};
+  }
 
   // Hello, then wait for the daemon's (with a receive timeout, cleared afterwards).
   flatbuffers::FlatBufferBuilder f(256);

@@ -121,6 +121,32 @@ const std::string kMemory16 = "script exceeded its memory limit of 16777216 byte
 const std::string kTimeout = "script exceeded its timeout of 200 ms";
 const std::string kBinary = "attempt to load a binary chunk (mode is 't')";
 
+std::string replace_all(std::string s, std::string_view from, std::string_view to) {
+  for (std::size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
+  return s;
+}
+
+// Lua 5.4.4 bug 5.4.4-9's reproducer (lua.org/bugs.html), 12,000 coroutines deep; `coro` is the
+// last one.
+const std::string kCloseChain = R"(local coro = false
+for i = 1, 12000 do
+  local previous = coro
+  coro = coroutine.create(function()
+    local cc <close> = setmetatable({}, {__close = function()
+      if previous then assert(coroutine.close(previous)) end
+    end})
+    coroutine.yield()
+  end)
+  assert(coroutine.resume(coro))
+end
+)";
+
+// What Debian's 5.4.4 answers (the bitwise constants of 5.4.4-3 and utf8.codes of 5.4.4-8).
+const Value kBitwiseConstants =
+    Array{Value(3), Value(3), Value(2), Value(1), Value(4), Value(4), Value(-4)};
+const Value kUtf8CodesContinuation = Value(1);  // 5.4.6 raises "invalid UTF-8 code"
+
 std::vector<Case> corpus(const std::string& chunk) {
   constexpr auto M = Profile::small_memory;
   constexpr auto T = Profile::soft_timeout;
@@ -644,6 +670,70 @@ std::vector<Case> corpus(const std::string& chunk) {
       fails("to_error_loop", "while true do pcall(error, 'x') end", to, kTimeout, T),
       fails("to_load_reader", "return load(function() while true do end end)", to, kTimeout, T),
       fails("to_tail_recursion", "local function f() return f() end return f()", to, kTimeout, T),
+
+      // ---- Published Lua 5.4 bugs a script can reach on 5.4.4 (design/sandbox.md) --------
+      // 5.4.4-9, C-stack overflow with deep nesting of coroutine.close: a chain of coroutines,
+      // each with a to-be-closed variable whose __close closes the previous one, then the last
+      // one closed. Unguarded this segfaults the worker (and InProcess, the test process).
+      // (128 MiB: the 12,000 coroutines take about 12 MiB.)
+      fails("lua544_9_close_nesting", kCloseChain + "return assert(coroutine.close(coro))", rt,
+            "coroutine.close: too deeply nested", L),
+      // The same chain, with every refusal ignored: nothing crashes, the close just stops deep.
+      returns("lua544_9_close_nesting_ignored",
+              replace_all(kCloseChain, "assert(coroutine.close(previous))",
+                          "coroutine.close(previous)") +
+                  "return coroutine.close(coro)",
+              true, L),
+      // Each __close nests 90 pcalls (within LUAI_MAXCCALLS) before closing the previous one:
+      // bounded by the C stack the evaluation has used, well before the nesting count.
+      fails("lua544_9_close_nesting_pcall",
+            "local function deep(n, f) if n == 0 then return f() end\n"
+            "  local ok, e = pcall(deep, n - 1, f) if not ok then error(e, 0) end return e end\n" +
+                replace_all(kCloseChain, "assert(coroutine.close(previous))",
+                            "deep(90, function() assert(coroutine.close(previous)) end)") +
+                "return assert(coroutine.close(coro))",
+            rt, "coroutine.close: too deeply nested", L),
+      // coroutine.close keeps luaB_close's answers.
+      returns("lua544_9_close_answers",
+              "local co = coroutine.create(function() local x <close> = setmetatable({}, "
+              "{__close = function() error('in close', 0) end}) coroutine.yield() end)\n"
+              "coroutine.resume(co)\n"
+              "local ok, e = coroutine.close(co)\n"
+              "local r1, m1 = pcall(coroutine.close, coroutine.running())\n"
+              "local r2 = coroutine.close(coroutine.create(print))\n"
+              "local r3, m3 = pcall(coroutine.close, 1)\n"
+              "local m4 = select(2, coroutine.resume(coroutine.create(function(main)\n"
+              "  return select(2, pcall(coroutine.close, main)) end), coroutine.running()))\n"
+              "return {ok, e, r1, m1, r2, r3, m3, m4}",
+              Array{Value(false), Value("in close"), Value(false),
+                    Value("cannot close a running coroutine"), Value(true), Value(false),
+                    Value("bad argument #1 to 'close' (coroutine expected, got number)"),
+                    Value("cannot close a normal coroutine")}),
+      // 5.4.4-2 (CVE-2022-28805, heap over-read parsing _ENV <const>; Debian patched).
+      fails("lua544_2_env_const", "local _ENV <const> = 11\nreturn x.y", rt,
+            "@2: attempt to index"),
+      returns("lua544_2_env_const_table", "local _ENV <const> = {x = {y = 5}}\nreturn x.y", 5),
+      // 5.4.4-3, wrong code generation for constants in bitwise operations.
+      returns("lua544_3_bitwise_constants",
+              "local k <const> = 3.0\nlocal s <const> = 2\n"
+              "return {k | 1, 1 | k, k & 2, 2 ~ k, s << 1, 1 << s, ~k}",
+              kBitwiseConstants),
+      // 5.4.4-4 (CVE-2022-33099, Lua-stack overflow when the C stack overflows while handling an
+      // error; Debian patched): upstream's regression test.
+      returns("lua544_4_error_in_error",
+              "local function loop() assert(pcall(loop)) end\n"
+              "local ok, e = xpcall(loop, loop)\nreturn {ok, type(e)}",
+              Array{Value(false), Value("string")}),
+      // 5.4.4-8, utf8.codes does not raise on spurious continuation bytes: a wrong answer in
+      // 5.4.4, nothing worse.
+      returns("lua544_8_utf8_codes_continuation",
+              "local n = 0 for _ in utf8.codes('a\\x80') do n = n + 1 end return n",
+              kUtf8CodesContinuation),
+      // 5.4.6: read overflow in l_strcmp (strings with embedded zeros).
+      returns("lua546_strcmp_embedded_zero",
+              "return {'a\\0b' < 'a\\0c', 'a\\0' < 'a', 'a' < 'a\\0', ('\\0'):rep(1000) < "
+              "('\\0'):rep(1001)}",
+              Array{Value(true), Value(false), Value(true), Value(true)}),
   };
 }
 

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "outrun/runner.h"
 
@@ -18,6 +19,10 @@ struct ClientOptions {
   std::string name = "outrun::Client";
   // How long connect() waits for the daemon's hello, and register/control calls for their reply.
   std::chrono::milliseconds reply_timeout{10000};
+  // Who may be listening on `socket`: connect() checks the server's SO_PEERCRED uid before it
+  // sends anything and fails `unavailable` for any other. Empty: this process's uid and root.
+  // (A daemon run under a dedicated service user needs that user's uid here.)
+  std::vector<uint32_t> server_uids;
 };
 
 class Client final : public Runner {

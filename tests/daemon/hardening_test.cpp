@@ -1,0 +1,353 @@
+// outrund and outrun::Client against a hostile local user: a squatted socket directory, a fake
+// listener, administration by a uid that may only evaluate, connections that never say hello,
+// and a daemon out of file descriptors (design/daemon.md, "Hardening").
+#include <dirent.h>
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daemon_support.h"
+#include "outrun/client.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using namespace outrun::test;
+
+constexpr uid_t kNobody = 65534;
+
+int raw_connect(const std::string& path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// A config file with `daemon_keys` under [daemon]; removed with the object.
+struct ConfigFile {
+  std::string path;
+  explicit ConfigFile(const std::string& daemon_keys) {
+    char tmpl[] = "/tmp/outrund-conf-XXXXXX";
+    const int fd = mkstemp(tmpl);
+    REQUIRE(fd >= 0);
+    close(fd);
+    path = tmpl;
+    std::ofstream(path) << "[daemon]\n" << daemon_keys << "\n";
+  }
+  ~ConfigFile() { std::remove(path.c_str()); }
+};
+
+// outrund on `socket`, expected to refuse to start: its exit code and what it logged.
+std::pair<int, std::string> start_refused(const std::string& socket) {
+  return run_command(std::string(OUTRUN_TEST_DAEMON) + " --socket " + socket + " --worker " +
+                     OUTRUN_TEST_WORKER + " --shards 1 2>&1");
+}
+
+// user + system CPU time of a process, in clock ticks (/proc/PID/stat fields 14 and 15).
+long cpu_ticks(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(in, line);
+  std::istringstream is(line.substr(line.rfind(')') + 2));
+  std::string field;
+  long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && is >> field; ++i) {
+    if (i == 14) utime = std::stol(field);
+    if (i == 15) stime = std::stol(field);
+  }
+  return utime + stime;
+}
+
+std::size_t fd_count(int pid) {
+  std::size_t n = 0;
+  if (DIR* d = opendir(("/proc/" + std::to_string(pid) + "/fd").c_str())) {
+    while (dirent* e = readdir(d))
+      if (e->d_name[0] != '.') ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("outrund: a socket directory another user can write to or owns is refused") {
+  const std::string base = temp_dir();
+  const std::string dir = base + "/squat";
+  SUBCASE("world-writable") {
+    REQUIRE(mkdir(dir.c_str(), 0700) == 0);
+    REQUIRE(chmod(dir.c_str(), 0777) == 0);
+    auto [code, out] = start_refused(dir + "/outrund.sock");
+    CHECK(code != 0);
+    CHECK(out.find("refusing to start: the socket directory " + dir) != std::string::npos);
+    CHECK(out.find("writable by its group or by others (mode 0777)") != std::string::npos);
+  }
+  SUBCASE("owned by another uid") {
+    REQUIRE(mkdir(dir.c_str(), 0755) == 0);
+    if (geteuid() != 0 || chown(dir.c_str(), kNobody, kNobody) != 0) {
+      MESSAGE("not root: cannot give a directory to nobody; skipped");
+    } else {
+      auto [code, out] = start_refused(dir + "/outrund.sock");
+      CHECK(code != 0);
+      CHECK(out.find("the socket directory " + dir + " is owned by uid 65534") !=
+            std::string::npos);
+    }
+  }
+  SUBCASE("a symbolic link") {
+    const std::string real = base + "/real";
+    REQUIRE(mkdir(real.c_str(), 0700) == 0);
+    REQUIRE(symlink(real.c_str(), dir.c_str()) == 0);
+    auto [code, out] = start_refused(dir + "/outrund.sock");
+    CHECK(code != 0);
+    CHECK(out.find("the socket directory " + dir + " is a symbolic link") != std::string::npos);
+    rmdir(real.c_str());
+  }
+  unlink(dir.c_str());
+  rmdir(dir.c_str());
+  rmdir(base.c_str());
+}
+
+TEST_CASE("outrun::Client refuses a listener of another uid before it sends anything") {
+  if (geteuid() != 0) {
+    MESSAGE("not root: cannot run a listener as another uid; skipped");
+    return;
+  }
+  const std::string dir = temp_dir();
+  REQUIRE(chmod(dir.c_str(), 0777) == 0);
+  const std::string path = dir + "/outrund.sock";
+  int ready[2], report[2];
+  REQUIRE(pipe(ready) == 0);
+  REQUIRE(pipe(report) == 0);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    // The fake daemon: nobody, listening where the client looks; reports how many bytes it got.
+    if (setgid(kNobody) != 0 || setuid(kNobody) != 0) _exit(1);
+    const int l = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+    if (bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(l, 4) != 0) _exit(2);
+    (void)!write(ready[1], "L", 1);
+    const int c = accept(l, nullptr, nullptr);
+    long total = 0;
+    pollfd p{c, POLLIN, 0};
+    while (poll(&p, 1, 1500) > 0) {
+      char buf[4096];
+      const ssize_t n = read(c, buf, sizeof buf);
+      if (n <= 0) break;
+      total += n;
+    }
+    (void)!write(report[1], &total, sizeof total);
+    _exit(0);
+  }
+  char b;
+  REQUIRE(read(ready[0], &b, 1) == 1);
+  outrun::ClientOptions o;
+  o.socket = path;
+  std::unique_ptr<outrun::Client> c;
+  const outrun::Error e = outrun::Client::connect(o, &c);
+  CHECK(e.status == outrun::Status::unavailable);
+  CHECK(e.message.find("runs as uid 65534") != std::string::npos);
+  CHECK(e.message.find("nothing was sent") != std::string::npos);
+  CHECK(!c);
+  long got = -1;
+  REQUIRE(read(report[0], &got, sizeof got) == sizeof got);
+  CHECK(got == 0);  // not even the hello
+  int st = 0;
+  waitpid(pid, &st, 0);
+  CHECK(WIFEXITED(st));
+  for (int fd : {ready[0], ready[1], report[0], report[1]}) close(fd);
+  std::remove(path.c_str());
+  rmdir(dir.c_str());
+}
+
+TEST_CASE(
+    "outrund: KillShard and RestartShard need an admin uid and evaluation access stays separate") {
+  ConfigFile conf("admin_uids = [4242]");
+  Daemon d({"--config", conf.path});
+  auto c = d.client();
+  outrun::Error e = c->kill_shard(0);
+  CHECK(e.status == outrun::Status::invalid_argument);
+  CHECK(e.message.find("permission denied") != std::string::npos);
+  CHECK(e.message.find("admin_uids") != std::string::npos);
+  e = c->restart_shard(1);
+  CHECK(e.status == outrun::Status::invalid_argument);
+  // Evaluation and reading the stats are still allowed, and no shard was touched.
+  outrun::Script s;
+  REQUIRE(!c->register_script("k", "return 6 * 7", &s));
+  CHECK(c->evaluate(s, {}).get().value == outrun::Value(int64_t{42}));
+  const auto st = d.stats();
+  for (const auto& sh : st["shards"]) CHECK(sh["starts"].get<int>() == 1);
+  CHECK(d.stop() == 0);
+}
+
+TEST_CASE("outrund: socket_group owns the socket and supplementary groups count for allowed_gids") {
+  if (geteuid() != 0) {
+    MESSAGE("not root; skipped");
+    return;
+  }
+  ConfigFile conf("socket_group = \"4242\"\nallowed_uids = [0]\nallowed_gids = [4242]");
+  Daemon d({"--config", conf.path});
+  struct stat st;
+  REQUIRE(stat(d.socket.c_str(), &st) == 0);
+  CHECK(st.st_gid == 4242u);
+  CHECK((st.st_mode & 0777) == 0660);
+  REQUIRE(chmod(d.dir.c_str(), 0711) == 0);  // nobody may reach the socket, not list the dir
+  // nobody, primary group 4243, supplementary 4242: let in by its supplementary group only.
+  auto as_nobody = [&](gid_t supplementary) {
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      const gid_t groups[] = {supplementary};
+      if (setgroups(1, groups) != 0 || setgid(4243) != 0 || setuid(kNobody) != 0) _exit(90);
+      const int null = open("/dev/null", O_WRONLY);
+      dup2(null, 1);
+      dup2(null, 2);
+      execl(OUTRUN_TEST_CLI, OUTRUN_TEST_CLI, "--socket", d.socket.c_str(), "stats", nullptr);
+      _exit(91);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  CHECK(as_nobody(4242) == 0);
+  CHECK(as_nobody(4244) != 0);  // cannot even open the socket (mode 0660, group 4242)
+  CHECK(d.stop() == 0);
+}
+
+TEST_CASE("outrund: 300 connections that never say hello do not keep an honest client out") {
+  ConfigFile conf("hello_timeout_ms = 300\nmax_pending_hello = 64");
+  Daemon d({"--config", conf.path});
+  std::vector<int> idle;
+  for (int i = 0; i < 300; ++i) {
+    const int fd = raw_connect(d.socket);
+    if (fd >= 0) idle.push_back(fd);
+  }
+  CHECK(idle.size() >= 128);  // the backlog alone holds 128
+  // At once, with all of them still open on this side.
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    auto c = d.client();
+    outrun::Script s;
+    REQUIRE(!c->register_script("honest", "return 1", &s));
+    CHECK(c->evaluate(s, {}).get().status == outrun::Status::ok);
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  // Every idle connection is closed by the daemon (evicted or timed out), none stays.
+  int closed = 0;
+  for (int fd : idle) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 3000) > 0) {
+      char b;
+      if (read(fd, &b, 1) <= 0) ++closed;
+    }
+    close(fd);
+  }
+  CHECK(closed == static_cast<int>(idle.size()));
+  const auto st = d.stats();
+  CHECK(st["clients"].get<int>() == 1);  // the stats client
+  CHECK(d.stop() == 0);
+}
+
+TEST_CASE("outrund: out of file descriptors (EMFILE) it does not spin, and serves again after") {
+  ConfigFile conf("hello_timeout_ms = 5000");
+  Daemon d({"--config", conf.path});
+  const std::size_t fds = fd_count(d.pid);
+  REQUIRE(fds > 5);
+  const rlimit tiny{fds + 4, fds + 4};
+  REQUIRE(prlimit(d.pid, RLIMIT_NOFILE, &tiny, nullptr) == 0);
+  std::vector<int> conns;
+  for (int i = 0; i < 60; ++i) {
+    const int fd = raw_connect(d.socket);
+    if (fd >= 0) conns.push_back(fd);
+  }
+  std::this_thread::sleep_for(200ms);  // the daemon meets EMFILE
+  const long before = cpu_ticks(d.pid);
+  std::this_thread::sleep_for(1s);
+  const long used = cpu_ticks(d.pid) - before;
+  MESSAGE("daemon CPU over 1 s with accept() failing EMFILE: " << used << " ticks of "
+                                                               << sysconf(_SC_CLK_TCK));
+  CHECK(used < sysconf(_SC_CLK_TCK) / 5);  // under 20% of a core (a spinning loop takes 100%)
+  for (int fd : conns) close(fd);
+  // Serving again once the connections are gone.
+  bool served = false;
+  for (int i = 0; i < 100 && !served; ++i) {
+    outrun::ClientOptions o;
+    o.socket = d.socket;
+    o.reply_timeout = 2000ms;
+    std::unique_ptr<outrun::Client> c;
+    if (!outrun::Client::connect(o, &c)) {
+      outrun::Script s;
+      served = !c->register_script("after", "return 2", &s) &&
+               c->evaluate(s, {}).get().status == outrun::Status::ok;
+    }
+    if (!served) std::this_thread::sleep_for(50ms);
+  }
+  CHECK(served);
+  CHECK(d.stop() == 0);
+}
+
+TEST_CASE(
+    "outrund: max_clients that cannot fit RLIMIT_NOFILE is refused at start and a low soft limit "
+    "is raised") {
+  const std::string dir = temp_dir();
+  const std::string base = std::string(OUTRUN_TEST_DAEMON) + " --socket " + dir +
+                           "/outrund.sock --worker " + OUTRUN_TEST_WORKER + " --shards 1";
+  // 256 clients + 64 pending + 72 of margin cannot fit a hard limit of 200.
+  auto [code, out] = run_command("prlimit --nofile=200:200 " + base + " 2>&1");
+  CHECK(code == 1);
+  CHECK(out.find("RLIMIT_NOFILE is 200 (hard 200)") != std::string::npos);
+  CHECK(out.find("lower daemon.max_clients") != std::string::npos);
+  // A soft limit below what is needed, a hard one above: raised, and the daemon starts (it gets
+  // as far as listening; SIGTERM ends it, exit 0).
+  const std::string cmd = "prlimit --nofile=200:4096 " + base +
+                          " --log-level info 2>&1 & pid=$!; "
+                          "for i in $(seq 100); do [ -S " +
+                          dir +
+                          "/outrund.sock ] && break; "
+                          "sleep 0.05; done; kill -TERM $pid; wait $pid";
+  auto [code2, out2] = run_command(cmd);
+  CHECK(code2 == 0);
+  CHECK(out2.find("raised RLIMIT_NOFILE from 200 to 392") != std::string::npos);
+  std::remove((dir + "/outrund.sock").c_str());
+  rmdir(dir.c_str());
+}
+
+TEST_CASE("outrun::Client server_uids names who may listen, replacing our uid and root") {
+  Daemon d;
+  outrun::ClientOptions o;
+  o.socket = d.socket;
+  o.server_uids = {4242};  // the daemon runs as us (root in CI): now not trusted
+  std::unique_ptr<outrun::Client> c;
+  outrun::Error e = outrun::Client::connect(o, &c);
+  CHECK(e.status == outrun::Status::unavailable);
+  CHECK(e.message.find("not one of ClientOptions::server_uids") != std::string::npos);
+  o.server_uids = {4242, static_cast<uint32_t>(geteuid())};
+  e = outrun::Client::connect(o, &c);
+  CHECK(!e);
+  CHECK(c);
+  c.reset();
+  CHECK(d.stop() == 0);
+}
