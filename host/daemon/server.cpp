@@ -951,9 +951,11 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
         const int st = static_cast<int>(r.status);
         ctr->by_status[st].fetch_add(1, std::memory_order_relaxed);
         entry->by_status[st].fetch_add(1, std::memory_order_relaxed);
-        send_result(*c, id, r);
+        // Released before the result is written: a client that sends its next evaluation as soon
+        // as this one's result arrives is never counted over its limit (and answered busy).
         c->inflight.fetch_sub(1, std::memory_order_relaxed);
         ctr->inflight.fetch_sub(1, std::memory_order_relaxed);
+        send_result(*c, id, r);
       };
       if (batch.size() == 1) {
         std::shared_ptr<ScriptEntry> entry = scripts_[batch[0].script.record()->id];

@@ -507,7 +507,7 @@ TEST_CASE("outrund: a frame whose inputs use one subtree thousands of times is r
   CHECK(d.stop() == 0);
 }
 
-TEST_CASE("outrund: unregister through outrun::Client and outrun unregister; memory comes back") {
+TEST_CASE("outrund: unregister through outrun::Client and outrun unregister, memory comes back") {
   Daemon d;
   auto c = d.client();
   auto other = d.client();

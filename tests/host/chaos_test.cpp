@@ -80,7 +80,7 @@ bool signal_worker(int pid, int sig) {
 }  // namespace
 
 TEST_CASE(
-    "Chaos: random kills, stops and runaways under load; every evaluation ends exactly once, "
+    "Chaos: random kills, stops and runaways under load, every evaluation ends exactly once, "
     "consistently") {
   HostOptions o;
   o.worker_path = OUTRUN_TEST_WORKER;

@@ -329,7 +329,7 @@ TEST_CASE("Host: create fails clearly for a missing worker or bad options") {
   CHECK(test::child_pids().empty());
 }
 
-TEST_CASE("Host: registered scripts hold at most max_script_bytes; past it, unavailable") {
+TEST_CASE("Host: registered scripts hold at most max_script_bytes, past it, unavailable") {
   HostOptions o;
   o.shards = 1;
   o.worker_path = OUTRUN_TEST_WORKER;

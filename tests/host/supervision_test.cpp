@@ -196,7 +196,7 @@ TEST_CASE("Supervision: slow evaluations queued behind each other never get thei
 }
 
 TEST_CASE(
-    "Supervision: a stopped (SIGSTOP) worker is killed for silence; its evaluations are retried") {
+    "Supervision: a stopped (SIGSTOP) worker is killed for silence, its evaluations are retried") {
   auto o = base_options();
   o.heartbeat_interval = 50ms;
   o.silence_limit = 400ms;
@@ -310,7 +310,7 @@ TEST_CASE("Supervision: a caller that awaits and resubmits is never refused by i
 }
 
 TEST_CASE(
-    "Supervision: single flight refuses a second evaluation of a key; coalesce-latest replaces") {
+    "Supervision: single flight refuses a second evaluation of a key, coalesce-latest replaces") {
   // Generous T: the point is the flight, not the clock (CPU-time loops stretch on a busy machine).
   {
     auto o = base_options();

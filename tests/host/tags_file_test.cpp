@@ -124,7 +124,7 @@ TEST_CASE("tags updates: one wave per line") {
   }
 }
 
-TEST_CASE("outrun tags run: deterministic over workers and in-process; errors with line numbers") {
+TEST_CASE("outrun tags run: deterministic over workers and in-process, errors with line numbers") {
   const std::string root = OUTRUN_TEST_SOURCE_DIR;
   const std::string args = "tags run -f " + root + "/examples/tags/tank.toml --updates " + root +
                            "/examples/tags/updates.jsonl --json";

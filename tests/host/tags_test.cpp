@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "host/host_support.h"
+#include "test_support.h"
 #include "outrun/in_process.h"
 #include "outrun/tags.h"
 
@@ -395,7 +396,7 @@ TEST_CASE("tags: deadbands (absolute and percent) and listed trigger inputs") {
   CHECK(num(rig.read("Listed").value) == doctest::Approx(100.0));
 }
 
-TEST_CASE("tags: only a real change notifies; a periodic tag with steady inputs is quiet") {
+TEST_CASE("tags: only a real change notifies, a periodic tag with steady inputs is quiet") {
   FOR_EACH_RUNNER(kind);
   Rig rig(kind);  // manual clock: advance_clock drives periodic tags
   auto per = tag("Per", "return inputs.X * 2", {"X"});
@@ -430,7 +431,7 @@ TEST_CASE("tags: only a real change notifies; a periodic tag with steady inputs 
   CHECK(num(rig.read("Per").value) == 4);
 }
 
-TEST_CASE("tags: on-read tags evaluate when older than max_age; manual tags on trigger") {
+TEST_CASE("tags: on-read tags evaluate when older than max_age, manual tags on trigger") {
   FOR_EACH_RUNNER(kind);
   Rig rig(kind);
   auto onread = tag("OnRead", "state.n = (state.n or 0) + 1 return state.n", {"X"});
@@ -528,7 +529,7 @@ TEST_CASE("tags: a diamond is glitch-free: each wave evaluates each tag once, ne
   CHECK(order[2] == "D");
 }
 
-TEST_CASE("tags: hot reload compiles first; a broken script keeps the old definition; state carries over") {
+TEST_CASE("tags: hot reload compiles first, a broken script keeps the old definition, state carries over") {
   FOR_EACH_RUNNER(kind);
   Rig rig(kind);
   rig.define(tag("Count", "state.n = (state.n or 0) + 1 return state.n", {"X"}));
@@ -610,7 +611,7 @@ TEST_CASE("tags: a worker down past last_usable shows BadResourceUnavailable") {
   CHECK(rig.changes.of("Slow").back().value.status == Good);
 }
 
-TEST_CASE("tags: keep_state survives a worker kill; without it, state starts again") {
+TEST_CASE("tags: keep_state survives a worker kill, without it, state starts again") {
   HostOptions ho;
   ho.shards = 1;
   Rig rig(Kind::host, ho);
@@ -653,7 +654,7 @@ TEST_CASE("tags: the script sees prev, now, status and source_time") {
   CHECK(num(rig.read("Now").value) == doctest::Approx(5.0));
 }
 
-TEST_CASE("tags: virtual tags feed virtual tags; removal and redefinition of inputs") {
+TEST_CASE("tags: virtual tags feed virtual tags, removal and redefinition of inputs") {
   FOR_EACH_RUNNER(kind);
   Rig rig(kind);
   rig.define(tag("C", "return inputs.F * 9 / 5 + 32", {"F"}));  // F: a source for now
@@ -694,6 +695,67 @@ TEST_CASE("tags: bad definitions are clear errors") {
   expect(per, "period");
   CHECK(rig.engine->define(tag("A", "return (", {})).status == Status::compile_error);
   CHECK(rig.engine->ids().empty());
+}
+
+}  // namespace outrun::test
+
+namespace outrun::test {
+
+TEST_CASE("tags: 10,000 define/remove cycles give back the registry and the workers' scripts") {
+  FOR_EACH_RUNNER(kind);
+  Rig rig(kind);
+  rig.define(tag("Keep", "return inputs.X", {"X"}));
+  rig.update({src("X", Value(1))}, at(1));
+  auto stats = [&] { return rig.host ? rig.host->registry_stats() : rig.inproc->registry_stats(); };
+  auto worker_scripts = [&] {
+    uint64_t n = 0;
+    if (rig.host)
+      for (int i = 0; i < rig.host->shards(); ++i) n += rig.host->shard_stats(i).worker_scripts;
+    return n;
+  };
+  const RegistryStats before = stats();
+  const uint64_t workers_before = worker_scripts();
+  const int cycles = kSanitized ? 2000 : 10000;
+  for (int i = 0; i < cycles; ++i) {
+    const std::string id = "T" + std::to_string(i % 7);
+    // A new source each time (a new script), evaluated once, then removed.
+    Error err = rig.engine->define(tag(id, "return inputs.X + " + std::to_string(i), {"X"}));
+    REQUIRE_MESSAGE(!err, err.message);
+    if (i % 500 == 0) {
+      REQUIRE(rig.engine->wait_idle());
+      CHECK(num(rig.read(id).value) == 1 + i);
+    }
+    err = rig.engine->remove(id);
+    REQUIRE_MESSAGE(!err, err.message);
+  }
+  REQUIRE(rig.engine->wait_idle());
+  const RegistryStats after = stats();
+  CHECK(after.scripts == before.scripts);
+  CHECK(after.bytes == before.bytes);
+  if (rig.host) {
+    uint64_t w = worker_scripts();
+    for (int i = 0; i < 2000 && w != workers_before; ++i) {  // the status page follows the Forget frames
+      std::this_thread::sleep_for(10ms);
+      w = worker_scripts();
+    }
+    CHECK(w == workers_before);
+  }
+  CHECK(rig.engine->ids() == std::vector<std::string>{"Keep"});
+}
+
+TEST_CASE("tags: redefining a tag 1,000 times keeps one script") {
+  Rig rig(Kind::host);
+  rig.define(tag("R", "return 0", {"X"}));
+  const RegistryStats one = rig.host->registry_stats();
+  for (int i = 1; i <= 1000; ++i) {
+    Error err = rig.engine->define(tag("R", "return inputs.X + " + std::to_string(i), {"X"}));
+    REQUIRE_MESSAGE(!err, err.message);
+  }
+  rig.update({src("X", Value(1))}, at(1));
+  CHECK(num(rig.read("R").value) == 1001);
+  const RegistryStats after = rig.host->registry_stats();
+  CHECK(after.scripts == one.scripts);
+  CHECK(after.bytes < one.bytes + 256);  // the new source is a few bytes longer
 }
 
 }  // namespace outrun::test

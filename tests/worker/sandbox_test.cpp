@@ -326,7 +326,7 @@ TEST_CASE("sandbox values: string results are String when UTF-8 and Bytes otherw
 }
 
 TEST_CASE(
-    "sandbox values: Bytes and String inputs are both Lua strings; the result kind follows the "
+    "sandbox values: Bytes and String inputs are both Lua strings, the result kind follows the "
     "content") {
   // Documented behaviour: the Bytes/String distinction is not kept through a script, since Lua
   // has one string type. Valid UTF-8 bytes come back as String, invalid UTF-8 "strings" as Bytes.
