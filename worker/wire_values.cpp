@@ -16,6 +16,10 @@ bool push_value(lua_State* L, const wire::Value* v, int depth) {
     return true;
   }
   switch (v->kind()) {
+    // Tag-value kinds: the host lowers them to Lua's kinds before a frame reaches a worker.
+    case wire::ValueKind::UInt:
+    case wire::ValueKind::Float:
+    case wire::ValueKind::DateTime: return false;
     case wire::ValueKind::Nil: lua_pushnil(L); return true;
     case wire::ValueKind::Boolean: lua_pushboolean(L, v->bool_value()); return true;
     case wire::ValueKind::Int: lua_pushinteger(L, v->int_value()); return true;

@@ -50,13 +50,25 @@ bool fits(std::size_t* budget, std::size_t n) {
 
 // Each value costs 16 bytes of `budget` plus its string, bytes or map keys, counted per
 // reference (a subtree the frame shares is paid for each time it is used), as Budget does.
-bool decode(const wire::Value* in, Value* out, int depth, std::size_t* budget) {
+bool decode(const wire::Value* in, Value* out, int depth, std::size_t* budget, bool typed = false) {
   if (!charge(budget, 16)) return false;
   if (in == nullptr) {
     out->v = Nil{};
     return true;
   }
   switch (in->kind()) {
+    case wire::ValueKind::UInt:
+      if (!typed) return false;
+      out->v = static_cast<uint64_t>(in->uint_value());
+      return true;
+    case wire::ValueKind::Float:
+      if (!typed) return false;
+      out->v = static_cast<float>(in->double_value());
+      return true;
+    case wire::ValueKind::DateTime:
+      if (!typed) return false;
+      out->v = DateTime{in->int_value()};
+      return true;
     case wire::ValueKind::Nil: out->v = Nil{}; return true;
     case wire::ValueKind::Boolean: out->v = in->bool_value(); return true;
     case wire::ValueKind::Int: out->v = static_cast<int64_t>(in->int_value()); return true;
@@ -80,7 +92,7 @@ bool decode(const wire::Value* in, Value* out, int depth, std::size_t* budget) {
         if (!fits(budget, std::size_t{16} * items->size())) return false;
         a.resize(items->size());
         for (flatbuffers::uoffset_t i = 0; i < items->size(); ++i)
-          if (!decode(items->Get(i), &a[i], depth + 1, budget)) return false;
+          if (!decode(items->Get(i), &a[i], depth + 1, budget, typed)) return false;
       }
       out->v = std::move(a);
       return true;
@@ -96,7 +108,7 @@ bool decode(const wire::Value* in, Value* out, int depth, std::size_t* budget) {
       for (flatbuffers::uoffset_t i = 0; i < n; ++i) {
         if (!charge(budget, keys->Get(i)->size())) return false;
         m[i].key = keys->Get(i)->str();
-        if (!decode(items->Get(i), &m[i].value, depth + 1, budget)) return false;
+        if (!decode(items->Get(i), &m[i].value, depth + 1, budget, typed)) return false;
       }
       out->v = std::move(m);
       return true;
@@ -175,6 +187,57 @@ bool encode_inputs(flatbuffers::FlatBufferBuilder& fbb, const Inputs& inputs, In
 }
 
 bool decode_value(const wire::Value* in, Value* out) { return decode(in, out, 0, nullptr); }
+
+bool decode_tag_value(const wire::Value* in, Value* out, std::size_t* budget) {
+  return decode(in, out, 0, budget, true);
+}
+
+flatbuffers::Offset<wire::Value> encode_tag_value(flatbuffers::FlatBufferBuilder& f, const Value& v) {
+  if (auto* u = std::get_if<uint64_t>(&v.v)) {
+    wire::ValueBuilder b(f);
+    b.add_kind(wire::ValueKind::UInt);
+    b.add_uint_value(*u);
+    return b.Finish();
+  }
+  if (auto* x = std::get_if<float>(&v.v)) {
+    wire::ValueBuilder b(f);
+    b.add_kind(wire::ValueKind::Float);
+    b.add_double_value(static_cast<double>(*x));
+    return b.Finish();
+  }
+  if (auto* t = std::get_if<DateTime>(&v.v)) {
+    wire::ValueBuilder b(f);
+    b.add_kind(wire::ValueKind::DateTime);
+    b.add_int_value(t->ticks);
+    return b.Finish();
+  }
+  if (auto* a = std::get_if<Array>(&v.v)) {
+    std::vector<flatbuffers::Offset<wire::Value>> items;
+    items.reserve(a->size());
+    for (const auto& x : *a) items.push_back(encode_tag_value(f, x));
+    auto vec = f.CreateVector(items);
+    wire::ValueBuilder b(f);
+    b.add_kind(wire::ValueKind::Array);
+    b.add_items(vec);
+    return b.Finish();
+  }
+  if (auto* m = std::get_if<Map>(&v.v)) {
+    std::vector<flatbuffers::Offset<wire::Value>> items;
+    std::vector<flatbuffers::Offset<flatbuffers::String>> keys;
+    for (const auto& e : *m) {
+      keys.push_back(f.CreateString(e.key));
+      items.push_back(encode_tag_value(f, e.value));
+    }
+    auto kv = f.CreateVector(keys);
+    auto iv = f.CreateVector(items);
+    wire::ValueBuilder b(f);
+    b.add_kind(wire::ValueKind::Map);
+    b.add_items(iv);
+    b.add_keys(kv);
+    return b.Finish();
+  }
+  return encode_value(f, v);
+}
 
 bool decode_value(const wire::Value* in, Value* out, std::size_t* budget) {
   return decode(in, out, 0, budget);

@@ -31,4 +31,9 @@ bool decode_value(const wire::Value* in, Value* out);
 // otherwise stand for millions of values.
 bool decode_value(const wire::Value* in, Value* out, std::size_t* budget);
 
+// Tag values (DataValue.value on client frames): the same, plus the kinds UInt, Float and
+// DateTime, which encode_value lowers to Lua's kinds and decode_value refuses.
+flatbuffers::Offset<wire::Value> encode_tag_value(flatbuffers::FlatBufferBuilder& fbb, const Value& v);
+bool decode_tag_value(const wire::Value* in, Value* out, std::size_t* budget);
+
 }  // namespace outrun::detail

@@ -25,6 +25,10 @@ inline bool host_accepts(const wire::Value* v, int depth = 0) {
     case wire::ValueKind::String:
     case wire::ValueKind::Bytes:
       return true;
+    case wire::ValueKind::UInt:  // tag-value kinds: never in a worker's result
+    case wire::ValueKind::Float:
+    case wire::ValueKind::DateTime:
+      return false;
     case wire::ValueKind::Array:
     case wire::ValueKind::Map: {
       if (depth >= kMaxValueDepth) return false;
