@@ -320,7 +320,7 @@ TEST_CASE("tags: errors map to StatusCodes, with diagnostics") {
   Rig rig(kind, ho);
   rig.define(tag("Err", "error('boom')", {"X"}));
   rig.define(tag("Loop", "if inputs.X > 1 then while true do end end return 1", {"X"}));
-  rig.define(tag("Mem", "local t = {} for i = 1, 1e8 do t[i] = i end return 1", {"X"}));
+  rig.define(tag("Mem", "local s = string.rep(\"x\", 8 << 20) return #s", {"X"}));
   rig.update({src("X", Value(2))}, at(1));
   auto e = rig.read("Err");
   CHECK(e.status == tags::codes::BadInternalError);
