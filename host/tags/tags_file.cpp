@@ -357,7 +357,7 @@ bool parse_wave(std::string_view line, Wave* out, std::string* error) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for 1e999
     *error = std::string("not JSON: ") + e.what();
     return false;
   }
