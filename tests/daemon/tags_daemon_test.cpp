@@ -256,7 +256,7 @@ TEST_CASE("outrund tags: --tags FILE at start, SIGHUP reloads it, a broken file 
     logged = read_all(log).find("the running tags are kept") != std::string::npos;
   }
   REQUIRE(logged);
-  CHECK(read_all(log).find("tags.toml: 3:") != std::string::npos);
+  CHECK(read_all(log).find("tags.toml:3:") != std::string::npos);
   REQUIRE(!c->update_sources({good("a", outrun::Value(11.0))}));
   CHECK(wait_f(33.0f));
   CHECK(d.stop() == 0);
