@@ -1,0 +1,47 @@
+#!/usr/bin/env node
+// outrun OPC UA server (README.md "OPC UA server"). Usage:
+//   node server.mjs [--port 4840] [--socket PATH] [--tags FILE] [--config OUTRUND_TOML] [--simulate]
+// Without --socket it starts its own outrund (killed on exit). Prints one line when ready.
+import { parseArgs } from 'node:util';
+import { startServer } from './lib.mjs';
+
+const { values } = parseArgs({
+  options: {
+    port: { type: 'string', default: '4840' },
+    socket: { type: 'string' },
+    tags: { type: 'string' },
+    config: { type: 'string' },
+    outrund: { type: 'string' },
+    simulate: { type: 'boolean', default: false },
+  },
+});
+
+let state;
+let stopping = false;
+async function stop(code) {
+  if (stopping) return;
+  stopping = true;
+  try {
+    if (state) await state.stop();
+  } finally {
+    process.exit(code);
+  }
+}
+process.on('SIGTERM', () => stop(0));
+process.on('SIGINT', () => stop(0));
+
+try {
+  state = await startServer({
+    port: Number(values.port),
+    socket: values.socket,
+    tags: values.tags,
+    config: values.config,
+    outrund: values.outrund,
+    simulate: values.simulate,
+  });
+  if (stopping) await state.stop();
+  else process.stdout.write(`outrun OPC UA server ready: ${state.endpoint}\n`);
+} catch (e) {
+  process.stderr.write(`opcua-server: ${e && e.stack ? e.stack : e}\n`);
+  await stop(1);
+}
