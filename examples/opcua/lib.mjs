@@ -338,6 +338,7 @@ export async function startServer(opts = {}) {
     const endpoint = server.getEndpointUrl ? server.getEndpointUrl() : server.endpoints[0].endpointDescriptions()[0].endpointUrl;
     state.endpoint = endpoint.replace(/opc\.tcp:\/\/[^:/]+/, 'opc.tcp://localhost');
     state.sourceIds = sourceIds;
+    state.socket = socket;
 
     /** The write path of a source (OPC UA writes, simulation, benchmark driver). */
     state.writeSource = (id, value, status = 0, sourceTime = new Date()) => writeSource(state, id, value, status, sourceTime);

@@ -40,7 +40,10 @@ try {
     simulate: values.simulate,
   });
   if (stopping) await state.stop();
-  else process.stdout.write(`outrun OPC UA server ready: ${state.endpoint}\n`);
+  else {
+    process.stderr.write(`opcua-server: outrund socket ${state.socket}${state.daemon ? ` pid ${state.daemon.pid}` : ''}; namespace urn:outrun:tags is ns=${state.nsIndex}\n`);
+    process.stdout.write(`outrun OPC UA server ready: ${state.endpoint}\n`);
+  }
 } catch (e) {
   process.stderr.write(`opcua-server: ${e && e.stack ? e.stack : e}\n`);
   await stop(1);
