@@ -2,7 +2,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { join } from 'node:path';
+import { join, dirname } from 'node:path';
 import {
   ClientSubscription,
   ClientMonitoredItem,
@@ -15,7 +15,7 @@ import {
   LocalizedText,
   Variant,
 } from 'node-opcua';
-import { ROOT, combinedTags, daemonSupportsTags, startServerProcess, opcuaSession, read, write, until } from './helpers.mjs';
+import { ROOT, OUTRUND, combinedTags, daemonSupportsTags, startServerProcess, opcuaSession, read, write, until } from './helpers.mjs';
 
 const support = await daemonSupportsTags();
 const skip = support === true ? false : `outrund does not support the tags frames yet (${support})`;
@@ -161,7 +161,7 @@ test('kill-shard during an evaluation: UncertainLastUsableValue, then Good again
   await until(() => seen.some((s) => s.code === 0 && s.value === 2), 3000);
   await write(ua.session, ns, 'Test.InSlow', 2);
   await new Promise((r) => setTimeout(r, 40)); // Test.Slow is busy for 100 ms
-  execFileSync(join(ROOT, 'build/bin/outrun'), ['--socket', srv.socket, 'kill-shard', '0']);
+  execFileSync(join(dirname(OUTRUND), 'outrun'), ['--socket', srv.socket, 'kill-shard', '0']);
   await until(() => seen.some((s) => s.code === StatusCodes.UncertainLastUsableValue.value), 3000);
   const u = seen.find((s) => s.code === StatusCodes.UncertainLastUsableValue.value);
   assert.equal(u.value, 2, 'the last usable value');
