@@ -127,6 +127,11 @@ FrameWriter::Flush FrameWriter::flush_from_loop() {
   }
 }
 
+std::size_t FrameWriter::queued_bytes() {
+  std::lock_guard lock(mu_);
+  return pending_.size();
+}
+
 void FrameWriter::close() {
   std::lock_guard lock(mu_);
   closed_ = true;

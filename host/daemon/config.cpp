@@ -133,6 +133,11 @@ bool read_daemon(const toml::table& t, DaemonConfig* c, Reader& r) {
       ok = r.string(n, key, &c->log_file);
     } else if (key == "cache_dir") {
       ok = r.string(n, key, &c->cache_dir);
+    } else if (key == "tags_file") {
+      ok = r.string(n, key, &c->tags_file);
+    } else if (key == "max_subscriber_bytes") {
+      if ((ok = r.integer(n, key, 4096, int64_t{1} << 32, &v)))
+        c->max_subscriber_bytes = static_cast<std::size_t>(v);
     } else {
       r.err = "unknown key daemon." + std::string(key);
       ok = false;
@@ -296,7 +301,9 @@ std::string to_toml(const DaemonConfig& c) {
                 {"drain_timeout_ms", static_cast<int64_t>(c.drain_timeout.count())},
                 {"log_level", c.log_level},
                 {"log_file", c.log_file},
-                {"cache_dir", c.cache_dir}};
+                {"cache_dir", c.cache_dir},
+                {"tags_file", c.tags_file},
+                {"max_subscriber_bytes", static_cast<int64_t>(c.max_subscriber_bytes)}};
   const HostOptions& h = c.host;
   toml::table ho{
       {"shards", h.shards},

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -31,6 +32,10 @@ struct DaemonConfig {
   std::string log_level = "info";  // trace, debug, info, warn, error, critical, off
   std::string log_file;            // empty: stderr (journald under systemd)
   std::string cache_dir;           // default: default_cache_dir(); reserved (created, unused)
+  std::string tags_file;           // tags loaded at start and on SIGHUP (empty: none)
+  // A tags subscriber whose connection has more than this queued keeps only the latest value of
+  // each tag until it drains (design/daemon.md "Subscribers").
+  std::size_t max_subscriber_bytes = 4u << 20;
   // [host]
   HostOptions host;
 };

@@ -14,7 +14,8 @@ int main(int argc, char** argv) {
   using namespace outrun::daemon;
   CLI::App app{
       "outrund: the outrun daemon (Lua 5.4 scripts in worker processes, served on a Unix socket)"};
-  std::string config_file, socket, socket_mode, log_level, log_file, worker, single_flight;
+  std::string config_file, socket, socket_mode, log_level, log_file, worker, single_flight,
+      tags_file;
   int shards = 0, timeout_ms = 0, grace_ms = -1, memory_mb = 0, drain_ms = -1, max_clients = 0;
   long max_inflight = 0;
   std::vector<uint32_t> uids, gids;
@@ -39,6 +40,9 @@ int main(int argc, char** argv) {
   app.add_option("--single-flight", single_flight,
                  "host.single_flight: refuse, coalesce_latest or off");
   app.add_option("--worker", worker, "host.worker_path");
+  app.add_option("--tags", tags_file,
+                 "tags file (TOML, design/tags.md) defined at start and re-read on SIGHUP "
+                 "(daemon.tags_file)");
   app.add_flag("--check-config", check, "validate the configuration, print it as TOML and exit");
   try {
     app.parse(argc, argv);
@@ -85,6 +89,7 @@ int main(int argc, char** argv) {
   if (drain_ms >= 0) cfg.drain_timeout = std::chrono::milliseconds(drain_ms);
   if (!log_level.empty()) cfg.log_level = log_level;
   if (!log_file.empty()) cfg.log_file = log_file;
+  if (!tags_file.empty()) cfg.tags_file = tags_file;
   if (shards) cfg.host.shards = shards;
   if (timeout_ms) cfg.host.timeout = std::chrono::milliseconds(timeout_ms);
   if (grace_ms >= 0) cfg.host.grace = std::chrono::milliseconds(grace_ms);

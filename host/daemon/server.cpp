@@ -20,9 +20,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <unordered_set>
 
 #include "outrun/protocol/frame.h"
 #include "outrun/protocol/frame_writer.h"
+#include "tags_file.h"
+#include "tags_wire.h"
 #include "wire_codec.h"
 
 namespace outrun::daemon {
@@ -114,6 +117,13 @@ struct Conn : std::enable_shared_from_this<Conn> {
   bool admin = false;  // may send KillShard/RestartShard (daemon.admin_uids, admin_gids)
   std::chrono::steady_clock::time_point accepted;
   std::string name;
+
+  // Tags subscription (design/daemon.md "Subscribers"), guarded by Server::sub_mu_.
+  bool gone = false;  // closed: never subscribed again
+  bool sub_all = false;
+  std::unordered_set<std::string> sub_ids;
+  bool sub_overflow = false;  // over max_subscriber_bytes: only the latest value per tag is kept
+  std::map<std::string, tags::DataValue> sub_latest;
 };
 
 namespace {
@@ -416,9 +426,45 @@ int Server::run() {
   }
   counters_.shards = host_->shards();
   counters_.shard_latency = std::make_unique<LatencyHistogram[]>(counters_.shards);
+  auto stop_tags = [this] {
+    {
+      std::lock_guard lock(tq_mu_);
+      tq_stop_ = true;
+    }
+    tq_cv_.notify_all();
+    if (tags_thread_.joinable()) tags_thread_.join();
+    tags_.reset();  // before the Host it runs on
+  };
+  {
+    tags::TagsOptions to;
+    to.on_change = [this](const std::vector<tags::Change>& ch) { on_tag_changes(ch); };
+    if (Error e = tags::Engine::create(*host_, std::move(to), &tags_)) {
+      spdlog::critical("cannot start the tags engine: {}", e.message);
+      host_.reset();
+      return 3;
+    }
+    if (!cfg_.tags_file.empty()) {
+      std::vector<tags::TagDefinition> defs;
+      std::string why;
+      Error e;
+      if (!tags::file::load_tags_file(cfg_.tags_file, &defs, &why))
+        e = Error{Status::invalid_argument, why};
+      else
+        e = tags_->apply(defs, /*replace_all=*/true);
+      if (e) {
+        spdlog::critical("tags file {}: {}", cfg_.tags_file, e.message);
+        stop_tags();
+        host_.reset();
+        return 2;
+      }
+      spdlog::info("defined {} tags from {}", defs.size(), cfg_.tags_file);
+    }
+    tags_thread_ = std::thread([this] { tags_thread_main(); });
+  }
   std::string err;
   if (!open_socket(&err)) {
     spdlog::critical("{}", err);
+    stop_tags();
     host_.reset();
     return 1;
   }
@@ -459,8 +505,9 @@ int Server::run() {
 
   uv_run(&loop_, UV_RUN_DEFAULT);
 
-  // Every handle is closed. Stop the workers: what is still in flight ends `cancelled`; its
-  // callbacks write to closed connections and drop the frames.
+  // Every handle is closed. Stop the tags engine, then the workers: what is still in flight ends
+  // `cancelled`; its callbacks write to closed connections and drop the frames.
+  stop_tags();
   host_.reset();
   conns_.clear();
   uv_loop_close(&loop_);
@@ -502,6 +549,9 @@ void Server::on_signal(uv_signal_t* h, int sig) {
   if (sig == SIGHUP) {
     spdlog::info("SIGHUP: reopening logs");
     s->reopen_logs();
+    // The reload waits for running waves and compiles in the workers: not on the loop.
+    if (!s->cfg_.tags_file.empty() && !s->post_tags_job([s] { s->reload_tags(); }))
+      spdlog::warn("SIGHUP: tags reload not started: the tags thread is busy");
     return;
   }
   s->begin_drain();
@@ -687,6 +737,7 @@ void Server::on_hello_timer(uv_timer_t* h) {
                   s->cfg_.hello_timeout.count());
     s->close_conn(c, "no hello in time");
   }
+  s->flush_subscribers();
 }
 
 // max_clients connections, max_pending_hello more before their hello, and a margin for the
@@ -753,6 +804,7 @@ void Server::conn_event(Conn* c, int status, int events) {
       case protocol::FrameWriter::Flush::kDone:
         c->write_wait = false;
         update_poll(c);
+        flush_subscriber(c);  // a subscriber that was over its budget gets its latest values
         break;
       case protocol::FrameWriter::Flush::kMore:
         break;
@@ -776,6 +828,12 @@ void Server::close_conn(Conn* c, const char* why) {
   if (c->closing) return;
   c->closing = true;
   c->writer.close();
+  {
+    std::lock_guard lock(sub_mu_);
+    c->gone = true;
+    subscribers_.erase(c);
+    c->sub_latest.clear();
+  }
   spdlog::debug("client {} closed: {} ({} in flight dropped)", c->id, why, c->inflight.load());
   pending_.erase(c->id);
   auto it = conns_.find(c);
@@ -1062,6 +1120,13 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
       c->writer.write(frame_of(f, wire::Body::ControlReply, body.Union()));
       return true;
     }
+    case wire::Body::DefineTags:
+    case wire::Body::RemoveTags:
+    case wire::Body::ListTags:
+    case wire::Body::SourceUpdates:
+    case wire::Body::Subscribe:
+    case wire::Body::ReadTags:
+      return handle_tags_frame(c, frame);
     default:
       return false;  // a second hello, or a frame only the daemon sends
   }
@@ -1158,6 +1223,417 @@ std::string Server::scripts_json() const {
                        {"by_status", by_status}});
   }
   return dump(json{{"scripts", arr}});
+}
+
+}  // namespace outrun::daemon
+
+// ---------------------------------------------------------------------------------------------
+// Tags (design/protocol.md "Tags frames", design/daemon.md "Tags")
+
+namespace outrun::daemon {
+
+namespace {
+
+// Changes are encoded with their own builder: on_tag_changes can run inside a frame's handling
+// (an update whose wave completes at once), which uses t_fbb.
+thread_local flatbuffers::FlatBufferBuilder t_changes_fbb(4096);
+
+using ChangeRef = std::pair<const std::string*, const tags::DataValue*>;
+
+// One TagChanges frame per ~4 MiB of changes, in order.
+void write_changes(protocol::FrameWriter& w, const std::vector<ChangeRef>& items) {
+  auto& f = t_changes_fbb;
+  f.Clear();
+  std::vector<flatbuffers::Offset<wire::TagValue>> offs;
+  auto flush = [&] {
+    if (offs.empty()) return;
+    auto v = f.CreateVector(offs);
+    auto body = wire::CreateTagChanges(f, v);
+    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::TagChanges, body.Union()));
+    if (f.GetSize() <= protocol::kMaxFrameSize)
+      w.write({f.GetBufferPointer(), f.GetSize()});
+    else
+      spdlog::warn("a TagChanges frame of {} bytes was dropped (more than a frame holds)",
+                   f.GetSize());
+    offs.clear();
+    f.Clear();
+  };
+  for (const auto& [tag, dv] : items) {
+    offs.push_back(detail::encode_tag_entry(f, *tag, *dv));
+    if (f.GetSize() > (4u << 20)) flush();
+  }
+  flush();
+}
+
+void write_tags_reply(protocol::FrameWriter& w, uint64_t request_id, const Error& e,
+                      const std::string& json) {
+  flatbuffers::FlatBufferBuilder f(256 + json.size());
+  auto err = e ? f.CreateString(e.message) : flatbuffers::Offset<flatbuffers::String>();
+  auto js = json.empty() ? flatbuffers::Offset<flatbuffers::String>() : f.CreateString(json);
+  wire::TagsReplyBuilder b(f);
+  b.add_request_id(request_id);
+  b.add_status(static_cast<wire::Status>(e.status));
+  if (e) b.add_error(err);
+  if (!json.empty()) b.add_json(js);
+  auto body = b.Finish();
+  f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::TagsReply, body.Union()));
+  w.write({f.GetBufferPointer(), f.GetSize()});
+}
+
+std::string dump_json(const nlohmann::ordered_json& j) {
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+constexpr std::size_t kMaxTagsJobs = 64;
+constexpr std::size_t kMaxSubscribedIds = 1u << 20;
+
+}  // namespace
+
+void Server::on_tag_changes(const std::vector<tags::Change>& changes) {
+  std::lock_guard lock(sub_mu_);
+  std::vector<ChangeRef> mine;
+  for (auto& [p, c] : subscribers_) {
+    mine.clear();
+    for (const auto& ch : changes)
+      if (c->sub_all || c->sub_ids.count(ch.tag)) mine.emplace_back(&ch.tag, &ch.value);
+    if (mine.empty()) continue;
+    if (!c->sub_overflow && c->writer.queued_bytes() > cfg_.max_subscriber_bytes) {
+      c->sub_overflow = true;
+      spdlog::debug("client {}: tags subscriber over max_subscriber_bytes; keeping latest values",
+                    c->id);
+    }
+    if (c->sub_overflow) {
+      for (const auto& [tag, dv] : mine) c->sub_latest[*tag] = *dv;
+      continue;
+    }
+    write_changes(c->writer, mine);
+  }
+}
+
+namespace {
+// sub_mu_ held.
+void flush_latest(Conn& c, std::size_t budget) {
+  if (!c.sub_overflow || c.gone || c.writer.queued_bytes() > budget / 2) return;
+  std::vector<ChangeRef> items;
+  items.reserve(c.sub_latest.size());
+  for (const auto& [tag, dv] : c.sub_latest) items.emplace_back(&tag, &dv);
+  write_changes(c.writer, items);
+  c.sub_latest.clear();
+  c.sub_overflow = false;
+}
+}  // namespace
+
+void Server::flush_subscriber(Conn* c) {
+  std::lock_guard lock(sub_mu_);
+  flush_latest(*c, cfg_.max_subscriber_bytes);
+}
+
+void Server::flush_subscribers() {
+  std::lock_guard lock(sub_mu_);
+  for (auto& [p, c] : subscribers_) flush_latest(*c, cfg_.max_subscriber_bytes);
+}
+
+bool Server::post_tags_job(std::function<void()> job) {
+  {
+    std::lock_guard lock(tq_mu_);
+    if (tq_stop_ || tq_.size() >= kMaxTagsJobs) return false;
+    tq_.push_back(std::move(job));
+  }
+  tq_cv_.notify_one();
+  return true;
+}
+
+void Server::tags_thread_main() {
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock lock(tq_mu_);
+      tq_cv_.wait(lock, [&] { return tq_stop_ || !tq_.empty(); });
+      if (tq_stop_) return;  // what is left is for connections that are closed by now
+      job = std::move(tq_.front());
+      tq_.pop_front();
+    }
+    job();
+  }
+}
+
+void Server::reload_tags() {
+  std::vector<tags::TagDefinition> defs;
+  std::string why;
+  if (!tags::file::load_tags_file(cfg_.tags_file, &defs, &why)) {
+    spdlog::error("SIGHUP: tags file {}: {}; the running tags are kept", cfg_.tags_file, why);
+    return;
+  }
+  if (Error e = tags_->apply(defs, /*replace_all=*/true)) {
+    spdlog::error("SIGHUP: tags file {}: {}: {}; the running tags are kept", cfg_.tags_file,
+                  to_string(e.status), e.message);
+    return;
+  }
+  spdlog::info("SIGHUP: defined {} tags from {}", defs.size(), cfg_.tags_file);
+}
+
+std::string Server::tags_list_json() const {
+  nlohmann::ordered_json arr = nlohmann::ordered_json::array();
+  for (const std::string& id : tags_->ids()) {
+    tags::TagInfo info;
+    if (tags_->info(id, &info)) continue;  // removed meanwhile
+    nlohmann::ordered_json d = tags::file::definition_to_json(info.definition);
+    nlohmann::ordered_json j;
+    j["id"] = id;
+    for (const char* k : {"type", "trigger", "period_ms", "max_age_ms", "timestamps", "inputs",
+                          "keep_state"})
+      if (d.contains(k)) j[k] = d[k];
+    j["value"] = tags::file::change_to_json(id, info.value);
+    const tags::TagCounters& tc = info.counters;
+    nlohmann::ordered_json by_status = nlohmann::ordered_json::object();
+    for (int i = 0; i < kStatusCount; ++i)
+      if (tc.by_status[i]) by_status[std::string(to_string(static_cast<Status>(i)))] = tc.by_status[i];
+    j["counters"] = {{"evaluations", tc.evaluations},
+                     {"by_status", by_status},
+                     {"coalesced", tc.coalesced},
+                     {"busy", tc.busy},
+                     {"changes", tc.changes},
+                     {"last_error", tc.last_error},
+                     {"last_duration_us", tc.last_duration.count()}};
+    j["version"] = info.version;
+    arr.push_back(std::move(j));
+  }
+  return dump_json(nlohmann::ordered_json{{"tags", arr}});
+}
+
+bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr) {
+  const auto* frame = static_cast<const wire::Frame*>(frame_ptr);
+  auto refuse_admin = [&](uint64_t rid, const char* what) {
+    spdlog::warn("client {} (pid {} uid {}): {} refused: not an admin", c->id, c->pid, c->uid,
+                 what);
+    write_tags_reply(c->writer, rid,
+                     Error{Status::invalid_argument,
+                           "permission denied: uid " + std::to_string(c->uid) +
+                               " may use tags but not define or remove them (daemon.admin_uids, "
+                               "admin_gids)"},
+                     {});
+  };
+  auto busy = [&](uint64_t rid) {
+    write_tags_reply(c->writer, rid,
+                     Error{Status::busy, "too many tag definitions waiting; try again"}, {});
+  };
+  switch (frame->body_type()) {
+    case wire::Body::DefineTags: {
+      const auto* d = frame->body_as_DefineTags();
+      const uint64_t rid = d->request_id();
+      if (!c->admin) {
+        refuse_admin(rid, "DefineTags");
+        return true;
+      }
+      if (!d->toml()) {
+        write_tags_reply(c->writer, rid, Error{Status::invalid_argument, "DefineTags needs toml"},
+                         {});
+        return true;
+      }
+      spdlog::info("client {} (pid {}): define tags ({} bytes{})", c->id, c->pid, d->toml()->size(),
+                   d->replace_all() ? ", replace all" : "");
+      auto job = [this, c, rid, text = d->toml()->str(), replace = d->replace_all()] {
+        std::vector<tags::TagDefinition> defs;
+        std::string why;
+        if (!tags::file::parse_tags(text, "", &defs, &why)) {
+          write_tags_reply(c->writer, rid, Error{Status::invalid_argument, why}, {});
+          return;
+        }
+        std::unordered_set<std::string> defined;
+        for (const auto& def : defs) defined.insert(def.id);
+        nlohmann::ordered_json removed = nlohmann::ordered_json::array();
+        if (replace)
+          for (const auto& id : tags_->ids())
+            if (!defined.count(id)) removed.push_back(id);
+        if (Error e = tags_->apply(defs, replace)) {
+          write_tags_reply(c->writer, rid, e, {});
+          return;
+        }
+        nlohmann::ordered_json ids = nlohmann::ordered_json::array();
+        for (const auto& def : defs) ids.push_back(def.id);
+        write_tags_reply(c->writer, rid, {},
+                         dump_json(nlohmann::ordered_json{{"defined", ids}, {"removed", removed}}));
+      };
+      if (!post_tags_job(std::move(job))) busy(rid);
+      return true;
+    }
+    case wire::Body::RemoveTags: {
+      const auto* r = frame->body_as_RemoveTags();
+      const uint64_t rid = r->request_id();
+      if (!c->admin) {
+        refuse_admin(rid, "RemoveTags");
+        return true;
+      }
+      std::vector<std::string> ids;
+      std::string why;
+      if (!detail::decode_tag_ids(r->ids(), &ids, &why)) {
+        write_tags_reply(c->writer, rid, Error{Status::invalid_argument, why}, {});
+        return true;
+      }
+      auto job = [this, c, rid, ids = std::move(ids)] {
+        // All or none: every id must be a virtual tag, and no tag that stays may use one.
+        std::unordered_set<std::string> gone(ids.begin(), ids.end());
+        const std::vector<std::string> all = tags_->ids();  // topological order
+        std::unordered_set<std::string> known(all.begin(), all.end());
+        for (const auto& id : ids)
+          if (!known.count(id)) {
+            write_tags_reply(c->writer, rid,
+                             Error{Status::invalid_argument, "unknown virtual tag '" + id + "'"},
+                             {});
+            return;
+          }
+        for (const auto& id : all) {
+          if (gone.count(id)) continue;
+          tags::TagInfo info;
+          if (tags_->info(id, &info)) continue;
+          for (const auto& in : info.definition.inputs)
+            if (gone.count(in.tag)) {
+              write_tags_reply(c->writer, rid,
+                               Error{Status::invalid_argument,
+                                     "'" + in.tag + "' is an input of '" + id + "'"},
+                               {});
+              return;
+            }
+        }
+        nlohmann::ordered_json removed = nlohmann::ordered_json::array();
+        for (auto it = all.rbegin(); it != all.rend(); ++it) {  // dependents first
+          if (!gone.count(*it)) continue;
+          if (Error e = tags_->remove(*it)) {
+            write_tags_reply(c->writer, rid, e, {});
+            return;
+          }
+          removed.push_back(*it);
+        }
+        write_tags_reply(c->writer, rid, {},
+                         dump_json(nlohmann::ordered_json{{"removed", removed}}));
+      };
+      if (!post_tags_job(std::move(job))) busy(rid);
+      return true;
+    }
+    case wire::Body::ListTags: {
+      const uint64_t rid = frame->body_as_ListTags()->request_id();
+      std::string json = tags_list_json();
+      Error e;
+      if (constexpr std::size_t kMaxDocument = protocol::kMaxFrameSize - 4096;
+          json.size() > kMaxDocument) {
+        e = Error{Status::unavailable, "the tags document is " + std::to_string(json.size()) +
+                                           " bytes, more than a reply frame holds"};
+        json.clear();
+      }
+      write_tags_reply(c->writer, rid, e, json);
+      return true;
+    }
+    case wire::Body::SourceUpdates: {
+      const auto* u = frame->body_as_SourceUpdates();
+      const uint64_t rid = u->request_id();
+      Error e;
+      std::vector<tags::SourceUpdate> updates;
+      if (const auto* items = u->updates()) {
+        if (items->size() > detail::kMaxUpdatesPerFrame) {
+          e = Error{Status::invalid_argument, "more than " +
+                                                  std::to_string(detail::kMaxUpdatesPerFrame) +
+                                                  " updates in one SourceUpdates"};
+        } else {
+          updates.reserve(items->size());
+          std::size_t budget = protocol::kMaxFrameSize;
+          std::string why;
+          for (const wire::TagValue* tv : *items) {
+            tags::Change ch;
+            if (!detail::decode_tag_entry(tv, &ch, &budget, &why)) {
+              e = Error{Status::invalid_argument, why};
+              break;
+            }
+            updates.push_back(tags::SourceUpdate{std::move(ch.tag), std::move(ch.value)});
+          }
+        }
+      }
+      if (!e && !updates.empty())
+        e = u->time() == 0 ? tags_->update(updates) : tags_->update(updates, DateTime{u->time()});
+      if (rid != 0 || e) write_tags_reply(c->writer, rid, e, {});
+      return true;
+    }
+    case wire::Body::Subscribe: {
+      const auto* sb = frame->body_as_Subscribe();
+      const uint64_t rid = sb->request_id();
+      std::vector<std::string> ids;
+      std::string why;
+      Error e;
+      if (!detail::decode_tag_ids(sb->ids(), &ids, &why)) {
+        e = Error{Status::invalid_argument, why};
+      } else {
+        std::lock_guard lock(sub_mu_);
+        if (sb->cancel()) {
+          if (ids.empty()) {
+            c->sub_all = false;
+            c->sub_ids.clear();
+          } else {
+            for (const auto& id : ids) c->sub_ids.erase(id);
+          }
+          if (!c->sub_all && c->sub_ids.empty()) {
+            subscribers_.erase(c.get());
+            c->sub_latest.clear();
+            c->sub_overflow = false;
+          }
+        } else if (c->sub_ids.size() + ids.size() > kMaxSubscribedIds) {
+          e = Error{Status::invalid_argument, "more than " + std::to_string(kMaxSubscribedIds) +
+                                                  " subscribed ids on one connection"};
+        } else {
+          if (ids.empty())
+            c->sub_all = true;
+          else
+            c->sub_ids.insert(ids.begin(), ids.end());
+          subscribers_[c.get()] = c;
+        }
+      }
+      write_tags_reply(c->writer, rid, e, {});
+      return true;
+    }
+    case wire::Body::ReadTags: {
+      const auto* r = frame->body_as_ReadTags();
+      std::vector<std::string> ids;
+      std::string why;
+      Error e;
+      std::vector<tags::DataValue> values;
+      if (!detail::decode_tag_ids(r->ids(), &ids, &why)) {
+        e = Error{Status::invalid_argument, why};
+      } else {
+        values.resize(ids.size());
+        for (std::size_t i = 0; i < ids.size() && !e; ++i) e = tags_->read(ids[i], &values[i]);
+      }
+      auto& f = t_changes_fbb;
+      f.Clear();
+      std::vector<flatbuffers::Offset<wire::TagValue>> offs;
+      if (!e)
+        for (std::size_t i = 0; i < ids.size(); ++i)
+          offs.push_back(detail::encode_tag_entry(f, ids[i], values[i]));
+      auto vec = e ? flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::TagValue>>>()
+                   : f.CreateVector(offs);
+      auto err = e ? f.CreateString(e.message) : flatbuffers::Offset<flatbuffers::String>();
+      wire::TagValuesBuilder b(f);
+      b.add_request_id(r->request_id());
+      b.add_status(static_cast<wire::Status>(e.status));
+      if (e)
+        b.add_error(err);
+      else
+        b.add_values(vec);
+      auto body = b.Finish();
+      f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::TagValues, body.Union()));
+      if (f.GetSize() > protocol::kMaxFrameSize) {
+        f.Clear();
+        auto m = f.CreateString("the values are more than a frame holds");
+        wire::TagValuesBuilder b2(f);
+        b2.add_request_id(r->request_id());
+        b2.add_status(wire::Status::Unavailable);
+        b2.add_error(m);
+        auto body2 = b2.Finish();
+        f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::TagValues, body2.Union()));
+      }
+      c->writer.write({f.GetBufferPointer(), f.GetSize()});
+      return true;
+    }
+    default:
+      return false;
+  }
 }
 
 }  // namespace outrun::daemon

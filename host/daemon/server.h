@@ -6,17 +6,21 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "config.h"
 #include "outrun/host.h"
+#include "outrun/tags.h"
 
 namespace outrun::daemon {
 
@@ -98,6 +102,20 @@ class Server {
   void conn_event(Conn* c, int status, int events);
   void handle_frames(const std::shared_ptr<Conn>& c);
   bool handle_frame(const std::shared_ptr<Conn>& c, const void* frame);  // false: violation
+  bool handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame);  // false: violation
+
+  // Tags (design/daemon.md "Tags"). on_tag_changes runs on the thread that completed a wave.
+  void on_tag_changes(const std::vector<tags::Change>& changes);
+  // Sends the latest values kept for a subscriber that went over its budget, once its queue is
+  // below it. Any thread; takes sub_mu_.
+  void flush_subscriber(Conn* c);
+  void flush_subscribers();
+  // Runs `job` on the tags thread (define/remove/reload: they wait for waves to finish). False
+  // when the queue is full.
+  bool post_tags_job(std::function<void()> job);
+  void tags_thread_main();
+  void reload_tags();
+  std::string tags_list_json() const;
   void close_conn(Conn* c, const char* why);
   void update_poll(Conn* c);
   void begin_drain();
@@ -150,6 +168,17 @@ class Server {
   std::size_t live_scripts_ = 0;  // entries with a script
 
   Counters counters_;
+
+  // Tags: the engine over host_ (made after it, destroyed before it), its subscribers (guarded
+  // by sub_mu_, with each Conn's subscription) and the thread that runs define/remove/reload.
+  std::unique_ptr<tags::Engine> tags_;
+  std::mutex sub_mu_;
+  std::unordered_map<Conn*, std::shared_ptr<Conn>> subscribers_;
+  std::thread tags_thread_;
+  std::mutex tq_mu_;
+  std::condition_variable tq_cv_;
+  std::deque<std::function<void()>> tq_;
+  bool tq_stop_ = false;
 };
 
 }  // namespace outrun::daemon

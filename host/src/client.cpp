@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "outrun/protocol/frame.h"
+#include "tags_wire.h"
 #include "wire_codec.h"
 
 namespace outrun {
@@ -40,6 +41,7 @@ struct Reply {
   uint32_t handle = 0;
   int shard = -1;
   std::array<uint8_t, 32> sha{};
+  std::vector<tags::Change> values;
 };
 Reply failed(Status st, std::string why) {
   Reply r;
@@ -76,6 +78,10 @@ struct Client::Impl {
   std::mutex smu;
   std::unordered_map<uint32_t, Script> by_handle;
   std::unordered_map<std::string, uint32_t> by_key;
+
+  // Tags subscription callback (reader thread).
+  std::mutex submu;
+  std::shared_ptr<ChangesCallback> on_changes;
 
   ~Impl() {
     if (fd >= 0) {
@@ -197,6 +203,55 @@ struct Client::Impl {
         rep.status = static_cast<Status>(r->status());
         if (r->error()) rep.error = r->error()->str();
         complete(r->request_id(), std::move(rep));
+        return;
+      }
+      case wire::Body::TagsReply: {
+        const auto* r = f->body_as_TagsReply();
+        Reply rep;
+        rep.status = static_cast<Status>(r->status());
+        if (r->error()) rep.error = r->error()->str();
+        if (r->json()) rep.json = r->json()->str();
+        complete(r->request_id(), std::move(rep));
+        return;
+      }
+      case wire::Body::TagValues: {
+        const auto* r = f->body_as_TagValues();
+        Reply rep;
+        rep.status = static_cast<Status>(r->status());
+        if (r->error()) rep.error = r->error()->str();
+        if (r->values()) {
+          std::size_t budget = std::size_t{4} * protocol::kMaxFrameSize;
+          std::string why;
+          for (const wire::TagValue* tv : *r->values()) {
+            tags::Change ch;
+            if (!detail::decode_tag_entry(tv, &ch, &budget, &why)) {
+              rep = failed(Status::runtime_error, "outrund sent an invalid tag value: " + why);
+              break;
+            }
+            rep.values.push_back(std::move(ch));
+          }
+        }
+        complete(r->request_id(), std::move(rep));
+        return;
+      }
+      case wire::Body::TagChanges: {
+        const auto* items = f->body_as_TagChanges()->changes();
+        std::shared_ptr<ChangesCallback> cb;
+        {
+          std::lock_guard lock(submu);
+          cb = on_changes;
+        }
+        if (!items || !cb) return;
+        std::vector<tags::Change> out;
+        out.reserve(items->size());
+        std::size_t budget = std::size_t{4} * protocol::kMaxFrameSize;
+        std::string why;
+        for (const wire::TagValue* tv : *items) {
+          tags::Change ch;
+          if (!detail::decode_tag_entry(tv, &ch, &budget, &why)) return;  // dropped
+          out.push_back(std::move(ch));
+        }
+        if (!out.empty()) (*cb)(out);
         return;
       }
       case wire::Body::ControlReply: {
@@ -546,6 +601,118 @@ Error Client::kill_shard(int shard) {
 }
 Error Client::restart_shard(int shard) {
   return to_error(impl_->control(wire::ControlCommand::RestartShard, shard));
+}
+
+namespace {
+using IdsOffset = flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>>;
+IdsOffset make_ids(flatbuffers::FlatBufferBuilder& f, const std::vector<std::string>& ids) {
+  std::vector<flatbuffers::Offset<flatbuffers::String>> v;
+  v.reserve(ids.size());
+  for (const auto& id : ids) v.push_back(f.CreateString(id));
+  return f.CreateVector(v);
+}
+Error check_ids(const std::vector<std::string>& ids) {
+  if (ids.size() > detail::kMaxTagIdsPerFrame)
+    return Error{Status::invalid_argument,
+                 "more than " + std::to_string(detail::kMaxTagIdsPerFrame) + " ids in one call"};
+  for (const auto& id : ids)
+    if (id.empty() || id.size() > tags::kMaxTagIdSize)
+      return Error{Status::invalid_argument,
+                   "a tag id must be 1.." + std::to_string(tags::kMaxTagIdSize) + " bytes"};
+  return {};
+}
+constexpr std::size_t kMaxRequestFrame = protocol::kMaxFrameSize - 64;
+}  // namespace
+
+Error Client::define_tags(std::string_view toml, bool replace_all, std::string* json) {
+  if (toml.size() > kMaxRequestFrame - 1024)
+    return Error{Status::invalid_argument, "the tags text is larger than a frame holds"};
+  Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
+    auto t = f.CreateString(toml);
+    auto body = wire::CreateDefineTags(f, id, t, replace_all);
+    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::DefineTags, body.Union()));
+  });
+  if (json) *json = r.json;
+  return to_error(r);
+}
+
+Error Client::remove_tags(const std::vector<std::string>& ids) {
+  if (Error e = check_ids(ids)) return e;
+  Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
+    auto v = make_ids(f, ids);
+    auto body = wire::CreateRemoveTags(f, id, v);
+    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::RemoveTags, body.Union()));
+  });
+  return to_error(r);
+}
+
+Error Client::list_tags_json(std::string* out) {
+  Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
+    auto body = wire::CreateListTags(f, id);
+    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::ListTags, body.Union()));
+  });
+  *out = r.json;
+  return to_error(r);
+}
+
+Error Client::update_sources(const std::vector<tags::SourceUpdate>& updates, DateTime time) {
+  if (updates.size() > detail::kMaxUpdatesPerFrame)
+    return Error{Status::invalid_argument, "more than " +
+                                               std::to_string(detail::kMaxUpdatesPerFrame) +
+                                               " updates in one wave"};
+  bool too_big = false;
+  Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
+    std::vector<flatbuffers::Offset<wire::TagValue>> v;
+    v.reserve(updates.size());
+    for (const auto& u : updates) v.push_back(detail::encode_tag_entry(f, u.tag, u.value));
+    auto vec = f.CreateVector(v);
+    auto body = wire::CreateSourceUpdates(f, id, time.ticks, vec);
+    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::SourceUpdates, body.Union()));
+    if (f.GetSize() > kMaxRequestFrame) {
+      too_big = true;
+      f.Clear();  // an empty frame instead: answered, then refused here
+      auto b = wire::CreateSourceUpdates(f, id, 0);
+      f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::SourceUpdates, b.Union()));
+    }
+  });
+  if (too_big) return Error{Status::invalid_argument, "the updates are larger than a frame holds"};
+  return to_error(r);
+}
+
+Error Client::read_tags(const std::vector<std::string>& ids, std::vector<tags::Change>* out) {
+  out->clear();
+  if (Error e = check_ids(ids)) return e;
+  Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
+    auto v = make_ids(f, ids);
+    auto body = wire::CreateReadTags(f, id, v);
+    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::ReadTags, body.Union()));
+  });
+  if (r.status == Status::ok) *out = std::move(r.values);
+  return to_error(r);
+}
+
+Error Client::subscribe(const std::vector<std::string>& ids, ChangesCallback on_changes) {
+  if (Error e = check_ids(ids)) return e;
+  {
+    std::lock_guard lock(impl_->submu);
+    impl_->on_changes = std::make_shared<ChangesCallback>(std::move(on_changes));
+  }
+  Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
+    auto v = make_ids(f, ids);
+    auto body = wire::CreateSubscribe(f, id, v, false);
+    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Subscribe, body.Union()));
+  });
+  return to_error(r);
+}
+
+Error Client::unsubscribe(const std::vector<std::string>& ids) {
+  if (Error e = check_ids(ids)) return e;
+  Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
+    auto v = make_ids(f, ids);
+    auto body = wire::CreateSubscribe(f, id, v, true);
+    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Subscribe, body.Union()));
+  });
+  return to_error(r);
 }
 
 }  // namespace outrun

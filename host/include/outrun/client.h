@@ -3,11 +3,13 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "outrun/runner.h"
+#include "outrun/tags.h"
 
 namespace outrun {
 
@@ -55,6 +57,23 @@ class Client final : public Runner {
   Error scripts_json(std::string* out);
   Error kill_shard(int shard);
   Error restart_shard(int shard);
+
+  // The daemon's tags engine (design/protocol.md "Tags frames"; design/tags.md). Each call is a
+  // round trip. define/remove need an admin uid. `json` gets {"defined": [...], "removed": [...]}.
+  Error define_tags(std::string_view toml, bool replace_all, std::string* json = nullptr);
+  Error remove_tags(const std::vector<std::string>& ids);
+  Error list_tags_json(std::string* out);
+  // One wave; `time` empty: the daemon's clock.
+  Error update_sources(const std::vector<tags::SourceUpdate>& updates, DateTime time = {});
+  // One value per id, in order; an unknown id fails the call (invalid_argument).
+  Error read_tags(const std::vector<std::string>& ids, std::vector<tags::Change>* out);
+  // Pushes the changes of these tags (empty: all) to `on_changes`, on the reader thread (it
+  // must not block; it must not call this Client's round trips). One callback per Client: a
+  // later subscribe replaces it (its ids add to the earlier ones).
+  using ChangesCallback = std::function<void(const std::vector<tags::Change>&)>;
+  Error subscribe(const std::vector<std::string>& ids, ChangesCallback on_changes);
+  // Stops these ids (empty: every subscription).
+  Error unsubscribe(const std::vector<std::string>& ids = {});
 
   struct Impl;
 

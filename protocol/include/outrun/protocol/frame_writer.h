@@ -58,6 +58,10 @@ class FrameWriter {
   // Drops everything queued; later writes return kClosed. Does not close the fd.
   void close();
 
+  // Bytes appended behind the send pass in progress (the frames a full socket holds back); for
+  // per-connection budgets (outrund's tags subscribers).
+  std::size_t queued_bytes();
+
   // Counters for tests and the perf harness (approximate when read concurrently).
   uint64_t syscalls() const { return syscalls_.load(std::memory_order_relaxed); }
   uint64_t bytes_written() const { return bytes_written_.load(std::memory_order_relaxed); }
