@@ -240,7 +240,10 @@ export async function startServer(opts = {}) {
       buildInfo: { productName: 'outrun OPC UA server', buildNumber: '1', buildDate: new Date() },
       serverInfo: { applicationUri: 'urn:outrun:opcua-server', productUri: 'urn:outrun:opcua-server' },
       maxConnectionsPerEndpoint: 100,
-      serverCapabilities: { maxSessions: 100 },
+      // minSupportedSampleRate 0: a monitored item with samplingInterval 0 on a virtual tag is
+      // exception-based and gets every change outrun pushes (node-opcua otherwise coalesces
+      // changes over the advertised rate).
+      serverCapabilities: { maxSessions: 100, minSupportedSampleRate: 0 },
       isAuditing: false,
       // No PKI warm-up in tests: allow anonymous, no security.
       securityModes: undefined,
