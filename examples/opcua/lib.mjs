@@ -328,6 +328,8 @@ export async function startServer(opts = {}) {
       }
       if (state.onChange) state.onChange(changes);
     };
+    state.apply = apply;
+    state.tagsFolder = tagsFolder;
     state.subscription = await client.subscribe([], apply);
     if (state.virtual.size) {
       const cur = await client.readTags([...state.virtual.keys()]);
@@ -461,15 +463,20 @@ function addDiagnostics(state, folder) {
     stats: mk(daemon, 'StatsJson', 's=Diagnostics.outrund.StatsJson', 'String', ''),
     changes: mk(daemon, 'TagChangesReceived', 's=Diagnostics.outrund.TagChangesReceived', 'Double', 0),
   };
-  for (const id of state.virtual.keys()) {
-    const o = ns.addObject({ organizedBy: folder, browseName: id, nodeId: `s=Diagnostics.${id}` });
-    state.diag.set(id, {
-      evaluations: mk(o, 'Evaluations', `s=Diagnostics.${id}.Evaluations`, 'Double', 0),
-      coalesced: mk(o, 'Coalesced', `s=Diagnostics.${id}.Coalesced`, 'Double', 0),
-      lastError: mk(o, 'LastError', `s=Diagnostics.${id}.LastError`, 'String', ''),
-      lastDurationUs: mk(o, 'LastDurationUs', `s=Diagnostics.${id}.LastDurationUs`, 'Double', 0),
-    });
-  }
+  state.diagFolder = folder;
+  state.mkDiag = mk;
+  for (const id of state.virtual.keys()) addTagDiagnostics(state, id);
+}
+
+function addTagDiagnostics(state, id) {
+  const mk = state.mkDiag;
+  const o = state.ns.addObject({ organizedBy: state.diagFolder, browseName: id, nodeId: `s=Diagnostics.${id}` });
+  state.diag.set(id, {
+    evaluations: mk(o, 'Evaluations', `s=Diagnostics.${id}.Evaluations`, 'Double', 0),
+    coalesced: mk(o, 'Coalesced', `s=Diagnostics.${id}.Coalesced`, 'Double', 0),
+    lastError: mk(o, 'LastError', `s=Diagnostics.${id}.LastError`, 'String', ''),
+    lastDurationUs: mk(o, 'LastDurationUs', `s=Diagnostics.${id}.LastDurationUs`, 'Double', 0),
+  });
 }
 
 async function refreshDiagnostics(state) {
@@ -482,6 +489,16 @@ async function refreshDiagnostics(state) {
     h.stats.setValueFromSource({ dataType: DataType.String, value: JSON.stringify(stats) });
     h.shards.setValueFromSource({ dataType: DataType.Int32, value: state.client.serverInfo.shards });
   }
+  // A reload (SIGHUP, defineTags) may have added tags: give them variables (and their sources).
+  const added = [];
+  for (const t of list.tags ?? []) {
+    if (state.virtual.has(t.id)) continue;
+    for (const src of inputTags(t)) if (!state.sources.has(src) && !state.virtual.has(src) && !(list.tags ?? []).some((x) => x.id === src)) addSource(state, state.tagsFolder, src);
+    addVirtual(state, state.tagsFolder, t);
+    addTagDiagnostics(state, t.id);
+    added.push(t.id);
+  }
+  if (added.length) state.apply(await state.client.readTags(added));
   for (const t of list.tags ?? []) {
     const d = state.diag.get(t.id);
     if (!d) continue;

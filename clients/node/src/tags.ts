@@ -15,9 +15,11 @@ export function dateToTicks(d: Date): bigint {
   if (!Number.isFinite(ms)) throw new InvalidInput('invalid Date');
   return BigInt(Math.round(ms)) * 10000n + EPOCH_TICKS;
 }
-/** Ticks -> Date (millisecond precision). */
+/** Ticks -> Date, rounded to the nearest millisecond (a Date has no finer precision). */
 export function ticksToDate(t: bigint): Date {
-  return new Date(Number((t - EPOCH_TICKS) / 10000n));
+  const d = t - EPOCH_TICKS;
+  const ms = d >= 0n ? (d + 5000n) / 10000n : -((-d + 5000n) / 10000n);
+  return new Date(Number(ms));
 }
 
 /** A tag value as it arrives: the JS mapping of design/protocol.md plus UInt, Float, DateTime. */
