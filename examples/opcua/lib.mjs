@@ -41,7 +41,15 @@ export async function startOutrund({ outrund, tags, config, extraArgs = [] } = {
     if (process.env.OUTRUN_OPCUA_DEBUG) process.stderr.write(d);
   });
   let exited = null;
-  child.on('exit', (code, sig) => (exited = { code, sig }));
+  // Whatever way this process ends, its outrund goes with it.
+  const reap = () => {
+    if (!exited) child.kill('SIGKILL');
+  };
+  process.once('exit', reap);
+  child.on('exit', (code, sig) => {
+    exited = { code, sig };
+    process.removeListener('exit', reap);
+  });
   const deadline = Date.now() + 15000;
   for (;;) {
     if (exited) throw new Error(`outrund exited (${exited.code ?? exited.sig}) at start: ${stderr.trim()}`);

@@ -1,9 +1,14 @@
 #!/usr/bin/env node
 // outrun OPC UA server (README.md "OPC UA server"). Usage:
 //   node server.mjs [--port 4840] [--socket PATH] [--tags FILE] [--config OUTRUND_TOML] [--simulate]
-// Without --socket it starts its own outrund (killed on exit). Prints one line when ready.
+// Without --socket it starts its own outrund (killed on exit). Prints ONE line on stdout when
+// ready; everything else (node-opcua's own messages included) goes to stderr.
 import { parseArgs } from 'node:util';
-import { startServer } from './lib.mjs';
+
+// node-opcua writes its warnings to stdout: keep stdout for the ready line only.
+const stdoutWrite = process.stdout.write.bind(process.stdout);
+process.stdout.write = (chunk, enc, cb) => process.stderr.write(chunk, enc, cb);
+process.stdout.on('error', () => {}); // a reader that went away (EPIPE) does not stop the server
 
 const { values } = parseArgs({
   options: {
@@ -16,6 +21,7 @@ const { values } = parseArgs({
   },
 });
 
+const { startServer } = await import('./lib.mjs');
 let state;
 let stopping = false;
 async function stop(code) {
@@ -42,7 +48,7 @@ try {
   if (stopping) await state.stop();
   else {
     process.stderr.write(`opcua-server: outrund socket ${state.socket}${state.daemon ? ` pid ${state.daemon.pid}` : ''}; namespace urn:outrun:tags is ns=${state.nsIndex}\n`);
-    process.stdout.write(`outrun OPC UA server ready: ${state.endpoint}\n`);
+    stdoutWrite(`outrun OPC UA server ready: ${state.endpoint}\n`);
   }
 } catch (e) {
   process.stderr.write(`opcua-server: ${e && e.stack ? e.stack : e}\n`);

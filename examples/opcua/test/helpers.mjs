@@ -82,7 +82,7 @@ export async function startServerProcess({ tags, config = join(FIXTURES, 'outrun
   let err = '';
   child.stderr.on('data', (d) => (err += d));
   const ready = await new Promise((res, rej) => {
-    const t = setTimeout(() => rej(new Error(`server not ready in 30 s:\n${err}`)), 30000);
+    const t = setTimeout(() => rej(new Error(`server not ready in 60 s:\n${err}`)), 60000);
     child.stdout.on('data', (d) => {
       out += d;
       const m = /outrun OPC UA server ready: (\S+)/.exec(out);
