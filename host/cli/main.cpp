@@ -427,7 +427,7 @@ int main(int argc, char** argv) {
         fmt = StatsFormat::json;
       rc = run_admin(sc->get_name(), fmt, shard_n);
     });
-  add_tags_commands(app, &rc);
+  add_tags_commands(app, &rc, &g_socket);
   bench->callback([&] { rc = run_bench(ba); });
   eval->callback([&] {
     if (ea.source.empty() && ea.file.empty() && eval->count("-e") == 0)

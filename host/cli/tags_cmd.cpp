@@ -5,13 +5,17 @@
 // wave's `t`, periodic tags run on that clock, and each wave is finished before the next starts.
 #include "tags_cmd.h"
 
+#include <signal.h>
+
+#include <algorithm>
 #include <fstream>
 #include <iostream>
-#include <algorithm>
 #include <mutex>
+#include <sstream>
 #include <unordered_map>
 
 #include "json_values.h"
+#include "outrun/client.h"
 #include "outrun/host.h"
 #include "outrun/in_process.h"
 #include "outrun/tags.h"
@@ -209,9 +213,169 @@ int run_tags(const TagsRunArgs& a) {
   return 0;
 }
 
+// ---- Through outrund ----
+
+struct DaemonArgs {
+  const std::string* socket = nullptr;
+  std::string file;
+  bool replace = false;
+  bool json = false;
+  std::vector<std::string> ids;
+};
+
+int exit_for(const Error& e) {
+  return e.status == Status::unavailable ? 3 : e.status == Status::invalid_argument ? 2 : 1;
+}
+
+int fail(const Error& e, const std::string& where = {}) {
+  std::cerr << "outrun: " << where << to_string(e.status) << ": " << escape_text(e.message) << "\n";
+  return exit_for(e);
+}
+
+int connect_daemon(const DaemonArgs& a, std::unique_ptr<Client>* out) {
+  ClientOptions o;
+  if (a.socket) o.socket = *a.socket;
+  o.name = "outrun-tags";
+  o.reply_timeout = std::chrono::milliseconds(60000);
+  if (Error e = Client::connect(o, out)) {
+    fail(e);
+    return 3;
+  }
+  return 0;
+}
+
+std::string dump(const nlohmann::ordered_json& j) {
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+int tags_define(const DaemonArgs& a) {
+  std::ifstream in(a.file, std::ios::binary);
+  if (!in) {
+    std::cerr << "outrun: cannot read '" << a.file << "'\n";
+    return 2;
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::unique_ptr<Client> c;
+  if (int r = connect_daemon(a, &c)) return r;
+  std::string json;
+  if (Error e = c->define_tags(ss.str(), a.replace, &json)) return fail(e, a.file + ": ");
+  std::cout << json << "\n";
+  return 0;
+}
+
+int tags_list(const DaemonArgs& a) {
+  std::unique_ptr<Client> c;
+  if (int r = connect_daemon(a, &c)) return r;
+  std::string json;
+  if (Error e = c->list_tags_json(&json)) return fail(e);
+  if (a.json) {
+    std::cout << json << "\n";
+    return 0;
+  }
+  const auto doc = nlohmann::json::parse(json, nullptr, false);
+  if (doc.is_discarded() || !doc.contains("tags")) {
+    std::cerr << "outrun: outrund sent a document that is not JSON\n";
+    return 1;
+  }
+  for (const auto& t : doc["tags"]) {
+    const auto& v = t.value("value", nlohmann::json::object());
+    const auto& k = t.value("counters", nlohmann::json::object());
+    std::cout << escape_text(t.value("id", "")) << "  " << escape_text(v.value("status", "?"))
+              << "  "
+              << escape_text(v.contains("value") ? v["value"].dump(-1, ' ', false,
+                                                                   nlohmann::json::error_handler_t::replace)
+                                                 : "null")
+              << "  evaluations=" << k.value("evaluations", uint64_t{0})
+              << " coalesced=" << k.value("coalesced", uint64_t{0});
+    const std::string err = k.value("last_error", "");
+    if (!err.empty()) std::cout << "  last_error=" << escape_text(err);
+    std::cout << "\n";
+  }
+  return 0;
+}
+
+int tags_update(const DaemonArgs& a) {
+  std::istream* in = &std::cin;
+  std::ifstream f;
+  if (a.file != "-") {
+    f.open(a.file, std::ios::binary);
+    if (!f) {
+      std::cerr << "outrun: cannot read '" << a.file << "'\n";
+      return 2;
+    }
+    in = &f;
+  }
+  const std::string name = a.file == "-" ? "<stdin>" : a.file;
+  std::unique_ptr<Client> c;
+  if (int r = connect_daemon(a, &c)) return r;
+  std::string line, err;
+  std::size_t line_no = 0;
+  while (std::getline(*in, line)) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = name + ":" + std::to_string(line_no) + ": ";
+    tags::file::Wave wave;
+    if (!tags::file::parse_wave(line, &wave, &err)) {
+      std::cerr << "outrun: " << where << escape_text(err) << "\n";
+      return 2;
+    }
+    if (!wave.triggers.empty()) {
+      std::cerr << "outrun: " << where << "\"trigger\" is not available through outrund\n";
+      return 2;
+    }
+    if (!wave.updates.empty())
+      if (Error e = c->update_sources(wave.updates, wave.has_time ? wave.time : DateTime{}))
+        return fail(e, where);
+    if (!wave.reads.empty()) {
+      std::vector<tags::Change> values;
+      if (Error e = c->read_tags(wave.reads, &values)) return fail(e, where);
+      for (const auto& v : values) print_change(v, true, "read");
+    }
+  }
+  return 0;
+}
+
+int tags_read(const DaemonArgs& a) {
+  std::unique_ptr<Client> c;
+  if (int r = connect_daemon(a, &c)) return r;
+  std::vector<tags::Change> values;
+  if (Error e = c->read_tags(a.ids, &values)) return fail(e);
+  for (const auto& v : values) print_change(v, a.json);
+  return 0;
+}
+
+int tags_watch(const DaemonArgs& a) {
+  // SIGINT/SIGTERM are taken with sigtimedwait: blocked before the reader thread starts.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::unique_ptr<Client> c;
+  if (int r = connect_daemon(a, &c)) return r;
+  std::mutex out_mu;
+  Error e = c->subscribe(a.ids, [&](const std::vector<tags::Change>& changes) {
+    std::lock_guard lock(out_mu);
+    for (const auto& ch : changes) std::cout << dump(tags::file::change_to_json(ch.tag, ch.value)) << "\n";
+    std::cout.flush();
+  });
+  if (e) return fail(e);
+  for (;;) {
+    timespec ts{0, 200 * 1000 * 1000};
+    const int sig = sigtimedwait(&set, nullptr, &ts);
+    if (sig == SIGINT || sig == SIGTERM) break;
+    if (!c->connected()) {
+      std::cerr << "outrun: the connection to outrund was lost\n";
+      return 3;
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
-void add_tags_commands(CLI::App& app, int* rc) {
+void add_tags_commands(CLI::App& app, int* rc, const std::string* socket) {
   auto* tags_cmd = app.add_subcommand("tags", "virtual tags (design/tags.md)");
   tags_cmd->require_subcommand(1);
   auto args = std::make_shared<TagsRunArgs>();
@@ -226,6 +390,26 @@ void add_tags_commands(CLI::App& app, int* rc) {
       ->check(CLI::Range(1, 3600000))
       ->capture_default_str();
   run->callback([args, rc] { *rc = run_tags(*args); });
+
+  auto d = std::make_shared<DaemonArgs>();
+  d->socket = socket;
+  auto* define = tags_cmd->add_subcommand("define", "outrund: define the tags of a TOML file (admin)");
+  define->add_option("-f,--file", d->file, "tags file (TOML; no script_file)")->required();
+  define->add_flag("--replace", d->replace, "remove the daemon's tags that are not in the file");
+  define->callback([d, rc] { *rc = tags_define(*d); });
+  auto* list = tags_cmd->add_subcommand("list", "outrund: the tags, their values and counters");
+  list->add_flag("--json", d->json, "the daemon's JSON document");
+  list->callback([d, rc] { *rc = tags_list(*d); });
+  auto* update = tags_cmd->add_subcommand("update", "outrund: one wave of source updates per JSON line");
+  update->add_option("-f,--file", d->file, "JSON lines ('-': stdin)")->required();
+  update->callback([d, rc] { *rc = tags_update(*d); });
+  auto* watch = tags_cmd->add_subcommand("watch", "outrund: print changes as JSON lines until SIGINT");
+  watch->add_option("tags", d->ids, "tags to watch (none: all)");
+  watch->callback([d, rc] { *rc = tags_watch(*d); });
+  auto* read = tags_cmd->add_subcommand("read", "outrund: the current values of tags");
+  read->add_option("tags", d->ids, "tags")->required();
+  read->add_flag("--json", d->json, "JSON lines");
+  read->callback([d, rc] { *rc = tags_read(*d); });
 }
 
 }  // namespace outrun::cli

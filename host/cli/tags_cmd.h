@@ -5,7 +5,8 @@
 
 namespace outrun::cli {
 
-// Adds `tags run` (offline); the command's exit code goes to *rc.
-void add_tags_commands(CLI::App& app, int* rc);
+// Adds `tags run` (offline) and the daemon's `tags define|list|update|watch|read` (through
+// outrund at *socket, empty: $OUTRUN_SOCKET or the default); the exit code goes to *rc.
+void add_tags_commands(CLI::App& app, int* rc, const std::string* socket);
 
 }  // namespace outrun::cli

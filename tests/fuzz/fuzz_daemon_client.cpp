@@ -63,6 +63,10 @@ struct ServerTestAccess {
     if (Error e = Host::create(s.cfg_.host, &s.host_)) return e;
     s.counters_.shards = s.host_->shards();
     s.counters_.shard_latency = std::make_unique<LatencyHistogram[]>(s.counters_.shards);
+    tags::TagsOptions to;
+    to.on_change = [&s](const std::vector<tags::Change>& ch) { s.on_tag_changes(ch); };
+    if (Error e = tags::Engine::create(*s.host_, std::move(to), &s.tags_)) return e;
+    s.tags_thread_ = std::thread([&s] { s.tags_thread_main(); });
     std::string err;
     if (!s.open_socket(&err)) return Error{Status::unavailable, err};
     uv_loop_init(&s.loop_);
@@ -96,6 +100,13 @@ struct ServerTestAccess {
       uv_close(reinterpret_cast<uv_handle_t*>(&s.async_), nullptr);
     }
     uv_run(&s.loop_, UV_RUN_DEFAULT);
+    {
+      std::lock_guard lock(s.tq_mu_);
+      s.tq_stop_ = true;
+    }
+    s.tq_cv_.notify_all();
+    s.tags_thread_.join();
+    s.tags_.reset();
     s.host_.reset();
     FUZZ_CHECK(uv_loop_close(&s.loop_) == 0);
   }
@@ -182,6 +193,10 @@ struct Expectation {
   bool violation = false;    // the daemon must close the connection
   bool bad_version = false;  // ... after a ServerHello{error}
   bool unregisters = false;  // the stream unregisters keys: the next input gets a fresh daemon
+  // Tags frames (design/protocol.md "Tags frames"): answered by TagsReply/TagValues, and
+  // TagChanges may be pushed; their count is not modelled (only: verified frames, no crash,
+  // violations as for the other frames). The next input gets a fresh daemon.
+  bool tags = false;
   std::vector<Request> requests;
   std::vector<Evaluation> evaluations;
   std::size_t replies() const {  // frames and results a clean stream gets back
@@ -317,6 +332,14 @@ bool expect(std::span<const uint8_t> stream, Expectation* x) {
         }
         break;
       }
+      case wire::Body::DefineTags:
+      case wire::Body::RemoveTags:
+      case wire::Body::ListTags:
+      case wire::Body::SourceUpdates:
+      case wire::Body::Subscribe:
+      case wire::Body::ReadTags:
+        x->tags = x->unregisters = true;
+        break;
       default:  // a second hello, or a frame only the daemon sends
         x->violation = true;
         return true;
@@ -450,6 +473,11 @@ Frames converse(daemon::Server& s, std::span<const uint8_t> stream, const Expect
   FUZZ_CHECK(x.violation ? !shut : shut);
   FUZZ_CHECK(ServerTestAccess::violations(s) == violations0 + (x.violation ? 1 : 0));
   // The fd closes in ~Conn, after the last callback: the connection is gone, nothing in flight.
+  // A DefineTags/RemoveTags job on the tags thread holds the connection until it has answered.
+  for (int i = 0; x.tags && !conn.expired() && i < 20000; ++i) {
+    uv_run(loop, UV_RUN_NOWAIT);
+    ::usleep(500);
+  }
   FUZZ_CHECK(conn.expired());
   FUZZ_CHECK(ServerTestAccess::conns(s) == 0);
   FUZZ_CHECK(ServerTestAccess::inflight(s) == 0);
@@ -620,6 +648,11 @@ std::vector<uint32_t> check_answers(const Frames& frames, std::size_t cut, const
         }
         break;
       }
+      case wire::Body::TagsReply:
+      case wire::Body::TagValues:
+      case wire::Body::TagChanges:
+        FUZZ_CHECK(x.tags);  // only to a client that sent tags frames
+        break;
       default:
         FUZZ_CHECK(false);  // nothing else goes to a client
     }

@@ -1,0 +1,434 @@
+// outrund's tags engine through the real daemon: the tags frames with outrun::Client, raw frames,
+// subscribers, --tags and SIGHUP, the CLI (design/protocol.md "Tags frames", design/daemon.md).
+#include <doctest/doctest.h>
+#include <flatbuffers/flatbuffers.h>
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "daemon_support.h"
+#include "outrun/protocol/frame.h"
+#include "outrun/protocol/outrun_generated.h"
+#include "outrun/tags.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using namespace outrun::test;
+namespace tags = outrun::tags;
+namespace wire = outrun::wire;
+
+const char* kTags = R"(
+[[tag]]
+id = "f"
+type = "Float"
+inputs = ["a"]
+script = "return inputs.a * 2"
+
+[[tag]]
+id = "u"
+type = "UInt16"
+inputs = ["a"]
+script = "return inputs.a + 1"
+)";
+
+struct Collector {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::string, tags::DataValue> latest;
+  std::size_t count = 0;
+  void operator()(const std::vector<tags::Change>& changes) {
+    {
+      std::lock_guard lock(mu);
+      for (const auto& c : changes) latest[c.tag] = c.value;
+      count += changes.size();
+    }
+    cv.notify_all();
+  }
+  template <class Pred>
+  bool wait(Pred p, std::chrono::milliseconds t = 10s) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, t, [&] { return p(latest); });
+  }
+};
+
+tags::SourceUpdate good(const std::string& tag, outrun::Value v) {
+  tags::SourceUpdate u;
+  u.tag = tag;
+  u.value.value = std::move(v);
+  u.value.status = tags::codes::Good;
+  return u;
+}
+
+std::string write_file(const std::string& dir, const std::string& name, const std::string& text) {
+  const std::string path = dir + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int raw_connect(const std::string& path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+void send_frame(int fd, flatbuffers::FlatBufferBuilder& f) {
+  REQUIRE(write(fd, f.GetBufferPointer(), f.GetSize()) == static_cast<ssize_t>(f.GetSize()));
+}
+
+bool closed_by_peer(int fd) {
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n == 0) return true;
+    if (n < 0) return errno == ECONNRESET;
+  }
+}
+
+long rss_kb(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("outrund tags: define, update, subscribe: Float arrives as Float, UInt16 as UInt, Bad propagates") {
+  Daemon d;
+  auto c = d.client();
+  std::string json;
+  REQUIRE(!c->define_tags(kTags, false, &json));
+  const auto j = nlohmann::json::parse(json);
+  CHECK(j["defined"] == nlohmann::json::array({"f", "u"}));
+  CHECK(j["removed"] == nlohmann::json::array());
+
+  auto sub = d.client();
+  Collector col;
+  REQUIRE(!sub->subscribe({}, std::ref(col)));
+  REQUIRE(!c->update_sources({good("a", outrun::Value(3.0))}));
+  REQUIRE(col.wait([](auto& m) { return m.count("f") && m.count("u"); }));
+  {
+    std::lock_guard lock(col.mu);
+    const auto& f = col.latest["f"];
+    REQUIRE(f.value.is<float>());
+    CHECK(f.value.as<float>() == 6.0f);
+    CHECK(f.status == tags::codes::Good);
+    const auto& u = col.latest["u"];
+    REQUIRE(u.value.is<uint64_t>());
+    CHECK(u.value.as<uint64_t>() == 4u);
+  }
+  // A Bad source gives a Bad virtual tag.
+  tags::SourceUpdate bad = good("a", outrun::Value(5.0));
+  bad.value.status = tags::codes::BadSensorFailure;
+  REQUIRE(!c->update_sources({bad}));
+  REQUIRE(col.wait([](auto& m) { return tags::severity(m["f"].status) == tags::Severity::bad; }));
+
+  // ReadTags: values in order; an unknown id is InvalidArgument.
+  std::vector<tags::Change> values;
+  REQUIRE(!c->read_tags({"u", "a"}, &values));
+  REQUIRE(values.size() == 2);
+  CHECK(values[0].tag == "u");
+  CHECK(values[1].tag == "a");
+  CHECK(values[1].value.status == tags::codes::BadSensorFailure);
+  outrun::Error e = c->read_tags({"u", "nope"}, &values);
+  CHECK(e.status == outrun::Status::invalid_argument);
+  CHECK(e.message.find("nope") != std::string::npos);
+
+  // ListTags: both, with counters.
+  REQUIRE(!c->list_tags_json(&json));
+  const auto l = nlohmann::json::parse(json);
+  REQUIRE(l["tags"].size() == 2);
+  CHECK(l["tags"][0]["id"] == "f");
+  CHECK(l["tags"][0]["type"] == "Float");
+  CHECK(l["tags"][0]["counters"]["evaluations"].get<int>() >= 1);
+
+  // RemoveTags: u goes; f stays.
+  REQUIRE(!c->remove_tags({"u"}));
+  REQUIRE(!c->list_tags_json(&json));
+  CHECK(nlohmann::json::parse(json)["tags"].size() == 1);
+  CHECK(c->remove_tags({"zz"}).status == outrun::Status::invalid_argument);
+}
+
+TEST_CASE("outrund tags: a compile error or a bad text answers its error and changes nothing") {
+  Daemon d;
+  auto c = d.client();
+  REQUIRE(!c->define_tags(kTags, false));
+  std::string before, after;
+  REQUIRE(!c->list_tags_json(&before));
+  outrun::Error e = c->define_tags(
+      "[[tag]]\nid = \"f\"\ninputs = [\"a\"]\nscript = \"return (\"\n", /*replace_all=*/true);
+  CHECK(e.status == outrun::Status::compile_error);
+  CHECK(e.message.find("f") != std::string::npos);
+  e = c->define_tags("[[tag]]\nid = \"g\"\nbogus = 1\nscript = \"return 1\"\n", false);
+  CHECK(e.status == outrun::Status::invalid_argument);
+  CHECK(e.message.rfind("3:", 0) == 0);  // LINE:COL: message
+  REQUIRE(!c->list_tags_json(&after));
+  auto strip = [](std::string s) {
+    auto j = nlohmann::json::parse(s);
+    for (auto& t : j["tags"]) t.erase("counters");
+    return j;
+  };
+  CHECK(strip(before) == strip(after));
+}
+
+TEST_CASE("outrund tags: DefineTags and RemoveTags need an admin uid; updates and reads do not") {
+  char tmpl[] = "/tmp/outrund-conf-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  REQUIRE(fd >= 0);
+  close(fd);
+  const std::string conf = tmpl;
+  std::ofstream(conf) << "[daemon]\nadmin_uids = [4242]\n";
+  Daemon d({"--config", conf});
+  auto c = d.client();
+  outrun::Error e = c->define_tags(kTags, false);
+  CHECK(e.status == outrun::Status::invalid_argument);
+  CHECK(e.message.find("permission denied") != std::string::npos);
+  CHECK(c->remove_tags({"f"}).status == outrun::Status::invalid_argument);
+  CHECK(!c->update_sources({good("a", outrun::Value(1.0))}));
+  std::string json;
+  REQUIRE(!c->list_tags_json(&json));
+  CHECK(nlohmann::json::parse(json)["tags"].empty());
+  std::remove(conf.c_str());
+}
+
+TEST_CASE("outrund tags: --tags FILE at start, SIGHUP reloads it, a broken file changes nothing") {
+  const std::string dir = temp_dir();
+  const std::string file = write_file(dir, "tags.toml", kTags);
+  const std::string log = dir + "/outrund.log";
+  Daemon d({"--tags", file, "--log-file", log, "--log-level", "info"});
+  auto c = d.client();
+  REQUIRE(!c->update_sources({good("a", outrun::Value(10.0))}));
+  auto read_f = [&] {
+    std::vector<tags::Change> v;
+    REQUIRE(!c->read_tags({"f"}, &v));
+    return v.at(0).value;
+  };
+  auto wait_f = [&](float want) {
+    for (int i = 0; i < 500; ++i) {
+      auto v = read_f();
+      if (v.value.is<float>() && v.value.as<float>() == want) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return false;
+  };
+  CHECK(wait_f(20.0f));
+  // Changed file: f = a * 3.
+  std::string changed = kTags;
+  changed.replace(changed.find("inputs.a * 2"), 12, "inputs.a * 3");
+  write_file(dir, "tags.toml", changed);
+  kill(d.pid, SIGHUP);
+  bool reloaded = false;
+  for (int i = 0; i < 500 && !reloaded; ++i) {
+    std::this_thread::sleep_for(10ms);
+    reloaded = read_all(log).find("SIGHUP: defined 2 tags") != std::string::npos;
+  }
+  REQUIRE(reloaded);
+  REQUIRE(!c->update_sources({good("a", outrun::Value(10.0))}));
+  CHECK(wait_f(30.0f));
+  // Broken file: logged with its line, the running tags stay.
+  write_file(dir, "tags.toml", "[[tag]]\nid = \"f\"\nscript = 7\n");
+  kill(d.pid, SIGHUP);
+  bool logged = false;
+  for (int i = 0; i < 500 && !logged; ++i) {
+    std::this_thread::sleep_for(10ms);
+    logged = read_all(log).find("the running tags are kept") != std::string::npos;
+  }
+  REQUIRE(logged);
+  CHECK(read_all(log).find("tags.toml:3:") != std::string::npos);
+  REQUIRE(!c->update_sources({good("a", outrun::Value(11.0))}));
+  CHECK(wait_f(33.0f));
+  CHECK(d.stop() == 0);
+  // A bad file at start: exit non-zero with the line.
+  const auto [rc, out] =
+      run_command(std::string(OUTRUN_TEST_DAEMON) + " --socket " + dir + "/other.sock --worker " +
+                  OUTRUN_TEST_WORKER + " --shards 1 --tags " + file + " 2>&1");
+  CHECK(rc == 2);
+  CHECK(out.find("3:") != std::string::npos);
+  std::remove(file.c_str());
+  std::remove(log.c_str());
+  std::remove((dir + "/other.sock").c_str());
+  rmdir(dir.c_str());
+}
+
+TEST_CASE("outrund tags: a subscriber that does not read stays bounded and then gets the latest values") {
+  Daemon d;
+  auto c = d.client();
+  constexpr int kTagsN = 10;
+  std::string text;
+  for (int k = 0; k < kTagsN; ++k)
+    text += "[[tag]]\nid = \"v" + std::to_string(k) + "\"\ninputs = [\"s" + std::to_string(k) +
+            "\"]\nscript = \"return inputs.s" + std::to_string(k) + "\"\n";
+  REQUIRE(!c->define_tags(text, false));
+
+  // The subscriber's reader blocks in its first callback: it reads nothing while updates flow.
+  auto sub = d.client();
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  std::map<std::string, double> latest;
+  std::atomic<std::size_t> received{0};
+  REQUIRE(!sub->subscribe({}, [&](const std::vector<tags::Change>& ch) {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return release; });
+    for (const auto& x : ch)
+      if (x.value.value.is<double>()) latest[x.tag] = x.value.value.as<double>();
+    received += ch.size();
+    cv.notify_all();
+  }));
+  const long rss0 = rss_kb(d.pid);
+  // 100,000 updates: 10,000 waves of 10, a payload that makes each change ~1 KiB.
+  for (int w = 0; w < 10000; ++w) {
+    std::vector<tags::SourceUpdate> ups;
+    for (int k = 0; k < kTagsN; ++k) ups.push_back(good("s" + std::to_string(k), outrun::Value(w + k * 0.001)));
+    REQUIRE(!c->update_sources(ups));
+  }
+  std::vector<tags::SourceUpdate> last;
+  for (int k = 0; k < kTagsN; ++k) last.push_back(good("s" + std::to_string(k), outrun::Value(1e6 + k)));
+  REQUIRE(!c->update_sources(last));
+  for (int i = 0; i < 1000; ++i) {  // the last wave evaluated
+    std::vector<tags::Change> v;
+    REQUIRE(!c->read_tags({"v9"}, &v));
+    if (v[0].value.value == outrun::Value(1e6 + 9)) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  const long rss1 = rss_kb(d.pid);
+  MESSAGE("daemon RSS before " << rss0 << " kB, after 100,000 updates " << rss1 << " kB");
+  CHECK(rss1 - rss0 < 64 * 1024);
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  std::unique_lock lock(mu);
+  const bool all = cv.wait_for(lock, 20s, [&] {
+    for (int k = 0; k < kTagsN; ++k) {
+      auto it = latest.find("v" + std::to_string(k));
+      if (it == latest.end() || it->second != 1e6 + k) return false;
+    }
+    return true;
+  });
+  CHECK(all);
+  MESSAGE("the subscriber received " << received.load() << " changes");
+  CHECK(received.load() < 100000);  // the latest values only, once over the budget
+}
+
+TEST_CASE("outrund tags: malformed or wrong-direction tags frames disconnect only the sender") {
+  Daemon d;
+  auto c = d.client();
+  REQUIRE(!c->define_tags(kTags, false));
+  Collector col;
+  REQUIRE(!c->subscribe({"f"}, std::ref(col)));
+  auto hello = [](flatbuffers::FlatBufferBuilder& f) {
+    auto h = wire::CreateClientHello(f, outrun::protocol::kProtocolVersion, f.CreateString("t"));
+    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::ClientHello, h.Union()));
+  };
+  // A client sending TagChanges (daemon -> client only).
+  {
+    const int fd = raw_connect(d.socket);
+    flatbuffers::FlatBufferBuilder f;
+    hello(f);
+    send_frame(fd, f);
+    f.Clear();
+    auto tv = wire::CreateTagValue(f, f.CreateString("f"));
+    auto body = wire::CreateTagChanges(f, f.CreateVector(&tv, 1));
+    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::TagChanges, body.Union()));
+    send_frame(fd, f);
+    CHECK(closed_by_peer(fd));
+    close(fd);
+  }
+  // A TagValue without its required tag (fails verification).
+  {
+    const int fd = raw_connect(d.socket);
+    flatbuffers::FlatBufferBuilder f;
+    hello(f);
+    send_frame(fd, f);
+    f.Clear();
+    wire::TagValueBuilder b(f);
+    auto tv = b.Finish();
+    auto body = wire::CreateSourceUpdates(f, 1, 0, f.CreateVector(&tv, 1));
+    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::SourceUpdates, body.Union()));
+    send_frame(fd, f);
+    CHECK(closed_by_peer(fd));
+    close(fd);
+  }
+  // Too many ids: refused, the connection stays.
+  std::vector<std::string> many(5000, "x");
+  std::vector<tags::Change> v;
+  CHECK(c->read_tags(many, &v).status == outrun::Status::invalid_argument);  // checked locally
+  // The others go on.
+  REQUIRE(!c->update_sources({good("a", outrun::Value(2.0))}));
+  CHECK(col.wait([](auto& m) { return m.count("f") > 0; }));
+  CHECK(c->connected());
+}
+
+TEST_CASE("outrund tags: outrun tags define, update, read, list and watch through the CLI") {
+  Daemon d;
+  const std::string dir = temp_dir();
+  const std::string file = write_file(dir, "t.toml", kTags);
+  const std::string ups = write_file(dir, "u.jsonl", "{\"values\": {\"a\": 4}}\n");
+  const std::string cli = std::string(OUTRUN_TEST_CLI) + " --socket " + d.socket + " tags ";
+  // A watcher as a process.
+  const std::string watch_out = dir + "/watch.out";
+  const pid_t w = fork();
+  REQUIRE(w >= 0);
+  if (w == 0) {
+    const int o = open(watch_out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(o, 1);
+    execl(OUTRUN_TEST_CLI, OUTRUN_TEST_CLI, "--socket", d.socket.c_str(), "tags", "watch", "f",
+          nullptr);
+    _exit(127);
+  }
+  auto [rc, out] = run_command(cli + "define -f " + file);
+  CHECK(rc == 0);
+  CHECK(out.find("\"defined\"") != std::string::npos);
+  std::this_thread::sleep_for(300ms);  // the watcher subscribed
+  std::tie(rc, out) = run_command(cli + "update -f " + ups);
+  CHECK(rc == 0);
+  std::string got;
+  for (int i = 0; i < 500 && got.find("\"tag\":\"f\"") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(10ms);
+    got = read_all(watch_out);
+  }
+  CHECK(got.find("\"tag\":\"f\"") != std::string::npos);
+  CHECK(got.find("\"value\":8") != std::string::npos);
+  kill(w, SIGINT);
+  int st = 0;
+  waitpid(w, &st, 0);
+  CHECK(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 0);
+  std::tie(rc, out) = run_command(cli + "read --json u");
+  CHECK(rc == 0);
+  CHECK(out.find("\"value\":5") != std::string::npos);
+  std::tie(rc, out) = run_command(cli + "list");
+  CHECK(rc == 0);
+  CHECK(out.find("f  Good  8") != std::string::npos);
+  CHECK(out.find("evaluations=") != std::string::npos);
+  const std::string bad = write_file(dir, "bad.jsonl", "{\"values\": {\"a\": 1}}\n{nope\n");
+  std::tie(rc, out) = run_command(cli + "update -f " + bad + " 2>&1");
+  CHECK(rc == 2);
+  CHECK(out.find("bad.jsonl:2:") != std::string::npos);
+  for (const auto& p : {file, ups, bad, watch_out}) std::remove(p.c_str());
+  rmdir(dir.c_str());
+}
