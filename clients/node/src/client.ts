@@ -10,6 +10,8 @@ import { MalformedFrame } from './checked-buffer';
 import { OutrunError, StatusName, statusName } from './status';
 import { DecodeBudget, InvalidInput, InvalidValue, Inputs, OutputValue, toWireInputs, WireInputs } from './values';
 import * as wire from './wire';
+import * as tags from './tags';
+import type { SourceUpdate, TagChange } from './tags';
 import { w } from './wire';
 
 /** The outcome of one evaluation. */
@@ -100,6 +102,38 @@ export interface ClientEvents {
   disconnected: [error: Error, willReconnect: boolean];
   /** A frame the daemon sent on its own (no request), by body name; see PUSHED_BODIES. */
   push: [body: string, frame: wire.IncomingFrame];
+  /** A fire-and-forget updateSourcesNoReply() wave was refused by the daemon. */
+  updateRefused: [error: OutrunError];
+}
+
+/** What defineTags()/removeTags() did. */
+export interface DefineResult {
+  defined: string[];
+  removed: string[];
+}
+
+/** A subscription to tag changes (subscribe()). */
+export class Subscription {
+  /** The tag ids, or empty for every tag. */
+  readonly ids: readonly string[];
+  /** @internal */ readonly _filter: Set<string> | null;
+  /** @internal */ readonly _onChanges: (changes: TagChange[]) => void;
+  /** @internal */ _active = true;
+  /** @internal */ readonly _owner: Client;
+  /** @internal */
+  constructor(owner: Client, ids: readonly string[], onChanges: (changes: TagChange[]) => void) {
+    this._owner = owner;
+    this.ids = [...ids];
+    this._filter = ids.length ? new Set(ids) : null;
+    this._onChanges = onChanges;
+  }
+  get active(): boolean {
+    return this._active;
+  }
+  /** Stops the subscription (the daemon stops pushing what no other subscription needs). */
+  cancel(): Promise<void> {
+    return this._owner._cancel(this);
+  }
 }
 
 export function defaultSocketPath(): string {
@@ -160,10 +194,33 @@ const CONTROL: RequestKind<ControlReplyData> = {
   },
 };
 
-const REQUEST_KINDS: readonly RequestKind<Reply>[] = [REGISTER, CONTROL];
+interface TagsReplyData extends Reply {
+  json: string;
+}
+const TAGS_REPLY: RequestKind<TagsReplyData> = {
+  reply: w.Body.TagsReply,
+  read(f) {
+    const r = wire.body(f, w.TagsReply);
+    return { requestId: Number(r.requestId()), status: r.status(), error: r.error() ?? '', json: r.json() ?? '' };
+  },
+};
 
-/** Bodies the daemon sends without being asked; routed to the 'push' event. None yet. */
-export const PUSHED_BODIES: ReadonlySet<w.Body> = new Set<w.Body>();
+interface TagValuesData extends Reply {
+  values: TagChange[];
+}
+const TAG_VALUES: RequestKind<TagValuesData> = {
+  reply: w.Body.TagValues,
+  read(f) {
+    const r = wire.body(f, w.TagValues);
+    const values = tags.decodeTagValues(r.valuesLength(), (i, o) => r.values(i, o));
+    return { requestId: Number(r.requestId()), status: r.status(), error: r.error() ?? '', values };
+  },
+};
+
+const REQUEST_KINDS: readonly RequestKind<Reply>[] = [REGISTER, CONTROL, TAGS_REPLY, TAG_VALUES];
+
+/** Bodies the daemon sends without being asked; routed to the 'push' event (and TagChanges to the subscriptions). */
+export const PUSHED_BODIES: ReadonlySet<w.Body> = new Set<w.Body>([w.Body.TagChanges]);
 
 // ---- internals ----
 
@@ -214,6 +271,7 @@ export class Client extends EventEmitter<ClientEvents> {
   private readonly registered: Script[] = [];
   private byHandle = new Map<number, Script>();
   private readonly replyTable = new Map<w.Body, RequestKind<Reply>>();
+  private readonly subscriptions = new Set<Subscription>();
 
   /** @internal use connect() */
   constructor(socketPath: string, options: ConnectOptions = {}) {
@@ -298,6 +356,140 @@ export class Client extends EventEmitter<ClientEvents> {
   }
   async restartShard(shard: number): Promise<void> {
     await this.control(w.ControlCommand.RestartShard, shard);
+  }
+
+  // ---- tags (design/protocol.md "Tags frames") ----
+
+  /** Defines/redefines the tags of a tags-file text (admin only). Rejects with OutrunError. */
+  async defineTags(toml: string, options: { replaceAll?: boolean } = {}): Promise<DefineResult> {
+    if (typeof toml !== 'string') throw new OutrunError('invalid_argument', 'toml must be a string');
+    const r = await this.tagsRequest((id) => tags.defineTags(id, toml, options.replaceAll ?? false));
+    const doc = this.parseJson(r.json, 'DefineTags');
+    return { defined: doc?.defined ?? [], removed: doc?.removed ?? [] };
+  }
+
+  /** Removes virtual tags, all or none (admin only). */
+  async removeTags(ids: readonly string[]): Promise<DefineResult> {
+    const r = await this.tagsRequest((id) => tags.removeTags(id, checkIds(ids)));
+    const doc = r.json ? this.parseJson(r.json, 'RemoveTags') : {};
+    return { defined: doc?.defined ?? [], removed: doc?.removed ?? [...ids] };
+  }
+
+  /** The ListTags document, parsed: `{tags: [{id, type, trigger, inputs, value, counters, version}]}`. */
+  async listTags(): Promise<any> {
+    const r = await this.tagsRequest((id) => tags.listTags(id));
+    return this.parseJson(r.json, 'ListTags');
+  }
+
+  /**
+   * One wave of source updates; resolves when the daemon accepted it (rejects with OutrunError
+   * when it refused, e.g. `invalid_argument` for a virtual tag or a bad value).
+   */
+  async updateSources(updates: readonly SourceUpdate[], time?: Date): Promise<void> {
+    const wu = this.wireUpdates(updates);
+    const t = time ? tags.dateToTicks(time) : 0n;
+    await this.tagsRequest((id) => tags.sourceUpdates(id, t, wu, wire.encodeValue));
+  }
+
+  /**
+   * The same wave, fire-and-forget (request_id 0): nothing comes back unless the daemon refuses
+   * it, then the 'updateRefused' event. Throws OutrunError at once for updates that cannot be
+   * encoded or when not connected.
+   */
+  updateSourcesNoReply(updates: readonly SourceUpdate[], time?: Date): void {
+    if (this.state !== 'ready' || !this.socket) throw new OutrunError('unavailable', this.lastDropReason);
+    const wu = this.wireUpdates(updates);
+    const t = time ? tags.dateToTicks(time) : 0n;
+    this.outgoing.push(tags.sourceUpdates(0, t, wu, wire.encodeValue));
+    this.scheduleFlush();
+  }
+
+  /** Current DataValues of `ids`, in order (an unknown id: OutrunError invalid_argument). */
+  async readTags(ids: readonly string[]): Promise<TagChange[]> {
+    checkIds(ids);
+    await this.whenReady();
+    const r = (await this.request(TAG_VALUES, (id) => tags.readTags(id, ids))) as TagValuesData;
+    this.check(r);
+    return r.values;
+  }
+
+  /**
+   * Pushes the changes of `ids` (empty: every tag) to `onChanges`, one call per TagChanges frame
+   * (the changes of one or more waves, in order). Survives reconnections (subscribed again).
+   */
+  async subscribe(ids: readonly string[], onChanges: (changes: TagChange[]) => void): Promise<Subscription> {
+    checkIds(ids);
+    if (typeof onChanges !== 'function') throw new OutrunError('invalid_argument', 'onChanges must be a function');
+    const sub = new Subscription(this, ids, onChanges);
+    this.subscriptions.add(sub);
+    try {
+      await this.tagsRequest((id) => tags.subscribe(id, ids, false));
+    } catch (e) {
+      this.subscriptions.delete(sub);
+      sub._active = false;
+      throw e;
+    }
+    return sub;
+  }
+
+  /** @internal */
+  async _cancel(sub: Subscription): Promise<void> {
+    if (!sub._active) return;
+    sub._active = false;
+    this.subscriptions.delete(sub);
+    if (this.state !== 'ready') return; // a reconnection subscribes only what is left
+    const rest = [...this.subscriptions];
+    if (rest.some((s) => s._filter === null)) return; // an every-tag subscription remains
+    if (sub._filter === null) {
+      await this.tagsRequest((id) => tags.subscribe(id, [], true));
+      if (rest.length) {
+        const ids = [...new Set(rest.flatMap((s) => s.ids))];
+        await this.tagsRequest((id) => tags.subscribe(id, ids, false));
+      }
+      return;
+    }
+    const still = new Set(rest.flatMap((s) => s.ids));
+    const drop = sub.ids.filter((i) => !still.has(i));
+    if (drop.length) await this.tagsRequest((id) => tags.subscribe(id, drop, true));
+  }
+
+  private deliverChanges(changes: TagChange[]): void {
+    for (const s of this.subscriptions) {
+      if (!s._active) continue;
+      const mine = s._filter ? changes.filter((c) => s._filter!.has(c.tag)) : changes;
+      if (mine.length === 0) continue;
+      try {
+        s._onChanges(mine);
+      } catch (e) {
+        queueMicrotask(() => {
+          throw e;
+        });
+      }
+    }
+  }
+
+  private wireUpdates(updates: readonly SourceUpdate[]): tags.WireUpdate[] {
+    try {
+      return tags.toWireUpdates(updates);
+    } catch (e) {
+      if (e instanceof InvalidInput) throw new OutrunError('invalid_argument', e.message);
+      throw e;
+    }
+  }
+
+  private async tagsRequest(build: (id: number) => Uint8Array): Promise<TagsReplyData> {
+    await this.whenReady();
+    const r = (await this.request(TAGS_REPLY, build)) as TagsReplyData;
+    this.check(r);
+    return r;
+  }
+
+  private parseJson(text: string, what: string): any {
+    try {
+      return JSON.parse(text);
+    } catch {
+      throw new OutrunError('runtime_error', `outrund sent a ${what} reply that is not JSON`);
+    }
   }
 
   /**
@@ -451,8 +643,24 @@ export class Client extends EventEmitter<ClientEvents> {
       if (wt.timer) clearTimeout(wt.timer);
       wt.resolve();
     }
+    this.resubscribe();
     this.emit('connected', this.serverInfo);
     this.scheduleFlush();
+  }
+
+  /** After a reconnection: the daemon knows none of this connection's subscriptions. */
+  private resubscribe(): void {
+    if (this.subscriptions.size === 0) return;
+    const gen = this.gen;
+    const all = [...this.subscriptions].some((s) => s._filter === null);
+    const ids = all ? [] : [...new Set([...this.subscriptions].flatMap((s) => s.ids))];
+    this.request(TAGS_REPLY, (id) => tags.subscribe(id, ids, false)).then(
+      (r) => {
+        const st = statusName(r.status);
+        if (st !== 'ok' && gen === this.gen) this.drop(gen, new OutrunError('unavailable', `subscribing again after reconnecting: ${r.error}`));
+      },
+      () => {},
+    );
   }
 
   /** Ends connection `gen` with `why`: in flight ends `unavailable`, then reconnect (or not). */
@@ -566,6 +774,12 @@ export class Client extends EventEmitter<ClientEvents> {
     const kind = this.replyTable.get(f.type);
     if (kind) {
       const r = kind.read(f);
+      if (kind === TAGS_REPLY && r.requestId === 0) {
+        // The refusal of a SourceUpdates sent with request_id 0.
+        const st = statusName(r.status) ?? 'runtime_error';
+        if (st !== 'ok') queueMicrotask(() => this.emit('updateRefused', new OutrunError(st, r.error)));
+        return;
+      }
       const p = this.requests.get(r.requestId);
       if (!p || p.kind !== kind) return; // timed out meanwhile: late replies are dropped
       this.requests.delete(r.requestId);
@@ -575,6 +789,11 @@ export class Client extends EventEmitter<ClientEvents> {
     }
     if (PUSHED_BODIES.has(f.type)) {
       const name = w.Body[f.type];
+      if (f.type === w.Body.TagChanges) {
+        const tc = wire.body(f, w.TagChanges);
+        const changes = tags.decodeTagValues(tc.changesLength(), (i, o) => tc.changes(i, o));
+        queueMicrotask(() => this.deliverChanges(changes));
+      }
       queueMicrotask(() => this.emit('push', name, f));
       return;
     }
@@ -740,4 +959,11 @@ export async function connect(socketPath?: string, options?: ConnectOptions): Pr
   const c = new Client(p, options);
   await c.open();
   return c;
+}
+
+function checkIds(ids: readonly string[]): string[] {
+  if (!Array.isArray(ids) || ids.some((i) => typeof i !== 'string' || i.length === 0))
+    throw new OutrunError('invalid_argument', 'ids must be an array of non-empty strings');
+  if (ids.length > 4096) throw new OutrunError('invalid_argument', 'at most 4096 ids per request');
+  return ids as string[];
 }

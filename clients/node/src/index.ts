@@ -1,5 +1,9 @@
 // @outrun/client: a Node.js client for outrund (README.md).
-export { connect, defaultSocketPath, Client, Script, PUSHED_BODIES } from './client';
+export { connect, defaultSocketPath, Client, Script, Subscription, PUSHED_BODIES } from './client';
+export type { DefineResult } from './client';
+export { dateToTicks, ticksToDate, EPOCH_TICKS } from './tags';
+export type { TagChange, SourceUpdate, TagOutputValue, TagInputValue } from './tags';
+export { STATUS_CODES, statusCodeName, toStatusCode, isGood, isUncertain, isBad } from './opcua-status';
 export type { Result, Request, ConnectOptions, ServerInfo, ClientEvents } from './client';
 export { OutrunError, STATUS_NAMES, statusName } from './status';
 export type { StatusName } from './status';

@@ -45,7 +45,9 @@ export type WireValue =
   | { k: ValueKind.String; v: string }
   | { k: ValueKind.Bytes; v: Uint8Array }
   | { k: ValueKind.Array; v: WireValue[] }
-  | { k: ValueKind.Map; keys: string[]; v: WireValue[] };
+  | { k: ValueKind.Map; keys: string[]; v: WireValue[] }
+  /** Tag values only (source updates): OPC UA ticks. */
+  | { k: ValueKind.DateTime; v: bigint };
 
 export type WireInputs = Array<[string, WireValue]>;
 
@@ -80,7 +82,7 @@ export function toWireInputs(inputs: Inputs | null | undefined): WireInputs {
   return out;
 }
 
-function toWire(x: InputValue, depth: number, budget: { bytes: number }, path: string): WireValue {
+export function toWire(x: InputValue, depth: number, budget: { bytes: number }, path: string): WireValue {
   if (depth > MAX_VALUE_DEPTH) throw new InvalidInput(`input '${path}' nests deeper than ${MAX_VALUE_DEPTH} levels`);
   budget.bytes += VALUE_COST;
   if (budget.bytes > MAX_INPUT_BYTES)

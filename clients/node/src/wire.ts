@@ -36,7 +36,7 @@ export function control(requestId: number, command: w.ControlCommand, shard: num
   return finish(b, w.Body.Control, w.Control.createControl(b, BigInt(requestId), command, shard));
 }
 
-function encodeValue(b: flatbuffers.Builder, v: WireValue): flatbuffers.Offset {
+export function encodeValue(b: flatbuffers.Builder, v: WireValue): flatbuffers.Offset {
   switch (v.k) {
     case w.ValueKind.Nil:
       w.Value.startValue(b);
@@ -77,6 +77,11 @@ function encodeValue(b: flatbuffers.Builder, v: WireValue): flatbuffers.Offset {
       w.Value.addItems(b, items);
       return w.Value.endValue(b);
     }
+    case w.ValueKind.DateTime:
+      w.Value.startValue(b);
+      w.Value.addKind(b, v.k);
+      w.Value.addIntValue(b, v.v);
+      return w.Value.endValue(b);
     case w.ValueKind.Map: {
       const items = w.Value.createItemsVector(b, v.v.map((x) => encodeValue(b, x)));
       const keys = w.Value.createKeysVector(b, v.keys.map((k) => b.createString(k)));

@@ -1,0 +1,253 @@
+// Tags frames (design/protocol.md "Tags frames"): encoding of the requests, decoding of
+// TagValue vectors (TagChanges, TagValues).
+import * as flatbuffers from 'flatbuffers';
+import * as w from './generated/outrun_generated';
+import { MalformedFrame } from './checked-buffer';
+import { MAX_VALUE_DEPTH } from './constants';
+import { statusCodeName, toStatusCode } from './opcua-status';
+import { DecodeBudget, InputValue, InvalidInput, InvalidValue, toWire, WireValue } from './values';
+
+/** Ticks (100 ns since 1601-01-01 UTC) at the Unix epoch. */
+export const EPOCH_TICKS = 116444736000000000n;
+
+export function dateToTicks(d: Date): bigint {
+  const ms = d.getTime();
+  if (!Number.isFinite(ms)) throw new InvalidInput('invalid Date');
+  return BigInt(Math.round(ms)) * 10000n + EPOCH_TICKS;
+}
+/** Ticks -> Date, rounded to the nearest millisecond (a Date has no finer precision). */
+export function ticksToDate(t: bigint): Date {
+  const d = t - EPOCH_TICKS;
+  const ms = d >= 0n ? (d + 5000n) / 10000n : -((-d + 5000n) / 10000n);
+  return new Date(Number(ms));
+}
+
+/** A tag value as it arrives: the JS mapping of design/protocol.md plus UInt, Float, DateTime. */
+export type TagOutputValue =
+  | null
+  | boolean
+  | number
+  | bigint
+  | string
+  | Buffer
+  | Date
+  | TagOutputValue[]
+  | { [key: string]: TagOutputValue };
+
+/** A value a source update may carry: the input values of evaluate(), plus Date (DateTime). */
+export type TagInputValue = InputValue | Date | readonly TagInputValue[];
+
+/** One DataValue of a tag (OPC UA semantics, design/tags.md). */
+export interface TagChange {
+  tag: string;
+  /** null when the status is Bad and there is no value. */
+  value: TagOutputValue;
+  /** The OPC UA StatusCode (uint32). */
+  status: number;
+  /** Its name when outrun knows it ("Good", "BadTimeout", ...). */
+  statusName?: string;
+  sourceTime: Date | null;
+  serverTime: Date | null;
+  /** Why the status is Bad ("runtime_error: tag:X:3: ..."), else "". */
+  diagnostics: string;
+}
+
+export interface SourceUpdate {
+  tag: string;
+  value: TagInputValue;
+  /** A StatusCode number or name; default Good. */
+  status?: number | string;
+  /** Default: the wave's time. */
+  sourceTime?: Date;
+}
+
+function toTagWire(x: TagInputValue, path: string): WireValue {
+  if (x instanceof Date) return { k: w.ValueKind.DateTime, v: dateToTicks(x) };
+  if (Array.isArray(x) && x.some((e) => e instanceof Date || Array.isArray(e)))
+    return { k: w.ValueKind.Array, v: x.map((e, i) => toTagWire(e, `${path}[${i}]`)) };
+  return toWire(x as InputValue, 1, { bytes: 0 }, path);
+}
+
+function finish(b: flatbuffers.Builder, type: w.Body, body: flatbuffers.Offset): Uint8Array {
+  const frame = w.Frame.createFrame(b, type, body);
+  w.Frame.finishSizePrefixedFrameBuffer(b, frame);
+  return b.asUint8Array().slice();
+}
+
+function stringVector(b: flatbuffers.Builder, ids: readonly string[]): flatbuffers.Offset {
+  const offs = ids.map((s) => b.createString(s));
+  b.startVector(4, offs.length, 4);
+  for (let i = offs.length - 1; i >= 0; i--) b.addOffset(offs[i]);
+  return b.endVector();
+}
+
+export function defineTags(requestId: number, toml: string, replaceAll: boolean): Uint8Array {
+  const b = new flatbuffers.Builder(1024 + toml.length * 3);
+  const t = b.createString(toml);
+  return finish(b, w.Body.DefineTags, w.DefineTags.createDefineTags(b, BigInt(requestId), t, replaceAll));
+}
+
+export function removeTags(requestId: number, ids: readonly string[]): Uint8Array {
+  const b = new flatbuffers.Builder(256);
+  const v = stringVector(b, ids);
+  return finish(b, w.Body.RemoveTags, w.RemoveTags.createRemoveTags(b, BigInt(requestId), v));
+}
+
+export function listTags(requestId: number): Uint8Array {
+  const b = new flatbuffers.Builder(64);
+  return finish(b, w.Body.ListTags, w.ListTags.createListTags(b, BigInt(requestId)));
+}
+
+export function readTags(requestId: number, ids: readonly string[]): Uint8Array {
+  const b = new flatbuffers.Builder(256);
+  const v = stringVector(b, ids);
+  return finish(b, w.Body.ReadTags, w.ReadTags.createReadTags(b, BigInt(requestId), v));
+}
+
+export function subscribe(requestId: number, ids: readonly string[], cancel: boolean): Uint8Array {
+  const b = new flatbuffers.Builder(256);
+  const v = stringVector(b, ids);
+  return finish(b, w.Body.Subscribe, w.Subscribe.createSubscribe(b, BigInt(requestId), v, cancel));
+}
+
+/** Converts the updates (throws InvalidInput for a value with no wire kind, a bad status). */
+export interface WireUpdate {
+  tag: string;
+  value: WireValue;
+  status: number;
+  sourceTime: bigint;
+}
+export function toWireUpdates(updates: readonly SourceUpdate[]): WireUpdate[] {
+  if (!Array.isArray(updates)) throw new InvalidInput('updates must be an array');
+  return updates.map((u, i) => {
+    if (!u || typeof u.tag !== 'string' || u.tag.length === 0) throw new InvalidInput(`update ${i}: tag must be a non-empty string`);
+    let status: number;
+    try {
+      status = toStatusCode(u.status);
+    } catch (e) {
+      throw new InvalidInput(`update ${i} (${u.tag}): ${(e as Error).message}`);
+    }
+    const st = u.sourceTime === undefined ? 0n : dateToTicks(u.sourceTime);
+    return { tag: u.tag, value: toTagWire(u.value, u.tag), status, sourceTime: st };
+  });
+}
+
+export function sourceUpdates(requestId: number, time: bigint, updates: readonly WireUpdate[], encodeValue: (b: flatbuffers.Builder, v: WireValue) => flatbuffers.Offset): Uint8Array {
+  const b = new flatbuffers.Builder(256 + updates.length * 64);
+  const tvs = updates.map((u) => {
+    const tag = b.createString(u.tag);
+    const val = encodeValue(b, u.value);
+    w.DataValue.startDataValue(b);
+    w.DataValue.addValue(b, val);
+    w.DataValue.addStatus(b, u.status);
+    w.DataValue.addSourceTime(b, u.sourceTime);
+    const dv = w.DataValue.endDataValue(b);
+    w.TagValue.startTagValue(b);
+    w.TagValue.addTag(b, tag);
+    w.TagValue.addValue(b, dv);
+    return w.TagValue.endTagValue(b);
+  });
+  const vec = w.SourceUpdates.createUpdatesVector(b, tvs);
+  return finish(b, w.Body.SourceUpdates, w.SourceUpdates.createSourceUpdates(b, BigInt(requestId), time, vec));
+}
+
+// ---- decoding ----
+
+export function decodeTagValue(v: w.Value, budget: DecodeBudget, depth = 1): TagOutputValue {
+  if (--budget.nodes < 0) throw new MalformedFrame('frame decodes to too many values');
+  if (depth > MAX_VALUE_DEPTH) throw new InvalidValue(`value nests deeper than ${MAX_VALUE_DEPTH} levels`);
+  const kind = v.kind();
+  switch (kind) {
+    case w.ValueKind.Nil:
+      return null;
+    case w.ValueKind.Boolean:
+      return v.boolValue();
+    case w.ValueKind.Int: {
+      const i = v.intValue();
+      return i >= BigInt(Number.MIN_SAFE_INTEGER) && i <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(i) : i;
+    }
+    case w.ValueKind.UInt: {
+      const u = v.uintValue();
+      return u <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(u) : u;
+    }
+    case w.ValueKind.Double:
+    case w.ValueKind.Float:
+      return v.doubleValue();
+    case w.ValueKind.DateTime:
+      return ticksToDate(v.intValue());
+    case w.ValueKind.String: {
+      const s = v.stringValue();
+      if (s === null) throw new InvalidValue('String value without a string');
+      return s;
+    }
+    case w.ValueKind.Bytes: {
+      const n = v.bytesValueLength();
+      const a = v.bytesValueArray();
+      if (n > 0 && (!a || a.length !== n)) throw new MalformedFrame('bytes vector runs past the frame');
+      return Buffer.from(a ? Uint8Array.from(a) : new Uint8Array(0));
+    }
+    case w.ValueKind.Array: {
+      const n = v.itemsLength();
+      const out: TagOutputValue[] = new Array(n);
+      const item = new w.Value();
+      for (let i = 0; i < n; i++) {
+        const x = v.items(i, item);
+        out[i] = x ? decodeTagValue(x, budget, depth + 1) : null;
+      }
+      return out;
+    }
+    case w.ValueKind.Map: {
+      const n = v.itemsLength();
+      if (v.keysLength() !== n) throw new InvalidValue('map keys and items differ in length');
+      const out: { [key: string]: TagOutputValue } = {};
+      const item = new w.Value();
+      for (let i = 0; i < n; i++) {
+        const key = v.keys(i);
+        if (key === null || key === undefined) throw new InvalidValue('map key missing');
+        const x = v.items(i, item);
+        const val = x ? decodeTagValue(x, budget, depth + 1) : null;
+        Object.defineProperty(out, key, { value: val, enumerable: true, writable: true, configurable: true });
+      }
+      return out;
+    }
+    default:
+      throw new InvalidValue(`unknown value kind ${kind}`);
+  }
+}
+
+function decodeOne(tv: w.TagValue, budget: DecodeBudget): TagChange {
+  const tag = tv.tag();
+  if (tag === null) throw new MalformedFrame('TagValue without its tag');
+  const dv = tv.value(new w.DataValue());
+  if (!dv) return { tag, value: null, status: 0x80320000, statusName: 'BadWaitingForInitialData', sourceTime: null, serverTime: null, diagnostics: '' };
+  const vv = dv.value(new w.Value());
+  let value: TagOutputValue = null;
+  let diagnostics = dv.diagnostics() ?? '';
+  let status = dv.status() >>> 0;
+  try {
+    value = vv ? decodeTagValue(vv, budget) : null;
+  } catch (e) {
+    if (!(e instanceof InvalidValue)) throw e;
+    status = 0x80020000;
+    diagnostics = `outrund sent an invalid value: ${e.message}`;
+  }
+  const st = dv.sourceTime();
+  const sv = dv.serverTime();
+  const name = statusCodeName(status);
+  const out: TagChange = { tag, value, status, sourceTime: st ? ticksToDate(st) : null, serverTime: sv ? ticksToDate(sv) : null, diagnostics };
+  if (name !== undefined) out.statusName = name;
+  return out;
+}
+
+/** Decodes a [TagValue] vector; throws MalformedFrame for a frame that cannot be read. */
+export function decodeTagValues(n: number, at: (i: number, obj: w.TagValue) => w.TagValue | null): TagChange[] {
+  const budget = new DecodeBudget();
+  const out: TagChange[] = new Array(n);
+  const obj = new w.TagValue();
+  for (let i = 0; i < n; i++) {
+    const tv = at(i, obj);
+    if (!tv) throw new MalformedFrame('TagValue missing');
+    out[i] = decodeOne(tv, budget);
+  }
+  return out;
+}

@@ -1,0 +1,549 @@
+// The outrun OPC UA server: node-opcua in front, virtual tags computed by outrund (README.md,
+// "OPC UA server"). startServer() is used by server.mjs (the CLI), the tests and the benchmark.
+import { spawn } from 'node:child_process';
+import { mkdtempSync, rmSync, readFileSync, existsSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, dirname, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import {
+  OPCUAServer,
+  DataType,
+  DataValue,
+  Variant,
+  VariantArrayType,
+  StatusCode,
+  StatusCodes,
+  coerceNodeId,
+} from 'node-opcua';
+import outrun from '@outrun/client';
+
+const here = dirname(fileURLToPath(import.meta.url));
+export const ROOT = resolve(here, '../..');
+export const NAMESPACE_URI = 'urn:outrun:tags';
+const BadWaitingForInitialData = 0x80320000;
+
+// ---- outrund ----
+
+/** Starts an outrund of our own; resolves once its socket answers. */
+export async function startOutrund({ outrund, tags, config, extraArgs = [] } = {}) {
+  const dir = mkdtempSync(join(tmpdir(), 'outrun-opcua-'));
+  const socket = join(dir, 'outrund.sock');
+  const bin = outrund || process.env.OUTRUN_OUTRUND || join(ROOT, 'build/bin/outrund');
+  const args = ['--socket', socket];
+  if (config) args.push('--config', config);
+  if (tags) args.push('--tags', tags);
+  args.push(...extraArgs);
+  const child = spawn(bin, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+  let stderr = '';
+  child.stderr.on('data', (d) => {
+    stderr += d;
+    if (stderr.length > 65536) stderr = stderr.slice(-32768);
+    if (process.env.OUTRUN_OPCUA_DEBUG) process.stderr.write(d);
+  });
+  let exited = null;
+  // Whatever way this process ends, its outrund goes with it.
+  const reap = () => {
+    if (!exited) child.kill('SIGKILL');
+  };
+  process.once('exit', reap);
+  child.on('exit', (code, sig) => {
+    exited = { code, sig };
+    process.removeListener('exit', reap);
+  });
+  const deadline = Date.now() + 15000;
+  for (;;) {
+    if (exited) throw new Error(`outrund exited (${exited.code ?? exited.sig}) at start: ${stderr.trim()}`);
+    if (existsSync(socket)) {
+      try {
+        const c = await outrun.connect(socket, { reconnect: false });
+        await c.close();
+        break;
+      } catch {}
+    }
+    if (Date.now() > deadline) {
+      child.kill('SIGKILL');
+      throw new Error(`outrund did not answer at ${socket}: ${stderr.trim()}`);
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return {
+    socket,
+    pid: child.pid,
+    child,
+    get stderr() {
+      return stderr;
+    },
+    async stop() {
+      if (!exited) {
+        child.kill('SIGTERM');
+        const t = setTimeout(() => child.kill('SIGKILL'), 5000);
+        await new Promise((r) => (exited ? r() : child.once('exit', r)));
+        clearTimeout(t);
+      }
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+// ---- types ----
+
+const SCALARS = {
+  Boolean: DataType.Boolean,
+  SByte: DataType.SByte,
+  Byte: DataType.Byte,
+  Int16: DataType.Int16,
+  UInt16: DataType.UInt16,
+  Int32: DataType.Int32,
+  UInt32: DataType.UInt32,
+  Int64: DataType.Int64,
+  UInt64: DataType.UInt64,
+  Float: DataType.Float,
+  Double: DataType.Double,
+  String: DataType.String,
+  DateTime: DataType.DateTime,
+  ByteString: DataType.ByteString,
+  Variant: DataType.Variant,
+};
+
+/** "Double" / "Int32[]" -> {dataType, array, name}. */
+export function parseType(t) {
+  const name = typeof t === 'string' && t ? t : 'Double';
+  const array = name.endsWith('[]');
+  const base = array ? name.slice(0, -2) : name;
+  const dataType = SCALARS[base];
+  if (dataType === undefined) throw new Error(`unknown tag type ${name}`);
+  return { dataType, array, name, base };
+}
+
+function to64(v) {
+  // node-opcua's Int64/UInt64: [high, low] uint32 words.
+  let b = typeof v === 'bigint' ? v : BigInt(Math.trunc(Number(v)));
+  if (b < 0n) b = (1n << 64n) + b;
+  return [Number((b >> 32n) & 0xffffffffn), Number(b & 0xffffffffn)];
+}
+
+function scalarToOpcua(base, v) {
+  if (v === null || v === undefined) return null;
+  switch (base) {
+    case 'Int64':
+    case 'UInt64':
+      return to64(v);
+    case 'DateTime':
+      return v instanceof Date ? v : new Date(Number(v) * 1000);
+    case 'ByteString':
+      return Buffer.isBuffer(v) ? v : Buffer.from(String(v));
+    case 'Boolean':
+      return Boolean(v);
+    case 'String':
+      return String(v);
+    case 'Variant':
+      return v;
+    default:
+      return typeof v === 'bigint' ? Number(v) : v;
+  }
+}
+
+/** A TagChange (outrun client) -> node-opcua DataValue for a variable of type `ty`. */
+export function toDataValue(ty, ch) {
+  const bad = ch.status >>> 30 >= 2;
+  let variant;
+  if (ch.value === null || ch.value === undefined || bad) {
+    variant = new Variant({ dataType: DataType.Null });
+  } else if (ty.array) {
+    const arr = Array.isArray(ch.value) ? ch.value.map((x) => scalarToOpcua(ty.base, x)) : [];
+    variant = new Variant({ dataType: ty.dataType, arrayType: VariantArrayType.Array, value: arr });
+  } else if (ty.base === 'Variant') {
+    variant = new Variant({ dataType: jsDataType(ch.value), value: ch.value instanceof Date || typeof ch.value !== 'bigint' ? ch.value : Number(ch.value) });
+  } else {
+    variant = new Variant({ dataType: ty.dataType, value: scalarToOpcua(ty.base, ch.value) });
+  }
+  return new DataValue({
+    value: variant,
+    statusCode: codeOf(ch.status),
+    sourceTimestamp: ch.sourceTime ?? null,
+    serverTimestamp: ch.serverTime ?? new Date(),
+  });
+}
+
+function jsDataType(v) {
+  if (typeof v === 'boolean') return DataType.Boolean;
+  if (typeof v === 'number' || typeof v === 'bigint') return DataType.Double;
+  if (typeof v === 'string') return DataType.String;
+  if (v instanceof Date) return DataType.DateTime;
+  if (Buffer.isBuffer(v)) return DataType.ByteString;
+  return DataType.String;
+}
+
+const codeCache = new Map();
+/** A uint32 -> node-opcua StatusCode (a known constant where there is one). */
+export function codeOf(n) {
+  n >>>= 0;
+  let c = codeCache.get(n);
+  if (!c) {
+    for (const k of Object.keys(StatusCodes)) {
+      const sc = StatusCodes[k];
+      if (sc && typeof sc.value === 'number' && sc.value >>> 0 === n) {
+        c = sc;
+        break;
+      }
+    }
+    if (!c) c = StatusCode.makeStatusCode ? StatusCode.makeStatusCode(n) : new StatusCode(n);
+    codeCache.set(n, c);
+  }
+  return c;
+}
+
+/** OPC UA Variant value of a source write -> the JS value sent to outrun. */
+function fromVariant(variant) {
+  if (!variant) return null;
+  let v = variant.value;
+  if (variant.dataType === DataType.Int64 || variant.dataType === DataType.UInt64) {
+    if (Array.isArray(v) && v.length === 2 && typeof v[0] === 'number') {
+      const b = (BigInt(v[0]) << 32n) | BigInt(v[1]);
+      return variant.dataType === DataType.Int64 && b >= 1n << 63n ? b - (1n << 64n) : b;
+    }
+  }
+  if (v && typeof v === 'object' && ArrayBuffer.isView(v) && !Buffer.isBuffer(v)) v = Array.from(v); // Float64Array etc.
+  if (variant.dataType === DataType.Double || variant.dataType === DataType.Float) {
+    if (typeof v === 'number') return outrun.double(v);
+  }
+  return v ?? null;
+}
+
+function inputTags(def) {
+  const out = [];
+  for (const i of def.inputs ?? []) {
+    if (typeof i === 'string') out.push(i);
+    else if (i && typeof i.tag === 'string') out.push(i.tag);
+  }
+  return out;
+}
+
+// ---- the server ----
+
+/**
+ * Starts the OPC UA server. Options: port, socket (an outrund to use; without it one of our own
+ * is started with `tags`), tags (tags file; default examples/tags/tank.toml), config (outrund
+ * config for our own outrund), simulate, outrund (binary), resourcePath.
+ */
+export async function startServer(opts = {}) {
+  const port = opts.port ?? 4840;
+  const tagsFile = resolve(opts.tags ?? join(ROOT, 'examples/tags/tank.toml'));
+  const started = [];
+  let daemon = null;
+  let socket = opts.socket;
+  const log = opts.log ?? ((...a) => process.stderr.write(`opcua-server: ${a.join(' ')}\n`));
+  try {
+    if (!socket && !opts.client) {
+      daemon = await startOutrund({ outrund: opts.outrund, tags: tagsFile, config: opts.config });
+      started.push(daemon);
+      socket = daemon.socket;
+    }
+    const client = opts.client ?? await outrun.connect(socket, { name: 'outrun-opcua-server', disconnectedWaitMs: 5000 });
+    if (opts.socket && opts.tags) await client.defineTags(readFileSync(tagsFile, 'utf8'), { replaceAll: true });
+
+    const server = new OPCUAServer({
+      port,
+      resourcePath: opts.resourcePath ?? '/UA/outrun',
+      buildInfo: { productName: 'outrun OPC UA server', buildNumber: '1', buildDate: new Date() },
+      serverInfo: { applicationUri: 'urn:outrun:opcua-server', productUri: 'urn:outrun:opcua-server' },
+      maxConnectionsPerEndpoint: 100,
+      // minSupportedSampleRate 0: a monitored item with samplingInterval 0 on a virtual tag is
+      // exception-based and gets every change outrun pushes (node-opcua otherwise coalesces
+      // changes over the advertised rate).
+      serverCapabilities: { maxSessions: 100, minSupportedSampleRate: 0 },
+      isAuditing: false,
+      // No PKI warm-up in tests: allow anonymous, no security.
+      securityModes: undefined,
+    });
+    await server.initialize();
+    const addressSpace = server.engine.addressSpace;
+    addressSpace.installAlarmsAndConditionsService();
+    const ns = addressSpace.registerNamespace(NAMESPACE_URI);
+    const nsIndex = ns.index;
+    const objects = addressSpace.rootFolder.objects;
+    const tagsFolder = ns.addFolder(objects, { browseName: 'Tags', nodeId: 's=Tags' });
+    const diagFolder = ns.addFolder(objects, { browseName: 'Diagnostics', nodeId: 's=Diagnostics' });
+    const alarmsFolder = ns.addFolder(objects, { browseName: 'Alarms', nodeId: 's=Alarms' });
+    const serverObject = addressSpace.rootFolder.objects.server;
+
+    const state = {
+      server,
+      client,
+      daemon,
+      ns,
+      nsIndex,
+      virtual: new Map(), // id -> {variable, type, last}
+      sources: new Map(), // id -> {variable, last}
+      diag: new Map(),
+      alarm: null,
+      subscription: null,
+      timers: [],
+      changes: 0,
+      onChange: null, // hook (benchmark)
+    };
+
+    const list = await client.listTags();
+    const defs = list.tags ?? [];
+    const virtualIds = new Set(defs.map((d) => d.id));
+    const sourceIds = [];
+    for (const d of defs) for (const t of inputTags(d)) if (!virtualIds.has(t) && !sourceIds.includes(t)) sourceIds.push(t);
+
+    // Source tags: writable Doubles (any type a client writes is passed on as it is).
+    for (const id of sourceIds) addSource(state, tagsFolder, id, opts.sourceWriteHook);
+    for (const d of defs) addVirtual(state, tagsFolder, d);
+
+    // The high alarm: an OffNormalAlarm on the Boolean tag (normal state: false).
+    const alarmTag = state.virtual.get('Tank1.HighAlarm');
+    if (alarmTag && alarmTag.type.base === 'Boolean') {
+      const normal = ns.addVariable({
+        componentOf: alarmsFolder,
+        browseName: 'Tank1.HighAlarm.NormalState',
+        nodeId: 's=Tank1.HighAlarm.NormalState',
+        dataType: 'Boolean',
+        value: { dataType: DataType.Boolean, value: false },
+      });
+      const tank = ns.addObject({
+        organizedBy: alarmsFolder,
+        browseName: 'Tank1',
+        nodeId: 's=Alarms.Tank1',
+        eventSourceOf: serverObject,
+        eventNotifier: 1,
+      });
+      const cond = ns.instantiateOffNormalAlarm({
+        browseName: 'Tank1.HighAlarm.Condition',
+        nodeId: 's=Tank1.HighAlarm.Condition',
+        conditionSource: tank,
+        inputNode: alarmTag.variable,
+        normalState: normal,
+        componentOf: alarmsFolder,
+        conditionName: 'Tank1 high level',
+      });
+      cond.setEnabledState(true);
+      state.alarm = cond;
+    }
+
+    addDiagnostics(state, diagFolder);
+
+    // Virtual tags: the current values, then every change.
+    const apply = (changes) => {
+      for (const ch of changes) {
+        const v = state.virtual.get(ch.tag);
+        if (!v) continue;
+        v.last = ch;
+        state.changes++;
+        setDataValue(v.variable, toDataValue(v.type, ch));
+      }
+      if (state.onChange) state.onChange(changes);
+    };
+    state.apply = apply;
+    state.tagsFolder = tagsFolder;
+    state.subscription = await client.subscribe([], apply);
+    if (state.virtual.size) {
+      const cur = await client.readTags([...state.virtual.keys()]);
+      apply(cur.filter((c) => c.serverTime !== null || c.status !== BadWaitingForInitialData));
+    }
+
+    state.timers.push(setInterval(() => refreshDiagnostics(state).catch(() => {}), 1000));
+    if (opts.simulate) startSimulation(state, sourceIds);
+
+    await server.start();
+    const endpoint = server.getEndpointUrl ? server.getEndpointUrl() : server.endpoints[0].endpointDescriptions()[0].endpointUrl;
+    state.endpoint = endpoint.replace(/opc\.tcp:\/\/[^:/]+/, 'opc.tcp://localhost');
+    state.sourceIds = sourceIds;
+    state.socket = socket;
+
+    /** The write path of a source (OPC UA writes, simulation, benchmark driver). */
+    state.writeSource = (id, value, status = 0, sourceTime = new Date()) => writeSource(state, id, value, status, sourceTime);
+    state.stop = async () => {
+      for (const t of state.timers) clearInterval(t);
+      try {
+        await server.shutdown(0);
+      } catch {}
+      try {
+        await client.close();
+      } catch {}
+      for (const s of started.reverse()) await s.stop();
+    };
+    return state;
+  } catch (e) {
+    for (const s of started.reverse()) await s.stop().catch(() => {});
+    throw e;
+  }
+}
+
+function addSource(state, folder, id, hook) {
+  const entry = { variable: null, last: new DataValue({ value: new Variant({ dataType: DataType.Double, value: 0 }), statusCode: StatusCodes.BadWaitingForInitialData }) };
+  entry.variable = state.ns.addVariable({
+    componentOf: folder,
+    browseName: id,
+    nodeId: `s=${id}`,
+    dataType: 'Double',
+    accessLevel: 'CurrentRead | CurrentWrite',
+    userAccessLevel: 'CurrentRead | CurrentWrite',
+    minimumSamplingInterval: 10,
+    value: {
+      timestamped_get: () => entry.last,
+      timestamped_set: (dataValue, callback) => {
+        const v = dataValue.value;
+        const status = dataValue.statusCode ? dataValue.statusCode.value >>> 0 : 0;
+        const st = dataValue.sourceTimestamp ?? new Date();
+        if (hook) hook(id);
+        writeSource(state, id, fromVariant(v), status, st).then(
+          () => callback(null, StatusCodes.Good),
+          (e) => callback(null, e && e.status === 'invalid_argument' ? StatusCodes.BadTypeMismatch : StatusCodes.BadCommunicationError),
+        );
+      },
+    },
+  });
+  state.sources.set(id, entry);
+}
+
+async function writeSource(state, id, value, status, sourceTime) {
+  const entry = state.sources.get(id);
+  const st = sourceTime instanceof Date ? sourceTime : new Date();
+  await state.client.updateSources([{ tag: id, value, status, sourceTime: st }], st);
+  if (entry) {
+    const raw = value instanceof outrun.Double ? value.value : value;
+    const dt = typeof raw === 'number' || raw instanceof outrun.Double ? DataType.Double : typeof raw === 'boolean' ? DataType.Boolean : typeof raw === 'string' ? DataType.String : DataType.Double;
+    entry.last = new DataValue({
+      value: new Variant({ dataType: status >>> 30 >= 2 && raw === null ? DataType.Null : dt, value: typeof raw === 'bigint' ? Number(raw) : raw }),
+      statusCode: codeOf(status),
+      sourceTimestamp: st,
+      serverTimestamp: new Date(),
+    });
+    // (timestamped_get serves reads; monitored items sample it)
+  }
+}
+
+/**
+ * Sets a variable's whole DataValue: value, StatusCode, source and server timestamps as outrun
+ * computed them. node-opcua's setValueFromSource(variant, statusCode, sourceTimestamp) would make
+ * the server timestamp the source's; _internal_set_dataValue keeps both (and notifies monitored
+ * items exactly like setValueFromSource does).
+ */
+export function setDataValue(variable, dv) {
+  if (typeof variable._internal_set_dataValue === 'function') variable._internal_set_dataValue(dv, null);
+  else variable.setValueFromSource(dv.value, dv.statusCode, dv.sourceTimestamp ?? undefined);
+}
+
+function addVirtual(state, folder, def) {
+  let type;
+  try {
+    type = parseType(def.type);
+  } catch {
+    type = parseType('Variant');
+  }
+  const variable = state.ns.addVariable({
+    componentOf: folder,
+    browseName: def.id,
+    nodeId: `s=${def.id}`,
+    dataType: type.base === 'Variant' ? 'BaseDataType' : type.base,
+    valueRank: type.array ? 1 : -1,
+    arrayDimensions: type.array ? [0] : undefined,
+    accessLevel: 'CurrentRead',
+    userAccessLevel: 'CurrentRead',
+    minimumSamplingInterval: 0,
+    description: def.description ?? `virtual tag computed by outrun (${def.trigger ?? 'on_change'})`,
+  });
+  setDataValue(
+    variable,
+    new DataValue({
+      value: new Variant({ dataType: DataType.Null }),
+      statusCode: StatusCodes.BadWaitingForInitialData,
+      serverTimestamp: new Date(),
+    }),
+  );
+  state.virtual.set(def.id, { variable, type, last: null });
+}
+
+function addDiagnostics(state, folder) {
+  const ns = state.ns;
+  const mk = (parent, name, nodeId, dataType, initial) => {
+    const v = ns.addVariable({ componentOf: parent, browseName: name, nodeId, dataType, minimumSamplingInterval: 1000 });
+    v.setValueFromSource({ dataType: DataType[dataType], value: initial });
+    return v;
+  };
+  const daemon = ns.addObject({ organizedBy: folder, browseName: 'outrund', nodeId: 's=Diagnostics.outrund' });
+  state.health = {
+    connected: mk(daemon, 'Connected', 's=Diagnostics.outrund.Connected', 'Boolean', false),
+    shards: mk(daemon, 'Shards', 's=Diagnostics.outrund.Shards', 'Int32', 0),
+    stats: mk(daemon, 'StatsJson', 's=Diagnostics.outrund.StatsJson', 'String', ''),
+    changes: mk(daemon, 'TagChangesReceived', 's=Diagnostics.outrund.TagChangesReceived', 'Double', 0),
+  };
+  state.diagFolder = folder;
+  state.mkDiag = mk;
+  for (const id of state.virtual.keys()) addTagDiagnostics(state, id);
+}
+
+function addTagDiagnostics(state, id) {
+  const mk = state.mkDiag;
+  const o = state.ns.addObject({ organizedBy: state.diagFolder, browseName: id, nodeId: `s=Diagnostics.${id}` });
+  state.diag.set(id, {
+    evaluations: mk(o, 'Evaluations', `s=Diagnostics.${id}.Evaluations`, 'Double', 0),
+    coalesced: mk(o, 'Coalesced', `s=Diagnostics.${id}.Coalesced`, 'Double', 0),
+    lastError: mk(o, 'LastError', `s=Diagnostics.${id}.LastError`, 'String', ''),
+    lastDurationUs: mk(o, 'LastDurationUs', `s=Diagnostics.${id}.LastDurationUs`, 'Double', 0),
+  });
+}
+
+async function refreshDiagnostics(state) {
+  const h = state.health;
+  h.connected.setValueFromSource({ dataType: DataType.Boolean, value: state.client.connected });
+  h.changes.setValueFromSource({ dataType: DataType.Double, value: state.changes });
+  if (!state.client.connected) return;
+  const [list, stats] = await Promise.all([state.client.listTags(), state.client.stats().catch(() => null)]);
+  if (stats) {
+    h.stats.setValueFromSource({ dataType: DataType.String, value: JSON.stringify(stats) });
+    h.shards.setValueFromSource({ dataType: DataType.Int32, value: state.client.serverInfo.shards });
+  }
+  // A reload (SIGHUP, defineTags) may have added tags: give them variables (and their sources).
+  const added = [];
+  for (const t of list.tags ?? []) {
+    if (state.virtual.has(t.id)) continue;
+    for (const src of inputTags(t)) if (!state.sources.has(src) && !state.virtual.has(src) && !(list.tags ?? []).some((x) => x.id === src)) addSource(state, state.tagsFolder, src);
+    addVirtual(state, state.tagsFolder, t);
+    addTagDiagnostics(state, t.id);
+    added.push(t.id);
+  }
+  if (added.length) state.apply(await state.client.readTags(added));
+  for (const t of list.tags ?? []) {
+    const d = state.diag.get(t.id);
+    if (!d) continue;
+    const c = t.counters ?? {};
+    d.evaluations.setValueFromSource({ dataType: DataType.Double, value: Number(c.evaluations ?? 0) });
+    d.coalesced.setValueFromSource({ dataType: DataType.Double, value: Number(c.coalesced ?? 0) });
+    d.lastError.setValueFromSource({ dataType: DataType.String, value: String(c.last_error ?? '') });
+    d.lastDurationUs.setValueFromSource({ dataType: DataType.Double, value: Number(c.last_duration_us ?? 0) });
+  }
+}
+
+// Simulated sources (--simulate): sine, random walk, ramp, and one that goes Bad now and then.
+function startSimulation(state, ids) {
+  const kinds = ['sine', 'walk', 'ramp', 'flaky'];
+  const t0 = Date.now();
+  const walk = new Map();
+  state.timers.push(
+    setInterval(() => {
+      const t = (Date.now() - t0) / 1000;
+      ids.forEach((id, i) => {
+        const kind = kinds[i % kinds.length];
+        const raw = /raw/i.test(id); // ADC counts 0..4095
+        const scale = raw ? 4095 : 100;
+        let v;
+        let status = 0;
+        if (kind === 'sine') v = scale * (0.5 + 0.48 * Math.sin((2 * Math.PI * t) / 60));
+        else if (kind === 'walk') {
+          const prev = walk.get(id) ?? (raw ? 2000 : 20);
+          v = Math.max(0, Math.min(scale, prev + (Math.random() - 0.5) * (raw ? 40 : 0.5)));
+          walk.set(id, v);
+        } else if (kind === 'ramp') v = (t * (scale / 120)) % scale;
+        else {
+          v = scale * 0.5 + Math.random();
+          if (Math.floor(t) % 30 >= 27) status = 0x808c0000; // BadSensorFailure 3 s of every 30
+        }
+        writeSource(state, id, outrun.double(Math.round(v * 100) / 100), status, new Date()).catch(() => {});
+      });
+    }, 500),
+  );
+}
