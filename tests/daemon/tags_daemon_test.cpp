@@ -46,11 +46,10 @@ struct Collector {
   std::map<std::string, tags::DataValue> latest;
   std::size_t count = 0;
   void operator()(const std::vector<tags::Change>& changes) {
-    {
-      std::lock_guard lock(mu);
-      for (const auto& c : changes) latest[c.tag] = c.value;
-      count += changes.size();
-    }
+    // Notified under the lock: a waiter that returns and destroys this cannot race the notify.
+    std::lock_guard lock(mu);
+    for (const auto& c : changes) latest[c.tag] = c.value;
+    count += changes.size();
     cv.notify_all();
   }
   template <class Pred>
@@ -124,8 +123,8 @@ TEST_CASE("outrund tags: define, update, subscribe: Float arrives as Float, UInt
   CHECK(j["defined"] == nlohmann::json::array({"f", "u"}));
   CHECK(j["removed"] == nlohmann::json::array());
 
+  Collector col;  // before the client: its reader thread calls it until the client is gone
   auto sub = d.client();
-  Collector col;
   REQUIRE(!sub->subscribe({}, std::ref(col)));
   REQUIRE(!c->update_sources({good("a", outrun::Value(3.0))}));
   REQUIRE(col.wait([](auto& m) { return m.count("f") && m.count("u"); }));
@@ -283,12 +282,12 @@ TEST_CASE("outrund tags: a subscriber that does not read stays bounded and then 
   REQUIRE(!c->define_tags(text, false));
 
   // The subscriber's reader blocks in its first callback: it reads nothing while updates flow.
-  auto sub = d.client();
   std::mutex mu;
   std::condition_variable cv;
   bool release = false;
   std::map<std::string, double> latest;
   std::atomic<std::size_t> received{0};
+  auto sub = d.client();  // after what its callback uses: destroyed (reader joined) first
   REQUIRE(!sub->subscribe({}, [&](const std::vector<tags::Change>& ch) {
     std::unique_lock lock(mu);
     cv.wait(lock, [&] { return release; });
@@ -336,9 +335,9 @@ TEST_CASE("outrund tags: a subscriber that does not read stays bounded and then 
 
 TEST_CASE("outrund tags: malformed or wrong-direction tags frames disconnect only the sender") {
   Daemon d;
+  Collector col;
   auto c = d.client();
   REQUIRE(!c->define_tags(kTags, false));
-  Collector col;
   REQUIRE(!c->subscribe({"f"}, std::ref(col)));
   auto hello = [](flatbuffers::FlatBufferBuilder& f) {
     auto h = wire::CreateClientHello(f, outrun::protocol::kProtocolVersion, f.CreateString("t"));
