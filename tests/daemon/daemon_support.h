@@ -3,6 +3,7 @@
 
 #include <doctest/doctest.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -66,6 +67,7 @@ struct Daemon {
     pid = fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // a test that aborts (a sanitizer report) leaves no daemon
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
