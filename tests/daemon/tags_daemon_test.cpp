@@ -314,7 +314,9 @@ TEST_CASE("outrund tags: a subscriber that does not read stays bounded and then 
   }
   const long rss1 = rss_kb(d.pid);
   MESSAGE("daemon RSS before " << rss0 << " kB, after 100,000 updates " << rss1 << " kB");
-  CHECK(rss1 - rss0 < 64 * 1024);
+  // ASan's quarantine keeps freed memory resident (125 MB here), so the bound is checked
+  // without sanitizers only; what the subscriber receives is checked in every build.
+  if (!outrun::test::kSanitized) CHECK(rss1 - rss0 < 64 * 1024);
   {
     std::lock_guard lock(mu);
     release = true;
