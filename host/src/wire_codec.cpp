@@ -211,30 +211,19 @@ flatbuffers::Offset<wire::Value> encode_tag_value(flatbuffers::FlatBufferBuilder
     b.add_int_value(t->ticks);
     return b.Finish();
   }
+  // Containers through the shared builder, with their elements encoded as tag values.
+  protocol::WireValueBuilder wb(f);
   if (auto* a = std::get_if<Array>(&v.v)) {
-    std::vector<flatbuffers::Offset<wire::Value>> items;
+    std::vector<protocol::WireValueBuilder::Ref> items;
     items.reserve(a->size());
     for (const auto& x : *a) items.push_back(encode_tag_value(f, x));
-    auto vec = f.CreateVector(items);
-    wire::ValueBuilder b(f);
-    b.add_kind(wire::ValueKind::Array);
-    b.add_items(vec);
-    return b.Finish();
+    return wb.array(items);
   }
   if (auto* m = std::get_if<Map>(&v.v)) {
-    std::vector<flatbuffers::Offset<wire::Value>> items;
-    std::vector<flatbuffers::Offset<flatbuffers::String>> keys;
-    for (const auto& e : *m) {
-      keys.push_back(f.CreateString(e.key));
-      items.push_back(encode_tag_value(f, e.value));
-    }
-    auto kv = f.CreateVector(keys);
-    auto iv = f.CreateVector(items);
-    wire::ValueBuilder b(f);
-    b.add_kind(wire::ValueKind::Map);
-    b.add_items(iv);
-    b.add_keys(kv);
-    return b.Finish();
+    std::vector<std::pair<std::string_view, protocol::WireValueBuilder::Ref>> entries;
+    entries.reserve(m->size());
+    for (const auto& e : *m) entries.emplace_back(e.key, encode_tag_value(f, e.value));
+    return wb.map(entries);
   }
   return encode_value(f, v);
 }

@@ -412,11 +412,15 @@ struct Engine::Impl {
 
   void start_waves(std::vector<Dispatch>* out) {
     if (paused > 0) return;
-    std::vector<int> todo;
-    todo.swap(pending_comps);
-    for (int c : todo)
-      if (c < static_cast<int>(comps.size()) && comps[c].pending && !comps[c].running) start_wave(c, out);
+    // start_wave may mark components pending again: take the list, keep both buffers' capacity.
+    todo_comps.clear();
+    todo_comps.swap(pending_comps);
+    for (int c : todo_comps) {
+      const bool startable = c < static_cast<int>(comps.size()) && comps[c].pending && !comps[c].running;
+      if (startable) start_wave(c, out);
+    }
   }
+  std::vector<int> todo_comps;  // scratch of start_waves
 
   void start_wave(int ci, std::vector<Dispatch>* out) {
     Component& c = comps[ci];
