@@ -149,9 +149,12 @@ describe('tags: re-subscribe after a reconnection', async () => {
       await client.defineTags(TOML);
       const got = [];
       await client.subscribe(['T.Sum'], (ch) => got.push(...ch));
+      // Listen before the restart: the client may reconnect while startDaemon is still
+      // polling the socket, and a listener attached after that would wait forever.
+      const reconnected = new Promise((resolve) => client.once('connected', resolve));
       await daemon.stop();
       daemon = await startDaemon(tmp.socket);
-      await new Promise((resolve) => client.once('connected', resolve));
+      await reconnected;
       await client.defineTags(TOML);
       await client.updateSources([{ tag: 'T.A', value: 20 }, { tag: 'T.B', value: 22 }]);
       const end = Date.now() + 3000;
