@@ -1154,6 +1154,8 @@ int run(int argc, char** argv) {
       if (!item.empty()) o.profile_rows.push_back(item);
   }
   if (!o.verbose) spdlog::set_level(spdlog::level::err);
+  // The hosts it starts log only errors (all with --verbose), to stderr.
+  const LogSink host_log = stderr_log_sink(o.verbose ? LogLevel::debug : LogLevel::error);
 
   // Arms.
   std::vector<ArmSpec> specs;
@@ -1177,6 +1179,7 @@ int run(int argc, char** argv) {
   }
   HostOptions base;
   base.shards = o.shards;
+  base.log = host_log;
   auto plain_options = [&](const ArmSpec& a) {
     HostOptions ho = base;
     std::string err;

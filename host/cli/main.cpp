@@ -9,8 +9,6 @@
 //   outrun [--socket PATH] drill NAME [--rate R] [--duration S] [--shards K] [--json]
 // --socket (or $OUTRUN_SOCKET) sends eval through outrund; the administration commands always
 // talk to outrund (default socket: see outrun::default_client_socket()).
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -321,10 +319,6 @@ int run_bench(const BenchArgs& a) {
 
 int main(int argc, char** argv) {
   using namespace outrun::cli;
-  // The library logs through spdlog's default logger, which writes to stdout: stdout is for
-  // results (--json documents), so the command's log lines go to stderr.
-  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
-      "outrun", std::make_shared<spdlog::sinks::stderr_color_sink_mt>()));
   CLI::App app{"outrun: run untrusted Lua 5.4 scripts out of process"};
   app.require_subcommand(1);
   app.fallthrough();  // --socket before or after the command

@@ -15,6 +15,7 @@ configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/outrunConfig.cmake.in
 write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/outrunConfigVersion.cmake
   VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/outrunConfig.cmake ${CMAKE_CURRENT_BINARY_DIR}/outrunConfigVersion.cmake
+  ${CMAKE_CURRENT_LIST_DIR}/package_worker.cpp
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/outrun)
 # The unit names /usr/local/sbin/outrund; the installed copy names the install prefix's (computed at
 # install time, so `cmake --install --prefix P` is honoured).

@@ -24,6 +24,7 @@
 
 #include "outrun/protocol/frame.h"
 #include "outrun/protocol/frame_writer.h"
+#include "outrun/spdlog_sink.h"
 #include "tags_file.h"
 #include "tags_wire.h"
 #include "wire_codec.h"
@@ -420,6 +421,8 @@ int Server::run() {
   }
   if (!mkdirs(cfg_.cache_dir, 0755))
     spdlog::warn("cannot create cache directory {}", cfg_.cache_dir);
+  // The host logs through the daemon's logger (its level, its file).
+  cfg_.host.log = spdlog_sink(spdlog::default_logger());
   if (Error e = Host::create(cfg_.host, &host_)) {
     spdlog::critical("cannot start the workers: {}", e.message);
     return 3;

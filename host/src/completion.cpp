@@ -1,10 +1,9 @@
 #include "completion.h"
 
-#include <spdlog/spdlog.h>
 
 namespace outrun::detail {
 
-void Completion::deliver(Result&& r) {
+void Completion::deliver(Result&& r, const Log& log) {
   try {
     if (auto* cb = std::get_if<Callback>(&v_)) {
       (*cb)(std::move(r));
@@ -14,14 +13,14 @@ void Completion::deliver(Result&& r) {
       (*b->callback)(b->index, std::move(r));
     }
   } catch (const std::exception& e) {
-    spdlog::error("outrun: a result callback threw: {}", e.what());
+    log(LogLevel::error, "outrun: a result callback threw: {}", e.what());
   } catch (...) {
-    spdlog::error("outrun: a result callback threw");
+    log(LogLevel::error, "outrun: a result callback threw");
   }
   v_ = std::monostate{};  // release captures now, not when the slot is reused
 }
 
-Dispatcher::Dispatcher() : thread_([this] { run(); }) {}
+Dispatcher::Dispatcher(const Log& log) : log_(log), thread_([this] { run(); }) {}
 
 Dispatcher::~Dispatcher() { stop_and_join(); }
 
@@ -41,7 +40,7 @@ void Dispatcher::post(std::vector<Delivery>& batch) {
     std::unique_lock lock(mu_);
     if (exited_) {
       lock.unlock();
-      for (auto& d : batch) d.done.deliver(std::move(d.result));
+      for (auto& d : batch) d.done.deliver(std::move(d.result), log_);
       batch.clear();
       return;
     }
@@ -63,7 +62,7 @@ void Dispatcher::post(Delivery&& d) {
     std::unique_lock lock(mu_);
     if (exited_) {
       lock.unlock();
-      d.done.deliver(std::move(d.result));
+      d.done.deliver(std::move(d.result), log_);
       return;
     }
     was_empty = queue_.empty();
@@ -84,7 +83,7 @@ void Dispatcher::run() {
       }
       local.swap(queue_);
     }
-    for (auto& d : local) d.done.deliver(std::move(d.result));
+    for (auto& d : local) d.done.deliver(std::move(d.result), log_);
     local.clear();
   }
 }

@@ -9,6 +9,7 @@
 #include <variant>
 #include <vector>
 
+#include "log.h"
 #include "outrun/runner.h"
 
 namespace outrun::detail {
@@ -31,7 +32,8 @@ class Completion {
     return std::holds_alternative<Callback>(v_) || std::holds_alternative<BatchTarget>(v_);
   }
   bool empty() const { return std::holds_alternative<std::monostate>(v_); }
-  void deliver(Result&& r);
+  // A callback that throws is logged to `log` and otherwise ignored.
+  void deliver(Result&& r, const Log& log);
 
  private:
   std::variant<std::monostate, Callback, std::promise<Result>, BatchTarget> v_;
@@ -45,7 +47,7 @@ struct Delivery {
 // A thread that runs deliveries in order, blocking (never spinning) while there are none.
 class Dispatcher {
  public:
-  Dispatcher();
+  explicit Dispatcher(const Log& log);
   ~Dispatcher();  // stop_and_join()
 
   // Runs what is queued, then joins. Deliveries posted after that run inline on the poster's
@@ -60,6 +62,7 @@ class Dispatcher {
 
  private:
   void run();
+  const Log& log_;  // the host's, which outlives its dispatchers
   std::mutex mu_;  // guards queue_, stop_, exited_
   std::condition_variable cv_;
   std::vector<Delivery> queue_;

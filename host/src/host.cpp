@@ -1,7 +1,6 @@
 // outrun::Host: life cycle and the public API. See host_impl.h for the threads.
 #include "outrun/host.h"
 
-#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -24,8 +23,17 @@ static_assert(static_cast<int>(Status::invalid_argument) ==
 static_assert(static_cast<int>(Status::ok) == static_cast<int>(wire::Status::Ok));
 static_assert(static_cast<int>(Status::killed) == static_cast<int>(wire::Status::Killed));
 
+}  // namespace outrun
+
+// Defined in programs built against an installed package (find_package(outrun) compiles the
+// package's package_worker.cpp into them): that package's worker. Absent (null) otherwise.
+extern "C" __attribute__((weak)) const char* outrun_package_worker();
+
+namespace outrun {
 namespace {
 
+// The worker: HostOptions::worker_path, else $OUTRUN_WORKER, else next to the executable, else
+// the installed package's, else the build's install prefix.
 std::string find_worker(const std::string& configured) {
   if (!configured.empty()) return configured;
   if (const char* env = std::getenv("OUTRUN_WORKER"); env && *env) return env;
@@ -35,6 +43,7 @@ std::string find_worker(const std::string& configured) {
     auto next_to = self.parent_path() / "outrun-worker";
     if (access(next_to.c_str(), X_OK) == 0) return next_to.string();
   }
+  if (outrun_package_worker) return outrun_package_worker();
   return OUTRUN_INSTALLED_WORKER;
 }
 
@@ -71,7 +80,7 @@ Error Host::Impl::start() {
   for (int i = 0; i < opts.shards; ++i) {
     auto sh = std::make_unique<Shard>();
     sh->index = i;
-    sh->dispatcher = std::make_unique<detail::Dispatcher>();
+    sh->dispatcher = std::make_unique<detail::Dispatcher>(log);
     uv_timer_init(&loop, &sh->restart_timer);
     uv_timer_init(&loop, &sh->watchdog);
     shards.push_back(std::move(sh));
@@ -109,7 +118,7 @@ void Host::Impl::shutdown() {
   wake();
   loop_thread.join();
   if (int rc = uv_loop_close(&loop); rc != 0)
-    spdlog::error("outrun: loop closed with handles open: {}", uv_strerror(rc));
+    log(LogLevel::error, "outrun: loop closed with handles open: {}", uv_strerror(rc));
   // Every dispatcher runs what is queued and joins before any shard is destroyed: a last
   // callback may still submit (it gets `cancelled`) to any shard.
   for (auto& sh : shards) sh->dispatcher->stop_and_join();

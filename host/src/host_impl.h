@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "completion.h"
+#include "log.h"
 #include "outrun/host.h"
 #include "script_registry.h"
 #include "shard.h"
@@ -30,12 +31,14 @@ namespace outrun {
 struct Host::Impl {
   explicit Impl(const HostOptions& o)
       : opts(o),
+        log(o.log),
         registry(this, static_cast<uint32_t>(o.shards), o.max_script_bytes, /*deferred_ids=*/true) {
   }
 
   using Ended = std::vector<std::pair<detail::Completion, Result>>;
 
   HostOptions opts;
+  detail::Log log;
   detail::ScriptRegistry registry;
   std::string worker_path;
   // The workers' environment when it differs from the host's (worker_large_pages): built once

@@ -98,7 +98,7 @@ std::span<const uint8_t> Host::Impl::finish_evaluate(flatbuffers::FlatBufferBuil
 
 void Host::Impl::deliver_now(Shard& sh, Completion&& done, Result&& r) {
   if (done.runs_caller_code()) sh.dispatcher->post(Delivery{std::move(done), std::move(r)});
-  else done.deliver(std::move(r));
+  else done.deliver(std::move(r), log);
 }
 
 void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done) {
@@ -343,7 +343,7 @@ void Host::Impl::send_slots(Shard& sh, const std::vector<uint32_t>& idxs) {
 }
 
 void Host::Impl::deliver_from_loop(Shard& sh, Completion&& done, Result&& r) {
-  if (!done.runs_caller_code() && opts.fulfill_futures_on_loop) done.deliver(std::move(r));
+  if (!done.runs_caller_code() && opts.fulfill_futures_on_loop) done.deliver(std::move(r), log);
   else sh.to_dispatch.push_back(Delivery{std::move(done), std::move(r)});
 }
 

@@ -1,7 +1,6 @@
 // Supervision (loop thread): the deadline of the running evaluation, heartbeats, restarts with
 // backoff and a crash-loop limit, drills, shutdown.
 #include <signal.h>
-#include <spdlog/spdlog.h>
 
 #include <cassert>
 
@@ -131,7 +130,7 @@ void Host::Impl::schedule_restart(Shard& sh, DeathCause cause, bool immediate,
 }
 
 void Host::Impl::enter_crash_loop(Shard& sh, const std::string& why) {
-  spdlog::error("outrun: {}", why);
+  log(LogLevel::error, "outrun: {}", why);
   Ended ended;
   std::vector<uint32_t> promoted;
   {
@@ -156,7 +155,7 @@ void Host::Impl::on_restart(uv_timer_t* t) {
   Impl* self = static_cast<Impl*>(t->loop->data);
   if (self->stopping.load() || sh->worker) return;
   if (Error err = self->spawn(*sh)) {
-    spdlog::error("outrun: shard {}: {}", sh->index, err.message);
+    self->log(LogLevel::error, "outrun: shard {}: {}", sh->index, err.message);
     {
       std::lock_guard lock(sh->stats_mu);
       sh->last_death = "could not be started: " + err.message;

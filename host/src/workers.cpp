@@ -1,7 +1,6 @@
 // Worker processes (loop thread): spawn, read, results, death.
 #include <fcntl.h>
 #include <signal.h>
-#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -259,14 +258,15 @@ void Host::Impl::on_err_alloc(uv_handle_t*, size_t, uv_buf_t* buf) {
 
 void Host::Impl::on_err_read(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf) {
   auto* w = static_cast<WorkerProcess*>(s->data);
+  const detail::Log& log = static_cast<Impl*>(s->loop->data)->log;
   const int shard = w->shard->index;
   auto log_line = [&](std::string_view line) {
     if (line.empty()) return;
     if (w->err_logged < kMaxWorkerLogBytes) {
-      spdlog::warn("outrun: shard {} | {}", shard, line.substr(0, 1000));
+      log(LogLevel::warn, "outrun: shard {} | {}", shard, line.substr(0, 1000));
       w->err_logged += line.size();
       if (w->err_logged >= kMaxWorkerLogBytes)
-        spdlog::warn("outrun: shard {} worker {} logged over {} bytes; the rest is dropped", shard,
+        log(LogLevel::warn, "outrun: shard {} worker {} logged over {} bytes; the rest is dropped", shard,
                      w->pid, kMaxWorkerLogBytes);
     }
   };
@@ -511,7 +511,7 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
   uv_timer_stop(&sh.watchdog);
 
   const bool clean_exit = cause == DeathCause::kExit && w->exited_cleanly;
-  if (!stop && !clean_exit) spdlog::warn("outrun: shard {} worker {} {}", sh.index, w->pid, why);
+  if (!stop && !clean_exit) log(LogLevel::warn, "outrun: shard {} worker {} {}", sh.index, w->pid, why);
   sh.deaths.fetch_add(1, std::memory_order_relaxed);
   if (!clean_exit) sh.by_cause[static_cast<int>(cause)].fetch_add(1, std::memory_order_relaxed);
   {

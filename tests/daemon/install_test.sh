@@ -18,8 +18,12 @@ for f in sbin/outrund bin/outrun libexec/outrun/outrun-worker include/outrun/hos
   [ -e "$tmp/prefix/$f" ] || { echo "not installed: $f"; exit 1; }
 done
 grep -q "ExecStart=$tmp/prefix/sbin/outrund" "$tmp/prefix/lib/systemd/system/outrund.service"
-cmake -S "$consumer" -B "$tmp/build" -G Ninja -DCMAKE_PREFIX_PATH="$tmp/prefix" -DCMAKE_BUILD_TYPE=Release "${flags[@]}" >"$tmp/configure.log"
+# Moved as a whole after the install: the consumer (which sets no worker_path) must find the
+# moved package's worker, not the build's install prefix (/usr/local) nor the old location.
+mv "$tmp/prefix" "$tmp/moved"
+cmake -S "$consumer" -B "$tmp/build" -G Ninja -DCMAKE_PREFIX_PATH="$tmp/moved" -DCMAKE_BUILD_TYPE=Release "${flags[@]}" >"$tmp/configure.log"
 cmake --build "$tmp/build" >"$tmp/build.log" || { cat "$tmp/build.log"; exit 1; }
+unset OUTRUN_WORKER
 out="$("$tmp/build/consumer")"
 echo "consumer printed: $out"
 [ "$out" = "1.5" ]

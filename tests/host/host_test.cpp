@@ -3,6 +3,8 @@
 
 #include <dirent.h>
 #include <doctest/doctest.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -618,4 +620,39 @@ TEST_CASE("Host: register, evaluate and unregister race from several threads") {
   CHECK(host->registry_stats().scripts == before.scripts);
   CHECK(host->registry_stats().bytes == before.bytes);
   CHECK(wait_worker_scripts(*host, std::vector<uint64_t>(2, 0)));
+}
+
+TEST_CASE("Host: log lines go to HostOptions::log, never to spdlog's default logger") {
+  // An application's own default logger, which the library must leave alone.
+  auto app_sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("app", app_sink));
+  struct Restore {
+    std::shared_ptr<spdlog::logger> lg;
+    ~Restore() { spdlog::set_default_logger(lg); }
+  } restore{previous};
+
+  std::mutex mu;
+  std::vector<std::pair<LogLevel, std::string>> lines;
+  HostOptions o;
+  o.shards = 1;
+  o.timeout = 50ms;
+  o.grace = 100ms;
+  o.worker_path = OUTRUN_TEST_WORKER;
+  o.log = [&](LogLevel level, std::string_view line) {
+    std::lock_guard lock(mu);
+    lines.emplace_back(level, std::string(line));
+  };
+  {
+    auto host = test::start_host(o);
+    // A C function the instruction hook cannot interrupt: only the T+G kill ends it.
+    Script s = reg(*host, "slow", R"(return (("a"):rep(40000)):find(".-.-.-.-.-.-b"))");
+    CHECK(host->evaluate(s, {}).get().status == Status::killed);
+  }
+  std::lock_guard lock(mu);
+  bool killed_logged = false;
+  for (const auto& [level, line] : lines)
+    if (level == LogLevel::warn && line.find("was killed") != std::string::npos) killed_logged = true;
+  CHECK(killed_logged);
+  CHECK(app_sink->last_formatted().empty());
 }

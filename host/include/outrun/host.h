@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "outrun/log.h"
 #include "outrun/runner.h"
 
 namespace outrun {
@@ -23,6 +24,11 @@ struct HostOptions {
   // Number of worker processes. Scripts are routed to a shard by a stable hash of their key, so
   // each shard keeps its scripts compiled. 1..64.
   int shards = 2;
+
+  // Where the host's log lines go (a worker's death, its stderr, a callback that threw; never
+  // one per evaluation). Empty: stderr, through a logger of the library's own; spdlog's default
+  // logger is never used. outrun/spdlog_sink.h adapts an application's spdlog logger.
+  LogSink log;
 
   // Soft limit per evaluation, counted from when the worker starts running it (not from when it
   // was queued): the worker interrupts the script and answers `timeout`.

@@ -7,7 +7,7 @@
 int main() {
   outrun::HostOptions o;
   o.shards = 1;
-  o.worker_path = OUTRUN_WORKER_PATH;
+  // No worker_path: the installed package tells the library where its worker is.
   std::unique_ptr<outrun::Host> host;
   if (auto err = outrun::Host::create(o, &host)) {
     std::cerr << "create: " << err.message << "\n";
