@@ -1,8 +1,9 @@
 // outrun-worker: runs scripts for one outrun host. Started by the host (uv_spawn, own process
 // group) with its end of a socketpair as fd 3; not meant to be run by hand.
 //
-//   outrun-worker --fd 3 [--out-fd 4] --host-pid PID [--memory-limit BYTES] [--status-page NAME]
-//                 [--heartbeat-ms MS] [--address-space-limit BYTES] [--profile FILE]
+//   outrun-worker --fd 3 [--out-fd 4] --host-pid PID [--memory-limit BYTES]
+//                 [--script-budget BYTES] [--status-page NAME] [--heartbeat-ms MS]
+//                 [--address-space-limit BYTES] [--profile FILE]
 //
 // Start-up order: die-with-host, close stray fds, map the status page, start the heartbeat
 // thread, (optionally) start the CPU profiler, then confine (confine.h) -- and only then read
@@ -103,6 +104,8 @@ int main(int argc, char** argv) {
       host_pid = n;
     } else if (std::strcmp(a, "--memory-limit") == 0 && parse_u64(v, &n) && n > 0) {
       opts.memory_limit = static_cast<std::size_t>(n);
+    } else if (std::strcmp(a, "--script-budget") == 0 && parse_u64(v, &n) && n > 0) {
+      opts.script_budget = static_cast<std::size_t>(n);
     } else if (std::strcmp(a, "--status-page") == 0 && v && *v) {
       page_name = v;
     } else if (std::strcmp(a, "--heartbeat-ms") == 0 && parse_u64(v, &n) && n > 0 && n <= 60000) {

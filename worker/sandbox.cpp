@@ -23,10 +23,12 @@ const char kReadOnlyKey = 0;
 
 void* counting_alloc(void* ud, void* ptr, size_t osize, size_t nsize) {
   auto* acc = static_cast<MemoryAccount*>(ud);
+  ScriptBudget* budget = acc->budget;
   const size_t old = ptr ? osize : 0;  // when ptr is NULL, osize is a type tag
   if (nsize == 0) {
     if (ptr) {
       acc->used -= old;
+      if (budget) budget->used -= old;
       mi_free(ptr);
     }
     return nullptr;
@@ -35,6 +37,13 @@ void* counting_alloc(void* ud, void* ptr, size_t osize, size_t nsize) {
     ++acc->allocations;
     if (acc->fail_at != 0 && acc->allocations == acc->fail_at) return nullptr;
     if (acc->used - old + nsize > acc->limit) return nullptr;
+    // The worker's budget: other states' idle bytes give way first (reclaim closes them; their
+    // frees come back through this function, with their own accounts).
+    if (budget && budget->used + (nsize - old) > budget->limit &&
+        !(budget->reclaim && budget->reclaim(budget->reclaim_ctx, acc, nsize - old))) {
+      acc->budget_refused = true;
+      return nullptr;
+    }
   }
   void* p = ptr ? mi_realloc(ptr, nsize) : mi_malloc(nsize);
   if (!p) {
@@ -42,6 +51,7 @@ void* counting_alloc(void* ud, void* ptr, size_t osize, size_t nsize) {
     return nullptr;
   }
   acc->used = acc->used - old + nsize;
+  if (budget) budget->used = budget->used - old + nsize;
   if (acc->used > acc->peak) acc->peak = acc->used;
   return p;
 }
@@ -412,7 +422,29 @@ std::string error_message(lua_State* L, int idx) {
   }
 }
 
+// 1.5 GiB, 64 MiB, 300 KiB, 12 bytes: budgets and limits are usually round numbers of these.
+std::string human_bytes(std::size_t n) {
+  constexpr const char* kUnits[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  double v = static_cast<double>(n);
+  while (v >= 1024 && unit < 4) {
+    v /= 1024;
+    ++unit;
+  }
+  char buf[32];
+  if (unit == 0 || v == static_cast<double>(static_cast<uint64_t>(v)))
+    snprintf(buf, sizeof buf, "%llu %s", static_cast<unsigned long long>(v), kUnits[unit]);
+  else
+    snprintf(buf, sizeof buf, "%.1f %s", v, kUnits[unit]);
+  return buf;
+}
+
 std::string memory_message(const MemoryAccount& acc) {
+  if (acc.budget_refused)
+    return "the worker's script memory budget (" + human_bytes(acc.budget->limit) +
+           ") is full: the script held " + std::to_string(acc.used) +
+           " bytes and no idle script state was left to drop (its own limit is " +
+           std::to_string(acc.limit) + " bytes)";
   if (acc.system_refused)
     return "the worker is out of memory (its process-wide backstop refused an allocation of the "
            "script, "
@@ -423,10 +455,12 @@ std::string memory_message(const MemoryAccount& acc) {
 
 }  // namespace
 
-std::unique_ptr<ScriptState> ScriptState::create(std::size_t memory_limit, std::string* error) {
+std::unique_ptr<ScriptState> ScriptState::create(std::size_t memory_limit, std::string* error,
+                                                 ScriptBudget* budget) {
   std::unique_ptr<ScriptState> s(new ScriptState());
   s->account_ = std::make_unique<MemoryAccount>();
   s->account_->limit = memory_limit;
+  s->account_->budget = budget;
   s->ctx_ = std::make_unique<RunContext>();
   s->L_ = lua_newstate(counting_alloc, s->account_.get());
   if (!s->L_) {
@@ -455,6 +489,7 @@ Outcome ScriptState::compile(std::string_view source, const std::string& chunk_n
   ctx_->timed_out = false;
   ctx_->deadline_ns = INT64_MAX;
   account_->system_refused = false;
+  account_->budget_refused = false;
   lua_pushcfunction(L_, compile_trampoline);
   lua_pushlightuserdata(L_, &args);
   const int status = lua_pcall(L_, 1, 1, 0);
@@ -484,6 +519,7 @@ Outcome ScriptState::run(PushInputsFn push_inputs, const void* inputs, int64_t t
   ctx_->stack_base = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
   ctx_->deadline_ns = (start_ns != 0 ? start_ns : monotonic_ns()) + timeout_ns;
   account_->system_refused = false;
+  account_->budget_refused = false;
   const int status = lua_pcall(L_, 2, 1, 0);
   ctx_->stack_base = 0;
   const bool timed_out = ctx_->timed_out;

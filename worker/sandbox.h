@@ -23,6 +23,21 @@ using wire::Status;
 // Instructions between two checks of the soft deadline by the count hook.
 inline constexpr int kHookInterval = 1000;
 
+struct MemoryAccount;
+
+// Bytes all the script states of one worker may hold together (the worker's script memory
+// budget, design/sandbox.md). Every state created with it charges its allocations here as well
+// as to its own account. Single-threaded, like the states.
+struct ScriptBudget {
+  std::size_t used = 0;   // live bytes of all states charged to it
+  std::size_t limit = 0;  // growth past it is refused unless `reclaim` makes room
+  // Called by the allocator of the state whose account is `asking` when growing by `bytes` would
+  // pass `limit`: frees other (idle) states until the growth fits, and says whether it does now.
+  // It must not touch `asking`'s state. May be null (then the growth is refused).
+  bool (*reclaim)(void* ctx, const MemoryAccount* asking, std::size_t bytes) = nullptr;
+  void* reclaim_ctx = nullptr;
+};
+
 // Lua's allocator for one script state: counts live bytes and refuses growth past `limit`
 // (frees and shrinks always succeed), which Lua reports as LUA_ERRMEM.
 struct MemoryAccount {
@@ -33,7 +48,9 @@ struct MemoryAccount {
   // from the state's creation) is `fail_at` (0 = never).
   uint64_t fail_at = 0;
   uint64_t allocations = 0;
-  bool system_refused = false;  // the allocator itself failed (RLIMIT_AS backstop), in this run
+  bool system_refused = false;     // the allocator itself failed (RLIMIT_AS backstop), in this run
+  ScriptBudget* budget = nullptr;  // the worker's budget, charged too; null: none (InProcess)
+  bool budget_refused = false;     // the budget refused growth (nothing left to reclaim), this run
 };
 
 // Per-evaluation state the count hook reads through the lua_State's extra space.
@@ -62,8 +79,9 @@ using PushInputsFn = bool (*)(lua_State* L, const void* inputs);
 class ScriptState {
  public:
   // Creates the state with the sandboxed libraries. Fails (nullptr, *error set) only when
-  // `memory_limit` is too small to hold the libraries.
-  static std::unique_ptr<ScriptState> create(std::size_t memory_limit, std::string* error);
+  // `memory_limit` (or `budget`, which must outlive the state) is too small to hold them.
+  static std::unique_ptr<ScriptState> create(std::size_t memory_limit, std::string* error,
+                                             ScriptBudget* budget = nullptr);
   ~ScriptState();
   ScriptState(const ScriptState&) = delete;
   ScriptState& operator=(const ScriptState&) = delete;

@@ -118,6 +118,51 @@ bool parse_test_faults(std::string_view list, uint32_t* faults, std::string* cra
 
 Worker::Worker(const WorkerOptions& options) : opts_(options) {
   if (opts_.out_fd < 0) opts_.out_fd = opts_.fd;
+  budget_.limit = opts_.script_budget;
+  budget_.reclaim = &Worker::reclaim;
+  budget_.reclaim_ctx = this;
+  // Headroom: before an evaluation the idle states are brought down to budget - headroom, so
+  // the running script can usually reach its own cap without the allocator evicting anything.
+  // Half the budget at most, so that a cap near the budget does not evict everything each time.
+  const std::size_t headroom = std::min(opts_.memory_limit, opts_.script_budget / 2);
+  evict_above_ = opts_.script_budget - headroom;
+}
+
+void Worker::touch(Script* s) {
+  if (lru_.next == s) return;
+  s->prev->next = s->next;  // a new script links to itself: unlinking it changes nothing
+  s->next->prev = s->prev;
+  s->next = lru_.next;
+  s->prev = &lru_;
+  lru_.next->prev = s;
+  lru_.next = s;
+}
+
+void Worker::drop_script(uint32_t id) {
+  std::unique_ptr<Script>& slot = scripts_[id];
+  slot->prev->next = slot->next;
+  slot->next->prev = slot->prev;
+  slot.reset();  // lua_close: no script code runs (a __gc is refused by setmetatable)
+  if (opts_.page) opts_.page->scripts.fetch_sub(1, std::memory_order_relaxed);
+}
+
+bool Worker::evict_down_to(std::size_t target, const sandbox::MemoryAccount* keep) {
+  LruLink* l = lru_.prev;
+  while (budget_.used > target && l != &lru_) {
+    auto* s = static_cast<Script*>(l);
+    l = l->prev;
+    if (s->state && &s->state->memory() == keep) continue;
+    drop_script(s->id);
+    bump(opts_.page ? &opts_.page->evictions : nullptr);
+  }
+  return budget_.used <= target;
+}
+
+// ScriptBudget::reclaim: the allocator of the state being built or run needs `bytes` more.
+bool Worker::reclaim(void* self, const sandbox::MemoryAccount* asking, std::size_t bytes) {
+  auto* w = static_cast<Worker*>(self);
+  if (bytes > w->budget_.limit) return false;
+  return w->evict_down_to(w->budget_.limit - bytes, asking);
 }
 
 bool Worker::write_all(const uint8_t* data, std::size_t size) {
@@ -165,12 +210,8 @@ int Worker::run() {
     if (!flush()) return kExitIo;
     if (shutdown_) return kExitOk;
     if (opts_.faults & kFaultForgetScripts) {
-      if (opts_.page)  // "held now": the page follows what is dropped
-        opts_.page->scripts.fetch_sub(
-            static_cast<uint64_t>(std::count_if(scripts_.begin(), scripts_.end(),
-                                                [](const auto& p) { return p != nullptr; })),
-            std::memory_order_relaxed);
-      scripts_.clear();
+      for (uint32_t id = 0; id < scripts_.size(); ++id)
+        if (scripts_[id]) drop_script(id);
     }
   }
 }
@@ -201,11 +242,9 @@ void Worker::handle(const wire::Frame* frame) {
       // other source, always behind this frame.
       const auto* ids = frame->body_as_Forget()->script_ids();
       if (!ids) return;
-      for (const uint32_t id : *ids) {
-        if (id >= scripts_.size() || !scripts_[id]) continue;
-        scripts_[id].reset();
-        if (opts_.page) opts_.page->scripts.fetch_sub(1, std::memory_order_relaxed);
-      }
+      for (const uint32_t id : *ids)
+        if (id < scripts_.size() && scripts_[id]) drop_script(id);
+      if (opts_.page) opts_.page->script_bytes.store(budget_.used, std::memory_order_relaxed);
       return;
     }
     default:
@@ -218,15 +257,18 @@ Worker::Script* Worker::script_for(const wire::Evaluation* e) {
   const uint32_t id = e->script_id();
   if (id >= kMaxScriptId) return nullptr;
   if (id >= scripts_.size()) scripts_.resize(id + 1);
-  auto& slot = scripts_[id];
   const auto* src = e->source();
   const auto* sha = e->sha256();
   if (src && sha && sha->size() == 32) {
-    if (slot && std::memcmp(slot->sha256.data(), sha->data(), 32) == 0) return slot.get();
+    if (scripts_[id] && std::memcmp(scripts_[id]->sha256.data(), sha->data(), 32) == 0)
+      return scripts_[id].get();
+    if (scripts_[id]) drop_script(id);  // other source: its old state makes room for the new one
     auto s = std::make_unique<Script>();
+    s->id = id;
     std::memcpy(s->sha256.data(), sha->data(), 32);
     std::string err;
-    s->state = sandbox::ScriptState::create(opts_.memory_limit, &err);
+    // Not linked yet: the budget's reclaim, which may run while it is built, cannot drop it.
+    s->state = sandbox::ScriptState::create(opts_.memory_limit, &err, &budget_);
     if (!s->state) {
       s->compile_outcome = {wire::Status::MemoryLimit, err};
     } else {
@@ -235,11 +277,11 @@ Worker::Script* Worker::script_for(const wire::Evaluation* e) {
     }
     if (opts_.page) {
       bump(&opts_.page->compiles);
-      if (!slot) bump(&opts_.page->scripts);
+      bump(&opts_.page->scripts);
     }
-    slot = std::move(s);
+    scripts_[id] = std::move(s);
   }
-  return slot.get();
+  return scripts_[id].get();
 }
 
 void Worker::add_result(uint64_t id, wire::Status status, flatbuffers::Offset<wire::Value> value,
@@ -285,6 +327,7 @@ void Worker::evaluate(const wire::Evaluation* e) {
         0, e->script_id() >= kMaxScriptId ? "script id out of range" : "");
     return;
   }
+  touch(s);
   if (s->compile_outcome.status != wire::Status::Ok) {
     if (page) {
       bump(&page->evaluations);
@@ -293,12 +336,16 @@ void Worker::evaluate(const wire::Evaluation* e) {
     add_result(e->id(), s->compile_outcome.status, 0, s->compile_outcome.error);
     return;
   }
+  // The budget: idle states give way before the evaluation rather than inside its allocations.
+  if (budget_.used > evict_above_) [[unlikely]]
+    evict_down_to(evict_above_, &s->state->memory());
   mark_running(e->id());  // T counts from here, for the worker's soft deadline and the host's
   const auto outcome =
       s->state->run(sandbox::push_wire_inputs, e->inputs(), timeout_ns(e->timeout_us()), now_ns_);
   if (page) {
     page->running_id.store(0, std::memory_order_release);
     page->evaluations.fetch_add(1, std::memory_order_relaxed);
+    page->script_bytes.store(budget_.used, std::memory_order_relaxed);
     const auto& mem = s->state->memory();
     if (mem.peak > page->peak_script_bytes.load(std::memory_order_relaxed))
       page->peak_script_bytes.store(mem.peak, std::memory_order_relaxed);

@@ -46,11 +46,17 @@ enum TestFault : uint32_t {
 bool parse_test_faults(std::string_view list, uint32_t* faults, std::string* crash_at_start,
                        std::string* err);
 
+// HostOptions::worker_script_budget's default (the reason is written there).
+inline constexpr std::size_t kDefaultScriptBudget = std::size_t{192} << 20;
+
 struct WorkerOptions {
   int fd = 3;       // frames from the host arrive here (a stream socket, blocking)
   int out_fd = -1;  // results go to the host here; -1: the same socket as `fd`
   uint32_t faults = 0;  // TestFault bits
   std::size_t memory_limit = 16u << 20;  // per script state
+  // All script states together (HostOptions::worker_script_budget): least recently used idle
+  // states are closed to stay under it (design/sandbox.md, "The worker's script budget").
+  std::size_t script_budget = kDefaultScriptBudget;
   protocol::StatusPage* page = nullptr;  // shared with the host; may be null (tests)
 };
 
@@ -74,7 +80,14 @@ class Worker {
   int run();
 
  private:
-  struct Script {
+  // Recency of the scripts held: an intrusive circular list through a sentinel, most recently
+  // evaluated first, so that touching and evicting are O(1).
+  struct LruLink {
+    LruLink* next = this;  // towards less recently used
+    LruLink* prev = this;  // towards more recently used
+  };
+  struct Script : LruLink {
+    uint32_t id = 0;
     std::array<uint8_t, 32> sha256{};
     std::unique_ptr<sandbox::ScriptState> state;
     sandbox::Outcome compile_outcome;  // Ok, or why it cannot run (kept: compile once)
@@ -87,6 +100,12 @@ class Worker {
   bool write_garbage(const wire::Evaluation* e, std::string_view what);  // kFaultGarbage
   void mark_running(uint64_t id);  // on the status page: T counts from now
   Script* script_for(const wire::Evaluation* e);
+  void touch(Script* s);          // most recently used now
+  void drop_script(uint32_t id);  // closes its state; its next evaluation answers NeedSource
+  // Closes least recently used states until the budget's bytes are at most `target`, never the
+  // state whose account is `keep`; true when they are.
+  bool evict_down_to(std::size_t target, const sandbox::MemoryAccount* keep);
+  static bool reclaim(void* self, const sandbox::MemoryAccount* asking, std::size_t bytes);
   void add_result(uint64_t id, wire::Status status, flatbuffers::Offset<wire::Value> value,
                   std::string_view error);
   bool flush();
@@ -98,6 +117,10 @@ class Worker {
   std::vector<flatbuffers::Offset<wire::Result>> results_;
   int64_t first_result_ns_ = 0;
   int64_t now_ns_ = 0;  // read once per evaluation: its start (T), the batch hold, the page
+  // Declared before scripts_: every state charges it, until its destructor has run.
+  sandbox::ScriptBudget budget_;
+  std::size_t evict_above_ = 0;  // budget - headroom: checked before each evaluation
+  LruLink lru_;                  // sentinel; lru_.next is the most recently used script
   std::vector<std::unique_ptr<Script>> scripts_;  // by script_id
   bool shutdown_ = false;
   bool io_failed_ = false;

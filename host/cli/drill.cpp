@@ -326,11 +326,13 @@ class Drill {
   std::string private_host_toml() const {
     std::string t = "shards = " + std::to_string(a_.shards) + "\n";
     if (a_.name == "crash-loop") t += "crash_loop_cooldown_ms = 2000\n";
-    if (a_.name == "memory")  // the per-script cap above the process-wide backstop, and time
+    if (a_.name == "memory")  // the per-script cap and the worker's script budget above the
+      // process-wide backstop, and time
       // to fill what the backstop leaves (about 80 MiB past the worker's own 48 MiB of address
       // space; ~0.15 s when the machine is idle, seconds when it is not: the kernel zeroes every
       // page the bomb touches, and one `..` is one C call the soft timeout cannot interrupt)
-      t += "memory_limit_mb = 1024\nworker_address_space_limit_mb = 128\ntimeout_ms = 5000\n";
+      t += "memory_limit_mb = 1024\nworker_script_budget_mb = 4096\n"
+           "worker_address_space_limit_mb = 128\ntimeout_ms = 5000\n";
     return t;
   }
   std::string private_fault() const {

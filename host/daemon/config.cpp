@@ -162,6 +162,9 @@ bool read_host(const toml::table& t, HostOptions* h, Reader& r) {
     } else if (key == "memory_limit_mb") {
       if ((ok = r.integer(n, key, 1, 65536, &v)))
         h->memory_limit = static_cast<std::size_t>(v) << 20;
+    } else if (key == "worker_script_budget_mb") {
+      if ((ok = r.integer(n, key, 1, 1 << 30, &v)))
+        h->worker_script_budget = static_cast<std::size_t>(v) << 20;
     } else if (key == "worker_address_space_limit_mb") {
       if ((ok = r.integer(n, key, 0, 1 << 30, &v)))
         h->worker_address_space_limit = static_cast<std::size_t>(v) << 20;
@@ -310,6 +313,7 @@ std::string to_toml(const DaemonConfig& c) {
       {"timeout_ms", static_cast<int64_t>(h.timeout.count())},
       {"grace_ms", static_cast<int64_t>(h.grace.count())},
       {"memory_limit_mb", static_cast<int64_t>(h.memory_limit >> 20)},
+      {"worker_script_budget_mb", static_cast<int64_t>(h.worker_script_budget >> 20)},
       {"worker_address_space_limit_mb", static_cast<int64_t>(h.worker_address_space_limit >> 20)},
       {"worker_path", h.worker_path},
       {"start_timeout_ms", static_cast<int64_t>(h.start_timeout.count())},

@@ -1176,6 +1176,8 @@ std::string Server::stats_json(bool shards_only) const {
              {"worker_evaluations", s.worker_evaluations},
              {"worker_compiles", s.worker_compiles},
              {"worker_scripts", s.worker_scripts},
+             {"worker_script_bytes", s.worker_script_bytes},
+             {"worker_evictions", s.worker_evictions},
              {"rss_bytes", s.worker_rss_bytes},
              {"peak_rss_bytes", s.worker_peak_rss_bytes},
              {"heartbeat_age_ms", s.heartbeat_age_ms},

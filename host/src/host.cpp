@@ -145,6 +145,9 @@ Error Host::create(const HostOptions& options, std::unique_ptr<Host>* out) {
   if (options.memory_limit < (256u << 10))
     return {Status::invalid_argument,
             "memory_limit must be at least 256 KiB (the sandbox's libraries need it)"};
+  if (options.worker_script_budget < (1u << 20))
+    return {Status::invalid_argument,
+            "worker_script_budget must be at least 1 MiB (a bare script state costs ~29 KB)"};
   if (options.heartbeat_interval.count() <= 0 ||
       options.silence_limit <= options.heartbeat_interval)
     return {Status::invalid_argument,
@@ -235,6 +238,8 @@ ShardStats Host::shard_stats(int i) const {
     s.worker_compiles = rd(p->compiles);
     s.worker_scripts = rd(p->scripts);
     s.worker_peak_script_bytes = rd(p->peak_script_bytes);
+    s.worker_script_bytes = rd(p->script_bytes);
+    s.worker_evictions = rd(p->evictions);
     s.worker_peak_rss_bytes = rd(p->peak_rss_bytes);
     if (s.pid > 0) s.worker_rss_bytes = resident_bytes(s.pid);
     const int64_t beat = p->heartbeat_ns.load(std::memory_order_relaxed);

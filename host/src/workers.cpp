@@ -100,6 +100,7 @@ Error Host::Impl::spawn(Shard& sh) {
   w->fd = from_worker[0];
   const std::string host_pid = std::to_string(getpid());
   const std::string mem = std::to_string(opts.memory_limit);
+  const std::string budget = std::to_string(opts.worker_script_budget);
   const std::string hb = std::to_string(opts.heartbeat_interval.count());
   const std::string as_limit = std::to_string(opts.worker_address_space_limit);
   std::vector<const char*> args = {worker_path.c_str(),
@@ -111,6 +112,8 @@ Error Host::Impl::spawn(Shard& sh) {
                                    host_pid.c_str(),
                                    "--memory-limit",
                                    mem.c_str(),
+                                   "--script-budget",
+                                   budget.c_str(),
                                    "--status-page",
                                    w->page_name.c_str(),
                                    "--heartbeat-ms",

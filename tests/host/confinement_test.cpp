@@ -155,8 +155,9 @@ TEST_CASE("Confinement: the address-space backstop fails a script's allocation, 
     return;
   }
   HostOptions o = one_shard();
-  o.memory_limit = std::size_t{2} << 30;      // the per-script cap would allow it...
-  o.worker_address_space_limit = 256u << 20;  // ...the process-wide backstop does not
+  o.memory_limit = std::size_t{2} << 30;          // the per-script cap would allow it...
+  o.worker_script_budget = std::size_t{4} << 30;  // ...so would the worker's script budget...
+  o.worker_address_space_limit = 256u << 20;      // ...the process-wide backstop does not
   auto host = start_host(o);
   Script bomb = reg(*host, "bomb", R"(
     local t = {}

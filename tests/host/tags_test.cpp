@@ -636,6 +636,38 @@ TEST_CASE("tags: keep_state survives a worker kill, without it, state starts aga
   CHECK(info.counters.state_restores >= 1);
 }
 
+TEST_CASE("tags: keep_state survives its script's eviction for the worker's script budget") {
+  HostOptions ho;
+  ho.shards = 1;
+  ho.worker_script_budget = 32u << 20;
+  Rig rig(Kind::host, ho);
+  auto kept = tag("Kept", "state.n = (state.n or 0) + 1 return state.n", {"X"});
+  kept.keep_state = true;
+  rig.define(kept);
+  rig.define(tag("Lost", "state.n = (state.n or 0) + 1 return state.n", {"X"}));
+  for (int i = 1; i <= 5; ++i) rig.update({src("X", Value(i))}, at(i));
+  REQUIRE(num(rig.read("Kept").value) == 5);
+  REQUIRE(num(rig.read("Lost").value) == 5);
+  // Hoarders on the same worker, evaluated after the tags' scripts: theirs are least recently
+  // used, so they are closed (and the worker is not restarted: this is not a fresh worker).
+  const int pid = rig.host->worker_pids()[0];
+  for (int i = 0; i < 6; ++i) {
+    Script h = reg(*rig.host, "hoard" + std::to_string(i),
+                   "if not hoard then hoard = {} for i = 1, 8 do hoard[i] = "
+                   "string.rep('x', 1 << 20) end end return #hoard");
+    REQUIRE(rig.host->evaluate(h, {}).get().status == Status::ok);
+  }
+  REQUIRE(rig.host->shard_stats(0).worker_evictions >= 2);
+  rig.update({src("X", Value(100))}, at(100));
+  CHECK(num(rig.read("Kept").value) == 6);  // the kept state came back to the new state
+  CHECK(num(rig.read("Lost").value) == 1);  // its globals started again
+  CHECK(rig.host->worker_pids()[0] == pid);
+  CHECK(rig.host->shard_stats(0).deaths == 0);
+  tags::TagInfo info;
+  REQUIRE(!rig.engine->info("Kept", &info));
+  CHECK(info.counters.state_restores >= 1);
+}
+
 TEST_CASE("tags: the script sees prev, now, status and source_time") {
   FOR_EACH_RUNNER(kind);
   Rig rig(kind);

@@ -42,6 +42,19 @@ struct HostOptions {
   // Exceeding it ends the evaluation `memory_limit`; the worker goes on serving others.
   std::size_t memory_limit = 16u << 20;
 
+  // Bytes all script states of one worker may hold together (design/sandbox.md, "The worker's
+  // script budget"). Before an evaluation the worker closes least recently used idle states
+  // until the others hold at most budget - min(memory_limit, budget / 2); should the running
+  // script still outgrow what is left, more idle states are closed as it allocates. A closed
+  // ("evicted") state is compiled again from source the host re-sends on its next evaluation:
+  // its globals start again, so globals are a cache, never a store. A script that would need
+  // more than the budget by itself ends `memory_limit`, naming the budget: with memory_limit
+  // above the budget, the budget is a script's real cap. At least 1 MiB.
+  // Default 192 MiB, well below the 4 GiB backstop: a bare state costs ~29 KB, so ~6,600 idle
+  // states fit before any is evicted, and two shards stay within ~512 MB of RSS (the budget,
+  // allocator slack and a worker's own ~8 MB) however many scripts are registered.
+  std::size_t worker_script_budget = std::size_t{192} << 20;
+
   // Process-wide backstop per worker (RLIMIT_AS, bytes of address space): should a worker's
   // memory still blow up past every per-script cap (a leak, an interpreter bug), its allocations
   // fail, and a worker that cannot go on dies and is restarted like any other crash. 0 = none.
@@ -141,6 +154,8 @@ struct ShardStats {
   uint64_t worker_compiles = 0;
   uint64_t worker_scripts = 0;
   uint64_t worker_peak_script_bytes = 0;
+  uint64_t worker_script_bytes = 0;    // all its script states hold now (after its last evaluation)
+  uint64_t worker_evictions = 0;       // idle script states closed for worker_script_budget
   uint64_t worker_rss_bytes = 0;       // resident set now (/proc/PID/statm, read by this call)
   uint64_t worker_peak_rss_bytes = 0;  // peak resident set of the current worker (status page)
   int64_t heartbeat_age_ms = -1;

@@ -14,6 +14,8 @@
 //   80      running_since_ns    worker   CLOCK_MONOTONIC when it started (T counts from here)
 //   128     evaluations ...     worker   counters, see below
 //   184     peak_rss_bytes      worker   peak resident set, written with each heartbeat
+//   192     evictions           worker   script states closed for the worker's script budget
+//   200     script_bytes        worker   bytes all script states hold (after each evaluation)
 //
 // Each field sits in its own 8 bytes; the worker's evaluation fields are on a cache line apart
 // from the heartbeat so the heartbeat thread and the main thread do not share a line.
@@ -51,6 +53,9 @@ struct StatusPage {
   std::atomic<uint64_t> peak_script_bytes;  // largest single script state seen
   std::atomic<uint64_t>
       peak_rss_bytes;  // the process's peak resident set (getrusage), per heartbeat
+  // Appended (the layout above is unchanged): the worker's script memory budget.
+  std::atomic<uint64_t> evictions;     // idle script states closed to stay within the budget
+  std::atomic<uint64_t> script_bytes;  // bytes all script states hold, after each evaluation
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free &&
@@ -59,7 +64,8 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free &&
 static_assert(sizeof(StatusPage) <= kStatusPageSize);
 static_assert(offsetof(StatusPage, heartbeat_ns) == 64 &&
                   offsetof(StatusPage, evaluations) == 128 &&
-                  offsetof(StatusPage, peak_rss_bytes) == 184,
+                  offsetof(StatusPage, peak_rss_bytes) == 184 &&
+                  offsetof(StatusPage, script_bytes) == 200,
               "layout is part of the protocol");
 
 // Reads the running evaluation consistently. Returns false when it changed under the reader

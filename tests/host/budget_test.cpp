@@ -1,0 +1,206 @@
+// The worker's script memory budget (HostOptions::worker_script_budget), through the public Host
+// API with real workers: least recently used idle states are closed to stay under it, an evicted
+// script is compiled again (its globals start again), a script that cannot fit by itself ends
+// `memory_limit` naming the budget, and a worker full of hoarding scripts neither dies nor fails
+// honest scripts.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "host/host_support.h"
+#include "outrun/host.h"
+#include "test_support.h"
+
+using namespace std::chrono_literals;
+using outrun::Error;
+using outrun::Host;
+using outrun::HostOptions;
+using outrun::Inputs;
+using outrun::Result;
+using outrun::Script;
+using outrun::ShardStats;
+using outrun::Status;
+using outrun::Value;
+using outrun::test::kSanitized;
+using outrun::test::reg;
+using outrun::test::start_host;
+
+namespace {
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+HostOptions one_shard(std::size_t budget) {
+  HostOptions o;
+  o.shards = 1;
+  o.worker_path = OUTRUN_TEST_WORKER;
+  o.timeout = 5000ms;
+  o.grace = 5000ms;
+  o.worker_script_budget = budget;
+  return o;
+}
+
+std::string describe(const Result& r) {
+  return std::string(outrun::to_string(r.status)) + ": " + r.error;
+}
+
+// Keeps `mib` MiB in a global table of 1 MiB strings (built once per state: a cache).
+std::string hoarder_source(int mib) {
+  return "if not hoard then hoard = {} for i = 1, " + std::to_string(mib) +
+         " do hoard[i] = string.rep('x', 1 << 20) end end return #hoard";
+}
+
+// Evaluates each hoarder once, in order; returns how many answered ok.
+int run_hoarders(Host& host, const std::vector<Script>& hoarders) {
+  int ok = 0;
+  for (const Script& s : hoarders) {
+    const Result r = host.evaluate(s, {}).get();
+    ok += r.status == Status::ok;
+  }
+  return ok;
+}
+
+std::vector<Script> register_hoarders(Host& host, int n, int mib) {
+  std::vector<Script> v;
+  for (int i = 0; i < n; ++i)
+    v.push_back(reg(host, "hoard" + std::to_string(i), hoarder_source(mib)));
+  return v;
+}
+
+Result honest(Host& host, const Script& s) {
+  return host.evaluate(s, Inputs{{"a", Value(int64_t{41})}}).get();
+}
+
+}  // namespace
+
+TEST_CASE("budget: hoarding scripts are evicted; honest scripts answer and the worker lives") {
+  auto host = start_host(one_shard(64 * kMiB));
+  const std::vector<Script> hoarders = register_hoarders(*host, 40, 10);
+  Script fine = reg(*host, "fine", "return inputs.a + 1");
+  for (int round = 0; round < 2; ++round)
+    CHECK(run_hoarders(*host, hoarders) == 40);  // each fits once the idle ones make room
+  const Result r = honest(*host, fine);
+  CHECK_MESSAGE(r.status == Status::ok, describe(r));
+  CHECK(r.value == Value(int64_t{42}));
+  const ShardStats st = host->shard_stats(0);
+  CHECK(st.starts == 1);
+  CHECK(st.deaths == 0);
+  CHECK(st.worker_evictions > 0);
+  CHECK(st.worker_script_bytes <= 64 * kMiB);
+  CHECK(st.worker_scripts < 41);  // the evicted ones are not held
+  MESSAGE("worker RSS " << st.worker_rss_bytes / kMiB << " MiB (peak "
+                        << st.worker_peak_rss_bytes / kMiB << " MiB), " << st.worker_evictions
+                        << " evictions, script bytes " << st.worker_script_bytes / kMiB << " MiB");
+  if (kSanitized) {
+    MESSAGE("RSS bound not checked under sanitizers (ASan keeps freed memory)");
+  } else {
+    // 80 rounds of 10 MiB went through; 64 MiB of budget, allocator slack and the worker itself.
+    CHECK(st.worker_rss_bytes < 160 * kMiB);
+  }
+}
+
+TEST_CASE("budget: an evicted script is compiled again: right result, its globals start again") {
+  auto host = start_host(one_shard(32 * kMiB));
+  Script counter = reg(*host, "counter", "n = (n or 0) + 1 return n + inputs.a");
+  for (int i = 1; i <= 3; ++i) {
+    const Result r = honest(*host, counter);
+    REQUIRE_MESSAGE(r.status == Status::ok, describe(r));
+    CHECK(r.value == Value(int64_t{41 + i}));
+  }
+  const uint64_t compiles = host->shard_stats(0).worker_compiles;
+  // Enough hoarding after it to close the counter's state: it is the least recently used.
+  CHECK(run_hoarders(*host, register_hoarders(*host, 6, 8)) == 6);
+  const ShardStats mid = host->shard_stats(0);
+  REQUIRE(mid.worker_evictions > 0);
+  const Result r = honest(*host, counter);
+  REQUIRE_MESSAGE(r.status == Status::ok, describe(r));
+  CHECK(r.value == Value(int64_t{42}));  // n started again: globals are a cache
+  const ShardStats st = host->shard_stats(0);
+  CHECK(st.worker_compiles > compiles + 6);  // the hoarders and the counter again
+  CHECK(st.deaths == 0);
+}
+
+TEST_CASE("budget: a script that cannot fit by itself ends memory_limit naming the budget") {
+  HostOptions o = one_shard(64 * kMiB);
+  o.memory_limit = 256 * kMiB;  // its own cap would allow it; the worker's budget does not
+  auto host = start_host(o);
+  Script big = reg(*host, "big", hoarder_source(100));
+  Script fine = reg(*host, "fine", "return inputs.a + 1");
+  CHECK(honest(*host, fine).status == Status::ok);
+  const int pid = host->worker_pids().at(0);
+  const Result r = host->evaluate(big, {}).get();
+  CHECK_MESSAGE(r.status == Status::memory_limit, describe(r));
+  CHECK_MESSAGE(
+      r.error.find("the worker's script memory budget (64 MiB) is full") != std::string::npos,
+      describe(r));
+  const Result next = honest(*host, fine);
+  CHECK_MESSAGE(next.status == Status::ok, describe(next));
+  CHECK(host->worker_pids().at(0) == pid);
+  CHECK(host->shard_stats(0).deaths == 0);
+}
+
+TEST_CASE("budget: a script that fits once every idle state is closed runs ok") {
+  HostOptions o = one_shard(64 * kMiB);
+  o.memory_limit = 256 * kMiB;  // headroom = budget / 2: the allocator must evict the rest
+  auto host = start_host(o);
+  CHECK(run_hoarders(*host, register_hoarders(*host, 6, 8)) == 6);
+  Script big = reg(*host, "big", hoarder_source(56));
+  const Result r = host->evaluate(big, {}).get();
+  CHECK_MESSAGE(r.status == Status::ok, describe(r));
+  const ShardStats st = host->shard_stats(0);
+  CHECK(st.worker_evictions >= 6);
+  CHECK(st.deaths == 0);
+}
+
+TEST_CASE("budget: worker_script_budget is validated") {
+  HostOptions o = one_shard(kMiB - 1);
+  std::unique_ptr<Host> host;
+  const Error err = Host::create(o, &host);
+  CHECK(err.status == Status::invalid_argument);
+  CHECK(err.message.find("worker_script_budget") != std::string::npos);
+  CHECK(!host);
+}
+
+// Figures for design/sandbox.md, not a check: `outrun_tests -tc='*budget: figures*' --no-skip`.
+// The hoarding attack with and without a budget (a huge budget is the behaviour before it).
+TEST_CASE("budget: figures: the hoarding attack with and without the budget" * doctest::skip()) {
+  for (const std::size_t budget : {std::size_t{1} << 40, 64 * kMiB}) {
+    HostOptions o = one_shard(budget);
+    o.worker_address_space_limit = std::size_t{1} << 30;  // a 1 GiB backstop, reached quickly
+    auto host = start_host(o);
+    const std::vector<Script> hoarders = register_hoarders(*host, 120, 10);
+    Script fine = reg(*host, "fine", "return inputs.a + 1");
+    int ok = 0;
+    std::string hoarder_failure = "none";
+    for (const Script& h : hoarders) {
+      const Result r = host->evaluate(h, {}).get();
+      ok += r.status == Status::ok;
+      if (r.status != Status::ok && hoarder_failure == "none") hoarder_failure = describe(r);
+    }
+    std::vector<Result> honest_results;
+    int honest_ok = 0;
+    for (int i = 0; i < 20; ++i) {
+      // An honest script that needs a little memory (4 MiB while it runs), keeping nothing.
+      Script s = reg(*host, "honest" + std::to_string(i),
+                     "local s = string.rep('y', 2 << 20) return inputs.a + #s // (2 << 20) + " +
+                         std::to_string(i));
+      const Result r = honest(*host, s);
+      honest_ok += r.status == Status::ok;
+      if (r.status != Status::ok && honest_results.empty()) honest_results.push_back(r);
+    }
+    const Result f = honest(*host, fine);
+    const ShardStats st = host->shard_stats(0);
+    std::printf(
+        "budget %zu MiB: hoarders ok %d/120 (first failure: %s), honest ok %d/20 (first "
+        "failure: %s), 'fine' %s; worker RSS %llu MiB, peak %llu MiB, starts %llu deaths %llu, "
+        "evictions %llu\n",
+        budget / kMiB, ok, hoarder_failure.c_str(), honest_ok,
+        honest_results.empty() ? "none" : describe(honest_results[0]).c_str(), describe(f).c_str(),
+        static_cast<unsigned long long>(st.worker_rss_bytes / kMiB),
+        static_cast<unsigned long long>(st.worker_peak_rss_bytes / kMiB),
+        static_cast<unsigned long long>(st.starts), static_cast<unsigned long long>(st.deaths),
+        static_cast<unsigned long long>(st.worker_evictions));
+  }
+}
