@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
 
   if (const char* fault = std::getenv("OUTRUN_TEST_FAULT"); fault && *fault) {
     std::string crash_at_start, err;
-    if (!parse_test_faults(fault, &opts.faults, &crash_at_start, &err)) {
+    if (!parse_test_faults(fault, &opts.faults, &opts.crash_on_source, &crash_at_start, &err)) {
       spdlog::error("OUTRUN_TEST_FAULT: {}", err);
       std::fflush(stderr);
       _exit(kExitUsage);

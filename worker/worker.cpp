@@ -90,13 +90,14 @@ int64_t timeout_ns(uint64_t timeout_us) {
 
 }  // namespace
 
-bool parse_test_faults(std::string_view list, uint32_t* faults, std::string* crash_at_start,
-                       std::string* err) {
+bool parse_test_faults(std::string_view list, uint32_t* faults, std::string* crash_on_source,
+                       std::string* crash_at_start, std::string* err) {
   while (!list.empty()) {
     const std::size_t comma = list.find(',');
     const std::string_view name = list.substr(0, comma);
     list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
     constexpr std::string_view kCrash = "crash-at-start=";
+    constexpr std::string_view kCrashOnSource = "crash-on-source=";
     if (name == "forget-scripts") {
       *faults |= kFaultForgetScripts;
     } else if (name == "need-source-loop") {
@@ -105,11 +106,15 @@ bool parse_test_faults(std::string_view list, uint32_t* faults, std::string* cra
       *faults |= kFaultEscape;
     } else if (name == "garbage") {
       *faults |= kFaultGarbage;
+    } else if (name.starts_with(kCrashOnSource) && name.size() > kCrashOnSource.size()) {
+      *faults |= kFaultCrashOnSource;
+      *crash_on_source = name.substr(kCrashOnSource.size());
     } else if (name.starts_with(kCrash) && name.size() > kCrash.size()) {
       *crash_at_start = name.substr(kCrash.size());
     } else {
       *err = "unknown test fault '" + std::string(name) +
-             "' (forget-scripts, need-source-loop, escape, garbage, crash-at-start=PATH)";
+             "' (forget-scripts, need-source-loop, escape, garbage, crash-on-source=MARKER, "
+             "crash-at-start=PATH)";
       return false;
     }
   }
@@ -311,6 +316,14 @@ bool Worker::test_fault(const wire::Evaluation* e) {
   if (opts_.faults & kFaultGarbage) {
     if (const std::string_view what = string_input(e, "garbage"); !what.empty())
       return write_garbage(e, what);
+  }
+  if ((opts_.faults & kFaultCrashOnSource) && e->source() &&
+      e->source()->string_view().find(opts_.crash_on_source) != std::string_view::npos) {
+    flush();                // what came before is delivered: only `e` is the crash's suspect
+    mark_running(e->id());  // so the host knows which evaluation was running when it died
+    spdlog::warn("test fault: crashing on the source of evaluation {}", e->id());
+    std::fflush(stderr);
+    ::raise(SIGSEGV);
   }
   return false;
 }

@@ -38,13 +38,18 @@ enum TestFault : uint32_t {
   // it, the first a RuntimeError), "bad-status" (a status only the host may give). The host must
   // take each for a protocol violation.
   kFaultGarbage = 1u << 3,
+  // "crash-on-source=MARKER": an evaluation that carries a source containing MARKER makes the
+  // worker raise SIGSEGV as it starts running it (the evaluation is on the status page), like an
+  // interpreter bug the script reaches: the crash-attribution path. Every worker sees a source
+  // it does not hold, so the crash repeats on each new worker. WorkerOptions::crash_on_source.
+  kFaultCrashOnSource = 1u << 4,
   // "crash-at-start=PATH" is handled in main.cpp: while PATH exists, the worker exits 70 before
   // it says hello (a worker that cannot start: the crash-loop path).
 };
-// Parses OUTRUN_TEST_FAULT's list into `faults` and the crash-at-start path; false (with the
-// offending name in *err) for a name it does not know.
-bool parse_test_faults(std::string_view list, uint32_t* faults, std::string* crash_at_start,
-                       std::string* err);
+// Parses OUTRUN_TEST_FAULT's list into `faults`, the crash-on-source marker and the
+// crash-at-start path; false (with the offending name in *err) for a name it does not know.
+bool parse_test_faults(std::string_view list, uint32_t* faults, std::string* crash_on_source,
+                       std::string* crash_at_start, std::string* err);
 
 // HostOptions::worker_script_budget's default (the reason is written there).
 inline constexpr std::size_t kDefaultScriptBudget = std::size_t{192} << 20;
@@ -53,6 +58,7 @@ struct WorkerOptions {
   int fd = 3;       // frames from the host arrive here (a stream socket, blocking)
   int out_fd = -1;  // results go to the host here; -1: the same socket as `fd`
   uint32_t faults = 0;  // TestFault bits
+  std::string crash_on_source;           // kFaultCrashOnSource: the marker
   std::size_t memory_limit = 16u << 20;  // per script state
   // All script states together (HostOptions::worker_script_budget): least recently used idle
   // states are closed to stay under it (design/sandbox.md, "The worker's script budget").

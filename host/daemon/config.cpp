@@ -210,6 +210,10 @@ bool read_host(const toml::table& t, HostOptions* h, Reader& r) {
       ok = r.ms(n, key, 1, &h->crash_loop_window);
     } else if (key == "crash_loop_cooldown_ms") {
       ok = r.ms(n, key, 0, &h->crash_loop_cooldown);
+    } else if (key == "quarantine_after") {
+      if ((ok = r.integer(n, key, 1, 1000, &v))) h->quarantine_after = static_cast<int>(v);
+    } else if (key == "quarantine_cooldown_ms") {
+      ok = r.ms(n, key, 1, &h->quarantine_cooldown);
     } else {
       r.err = "unknown key host." + std::string(key);
       ok = false;
@@ -328,7 +332,9 @@ std::string to_toml(const DaemonConfig& c) {
       {"retries", h.retries},
       {"crash_loop_limit", h.crash_loop_limit},
       {"crash_loop_window_ms", static_cast<int64_t>(h.crash_loop_window.count())},
-      {"crash_loop_cooldown_ms", static_cast<int64_t>(h.crash_loop_cooldown.count())}};
+      {"crash_loop_cooldown_ms", static_cast<int64_t>(h.crash_loop_cooldown.count())},
+      {"quarantine_after", h.quarantine_after},
+      {"quarantine_cooldown_ms", static_cast<int64_t>(h.quarantine_cooldown.count())}};
   toml::table root{{"daemon", d}, {"host", ho}};
   std::ostringstream os;
   os << root << "\n";

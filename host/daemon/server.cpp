@@ -1170,6 +1170,8 @@ std::string Server::stats_json(bool shards_only) const {
                {"crashed", s.crashed},
                {"exited", s.exited},
                {"protocol_violation", s.protocol_violations}}},
+             {"crashes_charged", s.crashes_charged},
+             {"quarantine_refusals", s.quarantine_refusals},
              {"last_death", s.last_death},
              {"evaluations", s.evaluations},
              {"retried", s.retried},
@@ -1220,12 +1222,15 @@ std::string Server::scripts_json() const {
       total += n;
       if (n) by_status[std::string(to_string(static_cast<Status>(i)))] = n;
     }
+    const ScriptCrashStats crashes = host_->script_crashes(e.script);
     arr.push_back(json{{"handle", handle_of(e)},
                        {"key", e.script.key()},
                        {"sha256", hex(e.script.sha256())},
                        {"shard", e.script.shard()},
                        {"evaluations", total},
-                       {"by_status", by_status}});
+                       {"by_status", by_status},
+                       {"crashes", crashes.crashes},
+                       {"quarantined", crashes.quarantined}});
   }
   return dump(json{{"scripts", arr}});
 }

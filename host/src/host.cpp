@@ -156,6 +156,10 @@ Error Host::create(const HostOptions& options, std::unique_ptr<Host>* out) {
     return {Status::invalid_argument, "retries must be 0..10"};
   if (options.crash_loop_limit < 1)
     return {Status::invalid_argument, "crash_loop_limit must be at least 1"};
+  if (options.quarantine_after < 1 || options.quarantine_after > 1000)
+    return {Status::invalid_argument, "quarantine_after must be 1..1000"};
+  if (options.quarantine_cooldown.count() <= 0)
+    return {Status::invalid_argument, "quarantine_cooldown must be positive"};
   if (options.worker_address_space_limit != 0 && options.worker_address_space_limit < (64u << 20))
     return {Status::invalid_argument,
             "worker_address_space_limit must be 0 (none) or at least 64 MiB"};
@@ -186,6 +190,19 @@ Error Host::unregister_script(std::string_view key) {
 
 RegistryStats Host::registry_stats() const {
   return impl_->registry.stats();
+}
+
+ScriptCrashStats Host::script_crashes(const Script& script) const {
+  ScriptCrashStats s;
+  const detail::ScriptRecord* r = script.record();
+  if (!r || r->owner != impl_.get()) return s;
+  s.crashes = r->crashes.load(std::memory_order_relaxed);
+  if (in_quarantine(*r)) {
+    s.quarantined = true;
+    s.quarantine_left_ms = std::max<int64_t>(
+        0, (r->quarantined_until_ns.load(std::memory_order_relaxed) - monotonic_ns()) / 1'000'000);
+  }
+  return s;
 }
 
 void Host::evaluate(const Script& script, Inputs inputs, Callback done) {
@@ -226,6 +243,8 @@ ShardStats Host::shard_stats(int i) const {
   s.crashed = rd(sh.by_cause[static_cast<int>(detail::DeathCause::kCrash)]);
   s.exited = rd(sh.by_cause[static_cast<int>(detail::DeathCause::kExit)]);
   s.protocol_violations = rd(sh.by_cause[static_cast<int>(detail::DeathCause::kProtocol)]);
+  s.crashes_charged = rd(sh.crashes_charged);
+  s.quarantine_refusals = rd(sh.quarantine_refusals);
   s.evaluations = rd(sh.evaluations);
   s.retried = rd(sh.retried);
   s.read_syscalls = rd(sh.reads);

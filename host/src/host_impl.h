@@ -122,11 +122,26 @@ struct Host::Impl {
   static void on_restart_overdue(uv_timer_t* t);
   static void on_handle_closed(uv_handle_t* h);
 
+  // quarantine.cpp: crash attribution (design/supervision.md "Crash attribution").
+  // The script a death is charged to: the one `w` was running when it died of a fault signal or
+  // exited with an error code; null for a death nothing explains. Loop thread, sh.mu held.
+  const detail::ScriptRecord* crash_suspect(detail::Shard& sh, const detail::WorkerProcess& w,
+                                            detail::DeathCause cause, uint64_t running);
+  // Charges one crash to `r`; true when that quarantines it. Loop thread.
+  bool charge_crash(detail::Shard& sh, const detail::ScriptRecord& r,
+                    const detail::WorkerProcess& w);
+  // Ends (`runtime_error`) the evaluations of `idxs` whose script is quarantined, keeping the
+  // others in order. sh.mu held.
+  void end_quarantined(detail::Shard& sh, std::vector<uint32_t>* idxs, Ended* out,
+                       std::vector<uint32_t>* promoted);
+  std::string quarantine_message(const detail::ScriptRecord& r) const;
+
   // supervise.cpp (loop thread)
   void arm_watchdog(detail::Shard& sh, int64_t now_ns);
   static void on_watchdog(uv_timer_t* t);
   // The one place that decides restarts: when, and whether the shard is in a crash loop.
-  void schedule_restart(detail::Shard& sh, detail::DeathCause cause, bool immediate,
+  // `charged`: the crash was charged to a script (charge_crash), so it is not the shard's.
+  void schedule_restart(detail::Shard& sh, detail::DeathCause cause, bool immediate, bool charged,
                         std::chrono::steady_clock::duration uptime);
   static void on_restart(uv_timer_t* t);
   void enter_crash_loop(detail::Shard& sh, const std::string& why);
@@ -149,6 +164,24 @@ inline int64_t monotonic_ns() {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
+
+// Whether `r` is quarantined now. The common answer costs one relaxed load (hot path: every
+// evaluation); only a record that was quarantined reads the clock, and the first call after the
+// quarantine passed clears it.
+inline bool in_quarantine(const detail::ScriptRecord& r) {
+  int64_t until = r.quarantined_until_ns.load(std::memory_order_relaxed);
+  if (until == 0) [[likely]]
+    return false;
+  if (monotonic_ns() < until) return true;
+  // Over. The exchange fails when another caller cleared it (until is then 0) or the loop thread
+  // quarantined it again meanwhile (until is then the new end).
+  if (r.quarantined_until_ns.compare_exchange_strong(until, 0, std::memory_order_relaxed))
+    return false;
+  return until != 0;
+}
+
+// How a worker's exit reads in messages: "was killed by signal 11 (Segmentation fault)".
+std::string describe_exit(int64_t status, int signal);
 
 // Resident set of a process from /proc/PID/statm, in bytes; 0 if it cannot be read. Statistics
 // only (shard_stats), never on a hot path.

@@ -92,6 +92,8 @@ struct WorkerProcess {
   bool exited = false;             // libuv reaped it: never signal its pid again
   bool restart_requested = false;  // restart_shard: start the next one at once
   bool exited_cleanly = false;     // exit code 0, no signal (after Shutdown): not a death to report
+  int64_t exit_status = 0;         // once exited: its exit code, or 0
+  int term_signal = 0;             // once exited: the signal that ended it, or 0
   std::chrono::steady_clock::time_point started_at{};
   int64_t started_ns = 0;  // CLOCK_MONOTONIC, for heartbeat age before the first beat
   std::shared_ptr<protocol::FrameWriter> writer;  // also referenced by producers
@@ -131,6 +133,7 @@ struct Shard {
 
   // Counters (relaxed; read by stats).
   std::atomic<uint64_t> starts{0}, deaths{0}, evaluations{0}, reads{0}, frames{0}, retried{0};
+  std::atomic<uint64_t> crashes_charged{0}, quarantine_refusals{0};
   std::atomic<uint64_t> by_cause[6] = {};
   std::atomic<int> pid{0};
   std::atomic<int64_t> worker_started_ns{

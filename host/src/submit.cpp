@@ -113,6 +113,12 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
                 Result{Status::invalid_argument, {}, unregistered_message(r), sh.index});
     return;
   }
+  if (in_quarantine(*r)) [[unlikely]] {
+    sh.quarantine_refusals.fetch_add(1, std::memory_order_relaxed);
+    deliver_now(sh, std::move(done),
+                Result{Status::runtime_error, {}, quarantine_message(*r), sh.index});
+    return;
+  }
   if (stopping.load(std::memory_order_relaxed)) {
     deliver_now(sh, std::move(done), Result{Status::cancelled, {}, "the host is shutting down", sh.index});
     return;
@@ -200,6 +206,13 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
           *shards[r->shard], Completion(detail::BatchTarget{shared_cb, i}),
           Result{
               Status::invalid_argument, {}, unregistered_message(r), static_cast<int>(r->shard)});
+      continue;
+    }
+    if (in_quarantine(*r)) [[unlikely]] {
+      Shard& sh = *shards[r->shard];
+      sh.quarantine_refusals.fetch_add(1, std::memory_order_relaxed);
+      deliver_now(sh, Completion(detail::BatchTarget{shared_cb, i}),
+                  Result{Status::runtime_error, {}, quarantine_message(*r), sh.index});
       continue;
     }
     by_shard[r->shard].push_back(i);
@@ -295,6 +308,7 @@ void Host::Impl::place_promoted(Shard& sh, std::vector<uint32_t>& promoted, Ende
   while (!promoted.empty()) {
     std::vector<uint32_t> batch;
     batch.swap(promoted);
+    end_quarantined(sh, &batch, out, &promoted);  // one was charged with the crash just handled
     switch (sh.state) {
       case ShardState::kRunning:
         send_slots(sh, batch);

@@ -94,13 +94,16 @@ void Host::Impl::on_watchdog(uv_timer_t* t) {
   self->arm_watchdog(*sh, now);
 }
 
-void Host::Impl::schedule_restart(Shard& sh, DeathCause cause, bool immediate,
+void Host::Impl::schedule_restart(Shard& sh, DeathCause cause, bool immediate, bool charged,
                                   std::chrono::steady_clock::duration uptime) {
   const auto now = std::chrono::steady_clock::now();
-  // Only the worker's own failures count toward the crash loop and the backoff; kills the host
-  // decided (overrun, silence, drills) restart at once.
-  const bool crash = !immediate && (cause == DeathCause::kCrash || cause == DeathCause::kExit ||
-                                    cause == DeathCause::kProtocol);
+  // Only the worker's own failures that no script explains count toward the crash loop and the
+  // backoff; kills the host decided (overrun, silence, drills) restart at once. A crash charged
+  // to a script (quarantine.cpp) restarts after restart_delay, without doubling: its cause is
+  // known and fenced off, and the shard's other scripts should not wait for it.
+  const bool crash =
+      !immediate && !charged &&
+      (cause == DeathCause::kCrash || cause == DeathCause::kExit || cause == DeathCause::kProtocol);
   std::chrono::milliseconds delay{0};
   if (crash) {
     sh.recent_crashes.push_back(now);
@@ -160,7 +163,7 @@ void Host::Impl::on_restart(uv_timer_t* t) {
       std::lock_guard lock(sh->stats_mu);
       sh->last_death = "could not be started: " + err.message;
     }
-    self->schedule_restart(*sh, DeathCause::kExit, false, {});  // a failed start is a crash
+    self->schedule_restart(*sh, DeathCause::kExit, false, false, {});  // a failed start is a crash
   }
 }
 

@@ -23,8 +23,6 @@ using detail::WorkerProcess;
 using protocol::FrameWriter;
 namespace bip = boost::interprocess;
 
-namespace {
-
 std::string describe_exit(int64_t status, int signal) {
   if (signal == SIGSYS)
     return "was killed by signal " + std::to_string(signal) +
@@ -48,6 +46,8 @@ std::string describe_exit(int64_t status, int signal) {
       return "exited with code " + std::to_string(status);
   }
 }
+
+namespace {
 
 // A per-process unique name; /dev/shm entries are removed as soon as the worker has mapped it.
 std::string page_name(int shard) {
@@ -229,6 +229,8 @@ void Host::Impl::on_exit(uv_process_t* p, int64_t status, int term_signal) {
   Impl* self = static_cast<Impl*>(p->loop->data);
   w->exited = true;  // reaped: its pid may be reused from now on, never signal it again
   w->exited_cleanly = status == 0 && term_signal == 0;
+  w->exit_status = status;
+  w->term_signal = term_signal;
   const DeathCause cause = term_signal != 0 ? DeathCause::kCrash : DeathCause::kExit;
   self->worker_died(w, cause, describe_exit(status, term_signal));
   uv_close(reinterpret_cast<uv_handle_t*>(p), &Impl::on_handle_closed);
@@ -530,10 +532,18 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
       cause == DeathCause::kCrash || cause == DeathCause::kExit || cause == DeathCause::kProtocol;
   Ended ended;
   std::vector<uint32_t> promoted;
+  bool charged = false;  // to a script: not the shard's crash (schedule_restart)
   {
     std::lock_guard lock(sh.mu);
     if (sh.writer) sh.writer->close();
     sh.writer.reset();
+    // Charged before anything ends: a script this quarantines has its other evaluations (the
+    // retries and what waits) ended below instead of sent to the next worker.
+    if (const detail::ScriptRecord* suspect =
+            stop ? nullptr : crash_suspect(sh, *w, cause, running)) {
+      charge_crash(sh, *suspect, *w);
+      charged = true;
+    }
     std::vector<uint32_t> retry;
     for (uint32_t idx = 0; idx < sh.slots.size(); ++idx) {
       Slot& slot = sh.slots[idx];
@@ -561,6 +571,8 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
         retry.push_back(idx);
       }
     }
+    end_quarantined(sh, &retry, &ended, &promoted);
+    end_quarantined(sh, &sh.waiting, &ended, &promoted);
     // Retries go first: they were submitted before anything that waits already.
     if (!retry.empty()) {
       sh.retried.fetch_add(retry.size(), std::memory_order_relaxed);
@@ -588,7 +600,7 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
     start_cv.notify_all();
   }
   if (!stop)
-    schedule_restart(sh, cause, w->restart_requested,
+    schedule_restart(sh, cause, w->restart_requested, charged,
                      std::chrono::steady_clock::now() - w->started_at);
 }
 

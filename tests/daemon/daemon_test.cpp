@@ -436,7 +436,12 @@ TEST_CASE("outrund: a script key that is not UTF-8 does not end the daemon at `s
   REQUIRE(!c->scripts_json(&doc));
   const auto j = nlohmann::json::parse(doc);
   bool found = false;
-  for (const auto& e : j["scripts"]) found |= e["key"] == "bad\xEF\xBF\xBD\xEF\xBF\xBDkey";
+  for (const auto& e : j["scripts"]) {
+    if (e["key"] != "bad\xEF\xBF\xBD\xEF\xBF\xBDkey") continue;
+    found = true;
+    CHECK(e["crashes"] == 0);  // the host's crash attribution, per script record
+    CHECK(e["quarantined"] == false);
+  }
   CHECK(found);  // each invalid byte became U+FFFD
   CHECK(c->evaluate(s, {}).get().status == outrun::Status::ok);
   check_client_works(d, "after.bad.key");

@@ -120,13 +120,25 @@ struct HostOptions {
 
   // Crash loop: when a shard's worker has crashed (died of a signal the host did not send,
   // exited with an error, violated the protocol, or could not be started) `crash_loop_limit`
-  // times within `crash_loop_window`, the shard stops restarting: its evaluations end
-  // `unavailable` at once, with the reason, until `crash_loop_cooldown` has passed. Kills the host
-  // decided (T+G overruns, silence, drills) do not count: a runaway script must not take its
-  // shard's other scripts down with it.
+  // times within `crash_loop_window`, not counting crashes charged to a script (quarantine,
+  // below), the shard stops restarting: its evaluations end `unavailable` at once, with the
+  // reason, until `crash_loop_cooldown` has passed. Kills the host decided (T+G overruns,
+  // silence, drills) do not count: a runaway script must not take its shard's other scripts down
+  // with it.
   int crash_loop_limit = 5;
   std::chrono::milliseconds crash_loop_window{10000};
   std::chrono::milliseconds crash_loop_cooldown{30000};
+
+  // Quarantine (design/supervision.md "Crash attribution"): a worker that dies of a fault signal
+  // (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGSYS, SIGTRAP) or exits with an error code
+  // while it runs an evaluation charges that crash to the evaluation's script, not to the
+  // shard's crash loop. A script charged `quarantine_after` times within `crash_loop_window` is
+  // quarantined for `quarantine_cooldown`: its evaluations end `runtime_error` at once, with the
+  // reason, and never reach a worker, so one hostile script cannot take its shard from the
+  // others. Registering new source under its key (a new record) ends it at once.
+  // quarantine_after: 1..1000; quarantine_cooldown: positive.
+  int quarantine_after = 2;
+  std::chrono::milliseconds quarantine_cooldown{60000};
 };
 
 // State and counters of one shard, for tests, the CLI and the perf harness.
@@ -144,9 +156,11 @@ struct ShardStats {
   uint64_t crashed = 0;           // died of a signal it was not sent by the host
   uint64_t exited = 0;            // exited by itself with a non-zero code
   uint64_t protocol_violations = 0;
-  std::string last_death;    // the cause of the last death, for people
-  uint64_t evaluations = 0;  // submitted to this shard
-  uint64_t retried = 0;      // evaluations sent again after their worker died
+  uint64_t crashes_charged = 0;      // crashes charged to a script (not to the crash loop)
+  std::string last_death;            // the cause of the last death, for people
+  uint64_t evaluations = 0;          // submitted to this shard
+  uint64_t retried = 0;              // evaluations sent again after their worker died
+  uint64_t quarantine_refusals = 0;  // evaluations ended `runtime_error`: script quarantined
   uint64_t read_syscalls = 0;
   uint64_t frames_read = 0;
   // From the worker's status page (0 while down).
@@ -159,6 +173,13 @@ struct ShardStats {
   uint64_t worker_rss_bytes = 0;       // resident set now (/proc/PID/statm, read by this call)
   uint64_t worker_peak_rss_bytes = 0;  // peak resident set of the current worker (status page)
   int64_t heartbeat_age_ms = -1;
+};
+
+// Crashes charged to one script record (HostOptions::quarantine_after).
+struct ScriptCrashStats {
+  uint32_t crashes = 0;            // crashes of a worker while it ran this script
+  bool quarantined = false;        // its evaluations end `runtime_error` now
+  int64_t quarantine_left_ms = 0;  // how long that lasts (0: not quarantined)
 };
 
 class Host final : public Runner {
@@ -183,6 +204,8 @@ class Host final : public Runner {
   // record's worker states are forgotten shortly after it is freed (asynchronously, on the
   // loop thread; ShardStats::worker_scripts follows).
   RegistryStats registry_stats() const;
+  // Crashes and quarantine of `script`'s record (zeros for a handle of another runner).
+  ScriptCrashStats script_crashes(const Script& script) const;
 
   // Drills. kill_shard: SIGKILL the shard's process group now; what it was running is retried on
   // the restarted worker. restart_shard: the worker finishes what it has, exits, and a new one

@@ -17,9 +17,18 @@ struct InProcessOptions {
   std::size_t memory_limit = 16u << 20;
 };
 
-// The baseline every out-of-process figure is compared with, and a mode for trusted scripts.
-// evaluate() runs the script on the calling thread and calls `done` before returning. Different
-// scripts may run concurrently from different threads; one script's evaluations are serialised.
+// The baseline every out-of-process figure is compared with, and a mode for trusted scripts
+// only. evaluate() runs the script on the calling thread and calls `done` before returning.
+// Different scripts may run concurrently from different threads; one script's evaluations are
+// serialised.
+//
+// Trusted only, because the sandbox is the only line here: there is no worker process to lose, no
+// hard kill at T+G, no confinement, no quarantine. A script that reaches an interpreter bug
+// crashes the application itself: Lua 5.4.4's `coroutine.close` nesting bug (a chain of ~12,000
+// closes overflows the C stack) segfaulted this process until the sandbox guarded it
+// (design/sandbox.md), and any bug like it found later would do the same. Out of process
+// (outrun::Host) the same script costs one worker, which is restarted, and the script is
+// quarantined.
 class InProcess final : public Runner {
  public:
   explicit InProcess(const InProcessOptions& options = {});

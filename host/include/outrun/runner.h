@@ -40,6 +40,19 @@ struct ScriptRecord {
   mutable std::atomic<uint32_t> refs{0};
   std::atomic<bool> unregistered{false};     // evaluations of it end `invalid_argument`
   std::shared_ptr<RegistryShared> registry;  // null: freed by the last reference alone
+
+  // Crashes of a worker while it ran this script (Host only; design/supervision.md "Crash
+  // attribution"). Written by the host's loop thread only, read by any thread; times are
+  // CLOCK_MONOTONIC ns. Mutable: they describe what the script did, not what it is, and a new
+  // source under the key is a new record with none of them.
+  mutable std::atomic<uint32_t> crashes{0};         // all crashes charged to it
+  mutable std::atomic<uint32_t> window_crashes{0};  // of them, since first_crash_ns
+  mutable std::atomic<int64_t> first_crash_ns{0};   // start of the current crash window
+  mutable std::atomic<int64_t> last_crash_ns{0};
+  mutable std::atomic<int32_t> last_crash{0};  // its exit: signal, or exit code << 8
+  // Quarantined until then (0: not quarantined): its evaluations end `runtime_error` before any
+  // worker sees them. Set by the loop thread; cleared by the first evaluation after it passed.
+  mutable std::atomic<int64_t> quarantined_until_ns{0};
 };
 
 // Drops one reference; the last one frees the record (through its registry, if any).
@@ -99,10 +112,10 @@ struct RegistryStats {
   std::size_t scripts = 0;
   std::size_t bytes = 0;
 };
-// An estimate of what a record costs beyond its strings: the ScriptRecord itself (~220 B with
-// its allocation header), its entry in the key index (~70 B: node, hash, bucket) and the copy of
-// the key in that entry. Counted against max_script_bytes.
-inline constexpr std::size_t kScriptRecordOverhead = 320;
+// An estimate of what a record costs beyond its strings: the ScriptRecord itself (~260 B with
+// its allocation header and its crash counters), its entry in the key index (~70 B: node, hash,
+// bucket) and the copy of the key in that entry. Counted against max_script_bytes.
+inline constexpr std::size_t kScriptRecordOverhead = 352;
 
 struct Result {
   Status status = Status::ok;
