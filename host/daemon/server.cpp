@@ -1265,7 +1265,10 @@ void Server::refill(int s, const Done* done) {
       ConnShard& cs = c->sched[s];
       if (c->held.load(std::memory_order_relaxed) || over_budget(*c)) {
         cs.in_ring = false;  // the loop puts it back when it resumes
-        if (!c->held.exchange(true)) newly_held.push_back(c->shared_from_this());
+        if (!c->held.exchange(true)) {
+          held_total_.fetch_add(1, std::memory_order_relaxed);
+          newly_held.push_back(c->shared_from_this());
+        }
         continue;
       }
       if (!run) {
@@ -1330,11 +1333,13 @@ void Server::complete(const Run& run, std::size_t i, Result&& r) {
 // waits in paused_frame), its socket is not read, its queued evaluations are not fed (the
 // dispatchers drop it from their turns), until maybe_resume().
 void Server::hold(Conn* c) {
-  if (!c->held.exchange(true)) ++held_total_;
-  spdlog::debug(
-      "client {}: over max_client_queued_bytes ({} bytes queued); not read until it "
-      "drains",
-      c->id, c->writer.queued_bytes());
+  if (!c->held.exchange(true)) {
+    held_total_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::debug(
+        "client {}: over max_client_queued_bytes ({} bytes queued); not read until it "
+        "drains",
+        c->id, c->writer.queued_bytes());
+  }
   c->write_wait = true;
   update_poll(c);
 }
@@ -1497,7 +1502,7 @@ std::string Server::stats_json(bool shards_only) const {
          {"inflight", counters_.inflight.load(std::memory_order_relaxed)},
          {"queued", queued},
          {"clients_held", held},
-         {"clients_held_total", held_total_},
+         {"clients_held_total", held_total_.load(std::memory_order_relaxed)},
          {"clients_over_limit", over_limit_.load(std::memory_order_relaxed)},
          {"client_queued_bytes",
           {{"max", max_queued},

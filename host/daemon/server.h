@@ -240,7 +240,7 @@ class Server {
   std::vector<std::vector<Queued>> admit_;
   std::atomic<uint64_t> queued_peak_bytes_{0};  // largest writer queue seen at a check
   std::atomic<uint64_t> over_limit_{0};         // disconnected past the hard limit
-  uint64_t held_total_ = 0;                     // loop thread
+  std::atomic<uint64_t> held_total_{0};         // clients held (loop or dispatcher)
   std::chrono::steady_clock::time_point last_limit_warning_{};
   uint64_t limit_warnings_skipped_ = 0;
 
