@@ -138,6 +138,9 @@ bool read_daemon(const toml::table& t, DaemonConfig* c, Reader& r) {
     } else if (key == "max_subscriber_bytes") {
       if ((ok = r.integer(n, key, 4096, int64_t{1} << 32, &v)))
         c->max_subscriber_bytes = static_cast<std::size_t>(v);
+    } else if (key == "max_client_queued_bytes") {
+      if ((ok = r.integer(n, key, 4096, int64_t{1} << 40, &v)))
+        c->max_client_queued_bytes = static_cast<std::size_t>(v);
     } else {
       r.err = "unknown key daemon." + std::string(key);
       ok = false;
@@ -283,6 +286,8 @@ std::string finalize_config(DaemonConfig* cfg) {
     return "daemon.log_level: expected trace, debug, info, warn, error, critical or off";
   if (cfg->socket.size() >= 108) return "daemon.socket: path longer than 107 bytes (sun_path)";
   if (cfg->host.shards < 1 || cfg->host.shards > 64) return "host.shards: expected 1..64";
+  if (cfg->max_client_queued_bytes < 4096 || cfg->max_client_queued_bytes > (std::size_t{1} << 40))
+    return "daemon.max_client_queued_bytes: expected 4096..2^40";
   return {};
 }
 
@@ -310,7 +315,8 @@ std::string to_toml(const DaemonConfig& c) {
                 {"log_file", c.log_file},
                 {"cache_dir", c.cache_dir},
                 {"tags_file", c.tags_file},
-                {"max_subscriber_bytes", static_cast<int64_t>(c.max_subscriber_bytes)}};
+                {"max_subscriber_bytes", static_cast<int64_t>(c.max_subscriber_bytes)},
+                {"max_client_queued_bytes", static_cast<int64_t>(c.max_client_queued_bytes)}};
   const HostOptions& h = c.host;
   toml::table ho{
       {"shards", h.shards},

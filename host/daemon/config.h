@@ -12,6 +12,8 @@
 
 namespace outrun::daemon {
 
+inline constexpr std::size_t kHardLimitFactor = 4;  // max_client_queued_bytes × this: disconnect
+
 struct DaemonConfig {
   // [daemon]
   std::string socket;                  // default: default_socket_path()
@@ -36,6 +38,10 @@ struct DaemonConfig {
   // A tags subscriber whose connection has more than this queued keeps only the latest value of
   // each tag until it drains (design/daemon.md "Subscribers").
   std::size_t max_subscriber_bytes = 4u << 20;
+  // Answers queued to a client that does not read them: past this, the daemon stops reading
+  // the client and feeding its queued evaluations to the Host until they drain below half;
+  // past kHardLimitFactor times this, the client is disconnected (design/daemon.md "Scheduler").
+  std::size_t max_client_queued_bytes = 16u << 20;
   // [host]
   HostOptions host;
 };

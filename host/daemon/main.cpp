@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
       tags_file;
   int shards = 0, timeout_ms = 0, grace_ms = -1, memory_mb = 0, drain_ms = -1, max_clients = 0;
   long max_inflight = 0;
+  long long max_queued_bytes = 0;
   std::vector<uint32_t> uids, gids;
   bool check = false;
   app.add_option("-c,--config", config_file, "TOML configuration file (design/daemon.md)");
@@ -29,6 +30,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-clients", max_clients, "daemon.max_clients")->check(CLI::Range(1, 65536));
   app.add_option("--max-inflight-per-client", max_inflight, "daemon.max_inflight_per_client")
       ->check(CLI::Range(1L, 10'000'000L));
+  app.add_option("--max-client-queued-bytes", max_queued_bytes, "daemon.max_client_queued_bytes")
+      ->check(CLI::Range(4096LL, 1LL << 40));
   app.add_option("--drain-timeout", drain_ms, "daemon.drain_timeout_ms")
       ->check(CLI::Range(0, 86'400'000));
   app.add_option("--log-level", log_level, "daemon.log_level");
@@ -86,6 +89,7 @@ int main(int argc, char** argv) {
   if (!gids.empty()) cfg.allowed_gids = gids;
   if (max_clients) cfg.max_clients = max_clients;
   if (max_inflight) cfg.max_inflight_per_client = static_cast<uint32_t>(max_inflight);
+  if (max_queued_bytes) cfg.max_client_queued_bytes = static_cast<std::size_t>(max_queued_bytes);
   if (drain_ms >= 0) cfg.drain_timeout = std::chrono::milliseconds(drain_ms);
   if (!log_level.empty()) cfg.log_level = log_level;
   if (!log_file.empty()) cfg.log_file = log_file;

@@ -102,14 +102,26 @@ struct Conn : std::enable_shared_from_this<Conn> {
   const int fd;
   const uint64_t id;
   protocol::FrameWriter writer;
-  std::atomic<uint32_t> inflight{0};
+  std::atomic<uint32_t> inflight{0};  // admitted: queued in the daemon or in the Host
+  // Scheduler (design/daemon.md "Scheduler"): a queue per shard, each guarded by its shard's
+  // ShardSched::mu. `held`: over max_client_queued_bytes, neither read nor fed until it drains
+  // below half (set by the loop or a dispatcher, cleared by the loop). `over_limit`: past the
+  // hard limit, the loop disconnects it.
+  std::unique_ptr<ConnShard[]> sched;
+  std::atomic<bool> held{false};
+  std::atomic<bool> over_limit{false};
 
   // Loop thread only.
   uv_poll_t poll{};
   protocol::FrameReader reader;
   bool hello = false;
   bool reading = true;
-  bool write_wait = false;  // polling for writability (the socket was full)
+  // An Evaluate frame whose items were handled up to paused_item when the client went over its
+  // budget; the reader is not touched until it is finished (the frame stays valid).
+  const wire::Evaluate* paused_frame = nullptr;
+  uint32_t paused_item = 0;
+  std::size_t paused_budget = 0;  // what the rest of its inputs may decode to
+  bool write_wait = false;        // polling for writability (the socket was full)
   bool closing = false;
   int events = 0;
   uid_t uid = 0;
@@ -429,6 +441,7 @@ int Server::run() {
   }
   counters_.shards = host_->shards();
   counters_.shard_latency = std::make_unique<LatencyHistogram[]>(counters_.shards);
+  init_scheduler();
   auto stop_tags = [this] {
     {
       std::lock_guard lock(tq_mu_);
@@ -542,7 +555,11 @@ void Server::on_async(uv_async_t* h) {
   }
   for (auto& c : v) {
     if (c->closing) continue;
-    c->write_wait = true;
+    if (c->over_limit.load(std::memory_order_relaxed)) {
+      s->disconnect_over_limit(c.get());
+      continue;
+    }
+    c->write_wait = true;  // its socket is full, or it went over its budget: watch it drain
     s->update_poll(c.get());
   }
 }
@@ -687,6 +704,7 @@ void Server::accept_all() {
       close_conn(oldest, "no hello (max_pending_hello)");
     }
     auto c = std::make_shared<Conn>(this, fd, next_conn_id_++);
+    c->sched = std::make_unique<ConnShard[]>(static_cast<std::size_t>(host_->shards()));
     c->uid = cred.uid;
     c->gid = cred.gid;
     c->pid = cred.pid;
@@ -741,6 +759,12 @@ void Server::on_hello_timer(uv_timer_t* h) {
     s->close_conn(c, "no hello in time");
   }
   s->flush_subscribers();
+  // A held client whose queue drained through producer passes (not the loop's flush) gets no
+  // writable event: checked here too.
+  std::vector<std::shared_ptr<Conn>> held;
+  for (auto& [p, c] : s->conns_)
+    if (c->held.load(std::memory_order_relaxed)) held.push_back(c);
+  for (auto& c : held) s->maybe_resume(c.get());
 }
 
 // max_clients connections, max_pending_hello more before their hello, and a margin for the
@@ -778,10 +802,13 @@ bool Server::check_fd_limit(std::string* err) {
 void Server::update_poll(Conn* c) {
   if (c->closing) return;
   int ev = 0;
+  const bool held = c->held.load(std::memory_order_relaxed);
   if (c->write_wait)
     ev |= UV_WRITABLE;
-  else if (c->reading)
+  else if (c->reading && !held)
     ev |= UV_READABLE;  // a client that does not read its results is not read
+  // Not read while over its budget: its disconnect is still seen (and cancels its queue).
+  if (held) ev |= UV_DISCONNECT;
   if (ev == c->events) return;
   c->events = ev;
   if (ev == 0)
@@ -802,11 +829,14 @@ void Server::conn_event(Conn* c, int status, int events) {
     return;
   }
   auto self = conns_.at(c);
+  if ((events & UV_DISCONNECT) && c->held.load(std::memory_order_relaxed)) {
+    close_conn(c, "disconnected while over max_client_queued_bytes");
+    return;
+  }
   if (events & UV_WRITABLE) {
     switch (c->writer.flush_from_loop()) {
       case protocol::FrameWriter::Flush::kDone:
         c->write_wait = false;
-        update_poll(c);
         flush_subscriber(c);  // a subscriber that was over its budget gets its latest values
         break;
       case protocol::FrameWriter::Flush::kMore:
@@ -815,8 +845,13 @@ void Server::conn_event(Conn* c, int status, int events) {
         close_conn(c, "write failed");
         return;
     }
+    if (c->held.load(std::memory_order_relaxed))
+      maybe_resume(c);  // may keep write_wait, read frames, or close
+    if (c->closing) return;
+    update_poll(c);
   }
-  if ((events & UV_READABLE) && c->reading) {
+  if ((events & UV_READABLE) && c->reading && !c->held.load(std::memory_order_relaxed) &&
+      !c->paused_frame) {
     const long n = c->reader.read_from(c->fd);
     if (n == -EAGAIN) return;
     if (n <= 0) {
@@ -831,6 +866,7 @@ void Server::close_conn(Conn* c, const char* why) {
   if (c->closing) return;
   c->closing = true;
   c->writer.close();
+  cancel_queued(c);
   {
     std::lock_guard lock(sub_mu_);
     c->gone = true;
@@ -850,7 +886,19 @@ void Server::close_conn(Conn* c, const char* why) {
 
 void Server::handle_frames(const std::shared_ptr<Conn>& c) {
   protocol::FrameView fv;
-  while (!c->closing && c->reader.next(fv)) {
+  while (!c->closing) {
+    if (c->held.load(std::memory_order_relaxed)) return;  // maybe_resume() goes on
+    if (const wire::Evaluate* ev = c->paused_frame) {
+      c->paused_frame = nullptr;
+      if (!evaluate_items(c, ev, c->paused_item)) return;  // over its budget again
+      continue;
+    }
+    // Every frame may be answered: none is handled while the client is over its budget.
+    if (over_budget(*c)) {
+      hold(c.get());
+      return;
+    }
+    if (!c->reader.next(fv)) break;
     if (!handle_frame(c, fv.frame)) {
       ++violations_;
       spdlog::warn("client {} (pid {}) violated the protocol; disconnected", c->id, c->pid);
@@ -939,100 +987,9 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
       c->writer.write(frame_of(f, wire::Body::Registered, body.Union()));
       return true;
     }
-    case wire::Body::Evaluate: {
-      const auto* items = frame->body_as_Evaluate()->items();
-      if (!items) return true;
-      std::vector<Request> batch;
-      std::vector<uint64_t> ids;
-      batch.reserve(items->size());
-      ids.reserve(items->size());
-      const uint64_t t0 = now_us();
-      // What the inputs of this frame may decode to, shared subtrees counted per use: without
-      // it, one small frame of shared subtrees could keep the loop decoding millions of values.
-      std::size_t decode_budget = protocol::kMaxFrameSize;
-      for (const wire::Evaluation* e : *items) {
-        Result refused;
-        refused.status = Status::ok;
-        const uint32_t idx = e->script_id() & kHandleIdMask;
-        const ScriptEntry* entry = idx < scripts_.size() ? scripts_[idx].get() : nullptr;
-        if (!entry || entry->gen != e->script_id() >> kHandleIdBits) {
-          refused = Result{Status::invalid_argument,
-                           {},
-                           "unknown script handle " + std::to_string(e->script_id()),
-                           -1};
-        } else if (!entry->script.valid()) {
-          refused = Result{
-              Status::invalid_argument, {}, "script '" + entry->key + "' was unregistered", -1};
-        } else if (draining_) {
-          refused = Result{Status::unavailable, {}, "outrund is stopping", -1};
-        } else if (c->inflight.load(std::memory_order_relaxed) + batch.size() >=
-                   cfg_.max_inflight_per_client) {
-          refused =
-              Result{Status::busy,
-                     {},
-                     "too many evaluations in flight for this client (max_inflight_per_client)",
-                     -1};
-        }
-        Inputs inputs;
-        if (refused.status == Status::ok && e->inputs()) {
-          inputs.reserve(e->inputs()->size());
-          for (const wire::Input* in : *e->inputs()) {
-            Value v;
-            if (in->value() && !detail::decode_value(in->value(), &v, &decode_budget)) {
-              refused = Result{Status::invalid_argument,
-                               {},
-                               decode_budget == 0
-                                   ? "the inputs of this frame decode to more than " +
-                                         std::to_string(protocol::kMaxFrameSize) +
-                                         " bytes (a shared subtree counts each time it is used)"
-                                   : "input '" + in->name()->str() + "' is not a valid value",
-                               -1};
-              break;
-            }
-            inputs.push_back(Input{in->name()->str(), std::move(v)});
-          }
-        }
-        if (refused.status != Status::ok) {
-          counters_.by_status[static_cast<int>(refused.status)].fetch_add(
-              1, std::memory_order_relaxed);
-          send_result(*c, e->id(), refused);
-          continue;
-        }
-        batch.push_back(Request{entry->script, std::move(inputs)});
-        ids.push_back(e->id());
-      }
-      if (batch.empty()) return true;
-      c->inflight.fetch_add(static_cast<uint32_t>(batch.size()), std::memory_order_relaxed);
-      counters_.inflight.fetch_add(batch.size(), std::memory_order_relaxed);
-      Counters* ctr = &counters_;
-      auto deliver = [c, ctr, t0](uint64_t id, ScriptEntry* entry, const Result& r) {
-        const uint64_t us = now_us() - t0;
-        ctr->latency.record(us);
-        if (r.shard >= 0 && r.shard < ctr->shards) ctr->shard_latency[r.shard].record(us);
-        const int st = static_cast<int>(r.status);
-        ctr->by_status[st].fetch_add(1, std::memory_order_relaxed);
-        entry->by_status[st].fetch_add(1, std::memory_order_relaxed);
-        // Released before the result is written: a client that sends its next evaluation as soon
-        // as this one's result arrives is never counted over its limit (and answered busy).
-        c->inflight.fetch_sub(1, std::memory_order_relaxed);
-        ctr->inflight.fetch_sub(1, std::memory_order_relaxed);
-        send_result(*c, id, r);
-      };
-      if (batch.size() == 1) {
-        std::shared_ptr<ScriptEntry> entry = scripts_[batch[0].script.record()->id];
-        host_->evaluate(batch[0].script, std::move(batch[0].inputs),
-                        [deliver, id = ids[0], entry](Result r) { deliver(id, entry.get(), r); });
-      } else {
-        using Entries = std::vector<std::shared_ptr<ScriptEntry>>;
-        auto shared = std::make_shared<std::pair<std::vector<uint64_t>, Entries>>();
-        shared->first = std::move(ids);
-        for (const Request& rq : batch) shared->second.push_back(scripts_[rq.script.record()->id]);
-        host_->evaluate_batch(std::move(batch), [deliver, shared](std::size_t i, Result r) {
-          deliver(shared->first[i], shared->second[i].get(), r);
-        });
-      }
+    case wire::Body::Evaluate:
+      evaluate_items(c, frame->body_as_Evaluate(), 0);
       return true;
-    }
     case wire::Body::Unregister: {
       const auto* u = frame->body_as_Unregister();
       Error e;
@@ -1135,6 +1092,337 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Evaluations: admission, the per-shard windows, cancellation and the byte budget
+// (design/daemon.md "Scheduler").
+
+bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* evaluate, uint32_t start) {
+  const auto* ev = static_cast<const wire::Evaluate*>(evaluate);
+  const auto* items = ev->items();
+  if (!items) return true;
+  const uint64_t t0 = now_us();
+  // What the inputs of this frame may decode to, shared subtrees counted per use: without it,
+  // one small frame of shared subtrees could keep the loop decoding millions of values. Kept
+  // across a pause, so a frame resumed in parts has one budget.
+  if (start == 0) c->paused_budget = protocol::kMaxFrameSize;
+  std::size_t& decode_budget = c->paused_budget;
+  uint32_t admitted = 0;
+  bool paused = false;
+  const uint32_t n = items->size();
+  for (uint32_t k = start; k < n; ++k) {
+    const wire::Evaluation* e = items->Get(k);
+    Result refused;
+    refused.status = Status::ok;
+    const uint32_t idx = e->script_id() & kHandleIdMask;
+    const ScriptEntry* entry = idx < scripts_.size() ? scripts_[idx].get() : nullptr;
+    if (!entry || entry->gen != e->script_id() >> kHandleIdBits) {
+      refused = Result{Status::invalid_argument,
+                       {},
+                       "unknown script handle " + std::to_string(e->script_id()),
+                       -1};
+    } else if (!entry->script.valid()) {
+      refused =
+          Result{Status::invalid_argument, {}, "script '" + entry->key + "' was unregistered", -1};
+    } else if (draining_) {
+      refused = Result{Status::unavailable, {}, "outrund is stopping", -1};
+    } else if (c->inflight.load(std::memory_order_relaxed) + admitted >=
+               cfg_.max_inflight_per_client) {
+      refused = Result{Status::busy,
+                       {},
+                       "too many evaluations in flight for this client (max_inflight_per_client)",
+                       -1};
+    }
+    Inputs inputs;
+    if (refused.status == Status::ok && e->inputs()) {
+      inputs.reserve(e->inputs()->size());
+      for (const wire::Input* in : *e->inputs()) {
+        Value v;
+        if (in->value() && !detail::decode_value(in->value(), &v, &decode_budget)) {
+          refused = Result{Status::invalid_argument,
+                           {},
+                           decode_budget == 0
+                               ? "the inputs of this frame decode to more than " +
+                                     std::to_string(protocol::kMaxFrameSize) +
+                                     " bytes (a shared subtree counts each time it is used)"
+                               : "input '" + in->name()->str() + "' is not a valid value",
+                           -1};
+          break;
+        }
+        inputs.push_back(Input{in->name()->str(), std::move(v)});
+      }
+    }
+    if (refused.status != Status::ok) {
+      // An answer is written now: not while the client is over its budget (a frame of a million
+      // refused evaluations would otherwise queue a million answers).
+      if (over_budget(*c)) {
+        c->paused_frame = ev;
+        c->paused_item = k;
+        paused = true;
+        break;
+      }
+      counters_.by_status[static_cast<int>(refused.status)].fetch_add(1, std::memory_order_relaxed);
+      send_result(*c, e->id(), refused);
+      continue;
+    }
+    const uint32_t shard = entry->script.shard();
+    admit_[shard].push_back(
+        Queued{Request{entry->script, std::move(inputs)}, scripts_[idx], e->id(), t0});
+    ++admitted;
+  }
+  if (admitted > 0) {
+    c->inflight.fetch_add(admitted, std::memory_order_relaxed);
+    counters_.inflight.fetch_add(admitted, std::memory_order_relaxed);
+    const bool held = c->held.load(std::memory_order_relaxed);
+    for (std::size_t s = 0; s < admit_.size(); ++s) {
+      std::vector<Queued>& add = admit_[s];
+      if (add.empty()) continue;
+      {
+        ShardSched& sh = sched_[s];
+        std::lock_guard lock(sh.mu);
+        ConnShard& cs = c->sched[s];
+        for (Queued& q : add) cs.q.push_back(std::move(q));
+        sh.queued += add.size();
+        if (!cs.in_ring && !held) {
+          cs.in_ring = true;
+          sh.ring.push_back(c.get());
+        }
+      }
+      add.clear();
+      refill(static_cast<int>(s), nullptr);
+    }
+  }
+  if (paused) hold(c.get());
+  return !paused;
+}
+
+void Server::init_scheduler() {
+  const int n = host_->shards();
+  sched_ = std::make_unique<ShardSched[]>(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    sched_[i].window = kWindowMin;
+    sched_[i].service_us = kWindowTargetUs / kWindowMin;
+  }
+  admit_.resize(static_cast<std::size_t>(n));
+}
+
+bool Server::over_budget(Conn& c) {
+  const std::size_t q = c.writer.queued_bytes();
+  uint64_t peak = queued_peak_bytes_.load(std::memory_order_relaxed);
+  while (q > peak &&
+         !queued_peak_bytes_.compare_exchange_weak(peak, q, std::memory_order_relaxed)) {
+  }
+  return q > cfg_.max_client_queued_bytes;
+}
+
+namespace {
+// Statuses of evaluations a worker ran: only their durations say how long one takes.
+bool ran_in_worker(Status s) {
+  switch (s) {
+    case Status::ok:
+    case Status::compile_error:
+    case Status::runtime_error:
+    case Status::timeout:
+    case Status::killed:
+    case Status::memory_limit:
+      return true;
+    default:
+      return false;
+  }
+}
+}  // namespace
+
+// Fills shard `s`'s window from the clients in turn, up to kQuantum each per turn, and submits
+// what it took as one Host call (one frame to the worker where the Host can). `done`: called
+// for a completion, whose window accounting happens here under the same lock; the window is then
+// refilled only once a quarter of it is free (or it is empty), so completions that arrive one at
+// a time still submit in runs.
+void Server::refill(int s, const Done* done) {
+  ShardSched& sh = sched_[s];
+  std::shared_ptr<Run> run;
+  std::vector<Request> batch;
+  std::vector<std::shared_ptr<Conn>> newly_held;  // allocates only when one is
+  {
+    std::lock_guard lock(sh.mu);
+    if (done) {
+      --sh.used;
+      if (done->ran) {
+        // A worker runs its evaluations in order: this one started when it was sent or when the
+        // previous one ended, whichever was later.
+        const uint64_t began = std::max(done->sent_us, sh.last_done_us);
+        const double sample =
+            done->now_us > began ? static_cast<double>(done->now_us - began) : 0.0;
+        sh.service_us += (sample - sh.service_us) / 8;
+        const double w = kWindowTargetUs / std::max(sh.service_us, 1.0);
+        sh.window = static_cast<uint32_t>(
+            std::clamp(w, static_cast<double>(kWindowMin), static_cast<double>(kWindowMax)));
+      }
+      sh.last_done_us = std::max(sh.last_done_us, done->now_us);
+      if (sh.used > 0 &&
+          (sh.used >= sh.window || sh.window - sh.used < std::max<uint32_t>(1, sh.window / 4)))
+        return;
+    }
+    if (sh.ring.empty() || sh.used >= sh.window) return;
+    while (sh.used < sh.window && !sh.ring.empty()) {
+      Conn* c = sh.ring.front();
+      sh.ring.pop_front();
+      ConnShard& cs = c->sched[s];
+      if (c->held.load(std::memory_order_relaxed) || over_budget(*c)) {
+        cs.in_ring = false;  // the loop puts it back when it resumes
+        if (!c->held.exchange(true)) {
+          held_total_.fetch_add(1, std::memory_order_relaxed);
+          newly_held.push_back(c->shared_from_this());
+        }
+        continue;
+      }
+      if (!run) {
+        run = std::make_shared<Run>();
+        run->shard = s;
+      }
+      std::shared_ptr<Conn> self = c->shared_from_this();
+      for (uint32_t k = 0; k < kQuantum && sh.used < sh.window && !cs.q.empty(); ++k) {
+        Queued& q = cs.q.front();
+        batch.push_back(std::move(q.rq));
+        run->items.push_back(RunItem{self, std::move(q.entry), q.id, q.t0});
+        cs.q.pop_front();
+        ++sh.used;
+        --sh.queued;
+      }
+      if (cs.q.empty())
+        cs.in_ring = false;
+      else
+        sh.ring.push_back(c);
+    }
+    if (run) run->sent_us = now_us();
+  }
+  for (auto& c : newly_held) want_write(c);  // the loop stops reading it and watches it drain
+  if (batch.empty()) return;
+  if (batch.size() == 1) {
+    host_->evaluate(batch[0].script, std::move(batch[0].inputs),
+                    [this, run](Result r) { complete(*run, 0, std::move(r)); });
+  } else {
+    host_->evaluate_batch(std::move(batch), [this, run](std::size_t i, Result r) {
+      complete(*run, i, std::move(r));
+    });
+  }
+}
+
+// A result, on the dispatcher thread of its shard.
+void Server::complete(const Run& run, std::size_t i, Result&& r) {
+  const RunItem& it = run.items[i];
+  Conn& c = *it.conn;
+  const uint64_t now = now_us();
+  const uint64_t us = now - it.t0;
+  counters_.latency.record(us);
+  counters_.shard_latency[run.shard].record(us);
+  const int st = static_cast<int>(r.status);
+  counters_.by_status[st].fetch_add(1, std::memory_order_relaxed);
+  it.entry->by_status[st].fetch_add(1, std::memory_order_relaxed);
+  // Released before the result is written: a client that sends its next evaluation as soon as
+  // this one's result arrives is never counted over its limit (and answered busy).
+  c.inflight.fetch_sub(1, std::memory_order_relaxed);
+  counters_.inflight.fetch_sub(1, std::memory_order_relaxed);
+  const bool ran = ran_in_worker(r.status);
+  send_result(c, it.id, r);
+  // Results of what is in the window still arrive while the client is held; past the hard limit
+  // (a few huge results), the loop disconnects it.
+  if (c.writer.queued_bytes() > kHardLimitFactor * cfg_.max_client_queued_bytes &&
+      !c.over_limit.exchange(true))
+    want_write(it.conn);
+  const Done d{run.sent_us, now, ran};
+  refill(run.shard, &d);
+}
+
+// Loop thread: the client is over its budget. Its frames are not handled (the one in progress
+// waits in paused_frame), its socket is not read, its queued evaluations are not fed (the
+// dispatchers drop it from their turns), until maybe_resume().
+void Server::hold(Conn* c) {
+  if (!c->held.exchange(true)) {
+    held_total_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::debug(
+        "client {}: over max_client_queued_bytes ({} bytes queued); not read until it "
+        "drains",
+        c->id, c->writer.queued_bytes());
+  }
+  c->write_wait = true;
+  update_poll(c);
+}
+
+void Server::maybe_resume(Conn* c) {
+  if (c->closing || !c->held.load(std::memory_order_relaxed)) return;
+  if (c->writer.queued_bytes() > cfg_.max_client_queued_bytes / 2) {
+    c->write_wait = true;  // keep watching it drain
+    return;
+  }
+  c->held.store(false, std::memory_order_relaxed);
+  for (int s = 0; s < host_->shards(); ++s) {
+    bool any = false;
+    {
+      ShardSched& sh = sched_[s];
+      std::lock_guard lock(sh.mu);
+      ConnShard& cs = c->sched[s];
+      if (!cs.in_ring && !cs.q.empty()) {
+        cs.in_ring = true;
+        sh.ring.push_back(c);
+      }
+      any = cs.in_ring;
+    }
+    if (any) refill(s, nullptr);
+  }
+  update_poll(c);
+  handle_frames(conns_.at(c));  // the paused frame, then what was read
+}
+
+// Loop thread, when the connection closes: what it still has queued in the daemon ends
+// `cancelled` at once (counted; nobody receives it) and is freed; what is in the Host finishes.
+void Server::cancel_queued(Conn* c) {
+  c->paused_frame = nullptr;
+  if (!c->sched) return;
+  uint64_t n = 0;
+  for (int s = 0; s < counters_.shards; ++s) {
+    std::deque<Queued> gone;
+    {
+      ShardSched& sh = sched_[s];
+      std::lock_guard lock(sh.mu);
+      ConnShard& cs = c->sched[s];
+      if (cs.in_ring) {
+        sh.ring.erase(std::find(sh.ring.begin(), sh.ring.end(), c));
+        cs.in_ring = false;
+      }
+      gone.swap(cs.q);
+      sh.queued -= gone.size();
+    }
+    for (const Queued& q : gone)
+      q.entry->by_status[static_cast<int>(Status::cancelled)].fetch_add(1,
+                                                                        std::memory_order_relaxed);
+    n += gone.size();
+  }
+  if (n == 0) return;
+  counters_.by_status[static_cast<int>(Status::cancelled)].fetch_add(n, std::memory_order_relaxed);
+  c->inflight.fetch_sub(static_cast<uint32_t>(n), std::memory_order_relaxed);
+  counters_.inflight.fetch_sub(n, std::memory_order_relaxed);
+  spdlog::debug("client {}: {} queued evaluations cancelled", c->id, n);
+}
+
+// Loop thread: a dispatcher saw the client's unread answers pass the hard limit.
+void Server::disconnect_over_limit(Conn* c) {
+  over_limit_.fetch_add(1, std::memory_order_relaxed);
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_limit_warning_ >= std::chrono::seconds(10)) {
+    spdlog::warn(
+        "client {} (pid {}) disconnected: {} bytes of answers unread, over {} × "
+        "max_client_queued_bytes ({}){}",
+        c->id, c->pid, c->writer.queued_bytes(), kHardLimitFactor, cfg_.max_client_queued_bytes,
+        limit_warnings_skipped_
+            ? " (" + std::to_string(limit_warnings_skipped_) + " more since the last warning)"
+            : std::string());
+    last_limit_warning_ = now;
+    limit_warnings_skipped_ = 0;
+  } else {
+    ++limit_warnings_skipped_;
+  }
+  close_conn(c, "over the hard limit of queued answers");
+}
+
 namespace {
 // Script keys come from clients and may be any bytes; dump() throws on invalid UTF-8, which on
 // the loop thread would end the daemon. Invalid sequences become U+FFFD.
@@ -1153,8 +1441,20 @@ nlohmann::json latency_json(const LatencyHistogram& h) {
 std::string Server::stats_json(bool shards_only) const {
   using nlohmann::json;
   json shards = json::array();
+  uint64_t queued = 0;
   for (int i = 0; i < host_->shards(); ++i) {
     const ShardStats s = host_->shard_stats(i);
+    json window;
+    {
+      ShardSched& sh = sched_[i];
+      std::lock_guard lock(sh.mu);
+      window = json{{"size", sh.window},
+                    {"used", sh.used},
+                    {"service_us", static_cast<uint64_t>(sh.service_us)},
+                    {"queued", sh.queued},
+                    {"clients", sh.ring.size()}};
+      queued += sh.queued;
+    }
     shards.push_back(
         json{{"index", s.index},
              {"state", s.state},
@@ -1183,7 +1483,8 @@ std::string Server::stats_json(bool shards_only) const {
              {"rss_bytes", s.worker_rss_bytes},
              {"peak_rss_bytes", s.worker_peak_rss_bytes},
              {"heartbeat_age_ms", s.heartbeat_age_ms},
-             {"latency_us", latency_json(counters_.shard_latency[i])}});
+             {"latency_us", latency_json(counters_.shard_latency[i])},
+             {"window", std::move(window)}});
   }
   if (shards_only) return dump(json{{"shards", shards}});
   json by_status = json::object();
@@ -1191,6 +1492,11 @@ std::string Server::stats_json(bool shards_only) const {
     by_status[std::string(to_string(static_cast<Status>(i)))] =
         counters_.by_status[i].load(std::memory_order_relaxed);
   const auto& h = counters_.latency;
+  uint64_t held = 0, max_queued = 0;
+  for (const auto& [p, c] : conns_) {
+    held += c->held.load(std::memory_order_relaxed) ? 1 : 0;
+    max_queued = std::max<uint64_t>(max_queued, c->writer.queued_bytes());
+  }
   const RegistryStats reg = host_->registry_stats();
   json j{{"version", OUTRUN_VERSION},
          {"pid", getpid()},
@@ -1201,6 +1507,15 @@ std::string Server::stats_json(bool shards_only) const {
          {"clients_refused", clients_refused_},
          {"client_protocol_violations", violations_},
          {"inflight", counters_.inflight.load(std::memory_order_relaxed)},
+         {"queued", queued},
+         {"clients_held", held},
+         {"clients_held_total", held_total_.load(std::memory_order_relaxed)},
+         {"clients_over_limit", over_limit_.load(std::memory_order_relaxed)},
+         {"client_queued_bytes",
+          {{"max", max_queued},
+           {"peak", queued_peak_bytes_.load(std::memory_order_relaxed)},
+           {"budget", cfg_.max_client_queued_bytes},
+           {"limit", kHardLimitFactor * cfg_.max_client_queued_bytes}}},
          {"scripts", live_scripts_},
          {"registry", {{"scripts", reg.scripts}, {"bytes", reg.bytes}}},
          {"evaluations", by_status},

@@ -61,6 +61,40 @@ struct ScriptEntry {
 inline constexpr int kHandleIdBits = 22;  // record ids are < 2^22
 inline constexpr uint32_t kHandleIdMask = (1u << kHandleIdBits) - 1;
 
+// The daemon's scheduler (design/daemon.md "Scheduler"): evaluations a client sent wait here,
+// per client and per shard, until their shard's window has room; the window is filled from the
+// clients in turn.
+struct Queued {
+  Request rq;
+  std::shared_ptr<ScriptEntry> entry;
+  uint64_t id = 0;  // the client's Evaluation.id
+  uint64_t t0 = 0;  // when it was read, µs (latency)
+};
+
+// One client's queue for one shard. Guarded by that shard's ShardSched::mu.
+struct ConnShard {
+  std::deque<Queued> q;
+  bool in_ring = false;  // in ShardSched::ring
+};
+
+// Window bounds: W = clamp(kWindowTargetUs / service, kWindowMin, kWindowMax), with `service`
+// the shard's smoothed time per evaluation (from completions).
+inline constexpr double kWindowTargetUs = 2000;
+inline constexpr uint32_t kWindowMin = 2;
+inline constexpr uint32_t kWindowMax = 1024;
+inline constexpr uint32_t kQuantum = 16;  // evaluations a client may take per turn
+
+struct ShardSched {
+  std::mutex mu;  // guards everything below and every Conn's ConnShard of this shard
+  // Clients with queued evaluations for this shard that may be fed (not held), in turn order.
+  std::deque<Conn*> ring;
+  uint32_t used = 0;                        // submitted to the Host, not completed
+  uint32_t window = 8;                      // W, from service_us
+  double service_us = kWindowTargetUs / 8;  // smoothed service time per evaluation
+  uint64_t last_done_us = 0;  // the last completion (service = done - max(sent, this))
+  uint64_t queued = 0;        // in the clients' queues
+};
+
 struct Counters {
   std::array<std::atomic<uint64_t>, kStatusCount> by_status{};
   std::atomic<uint64_t> inflight{0};
@@ -80,6 +114,22 @@ class Server {
   // Internal, used by connections.
   void want_write(const std::shared_ptr<Conn>& c);
   Counters& counters() { return counters_; }
+
+  // Scheduler. A submitted run of evaluations (one Host call), what its callbacks need.
+  struct RunItem {
+    std::shared_ptr<Conn> conn;
+    std::shared_ptr<ScriptEntry> entry;
+    uint64_t id = 0, t0 = 0;
+  };
+  struct Run {
+    int shard = 0;
+    uint64_t sent_us = 0;
+    std::vector<RunItem> items;
+  };
+  struct Done {  // a completion, for the window's accounting
+    uint64_t sent_us, now_us;
+    bool ran;  // a worker ran it (its duration says something about the shard's service time)
+  };
 
   // Test seam, no code in the daemon: tests/fuzz/fuzz_daemon_client.cpp defines this to start
   // the Host and the loop as run() does (minus signals) and drive one client at a time through
@@ -101,8 +151,23 @@ class Server {
   void accept_all();
   void conn_event(Conn* c, int status, int events);
   void handle_frames(const std::shared_ptr<Conn>& c);
-  bool handle_frame(const std::shared_ptr<Conn>& c, const void* frame);  // false: violation
+  bool handle_frame(const std::shared_ptr<Conn>& c, const void* frame);       // false: violation
   bool handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame);  // false: violation
+  // Admits and queues the items of an Evaluate frame from `start`; false when it stopped because
+  // the client is over max_client_queued_bytes (the rest waits in Conn::paused_*).
+  bool evaluate_items(const std::shared_ptr<Conn>& c, const void* evaluate, uint32_t start);
+
+  // Scheduler (design/daemon.md "Scheduler"). Any thread: the loop after queueing, a shard's
+  // dispatcher after a completion (`done`: only when the window is a quarter free).
+  void init_scheduler();
+  void refill(int shard, const Done* done);
+  void complete(const Run& run, std::size_t i, Result&& r);
+  // Over budget (any thread): stop feeding and reading the client until it drains.
+  bool over_budget(Conn& c);
+  void hold(Conn* c);           // loop thread
+  void maybe_resume(Conn* c);   // loop thread: resumes a held client below half the budget
+  void cancel_queued(Conn* c);  // loop thread, at close: what waits in the daemon ends cancelled
+  void disconnect_over_limit(Conn* c);  // loop thread: past kHardLimitFactor × the budget
 
   // Tags (design/daemon.md "Tags"). on_tag_changes runs on the thread that completed a wave.
   void on_tag_changes(const std::vector<tags::Change>& changes);
@@ -168,6 +233,16 @@ class Server {
   std::size_t live_scripts_ = 0;  // entries with a script
 
   Counters counters_;
+
+  // Scheduler: one per shard (made with the Host), and the loop's scratch for one frame's
+  // admitted evaluations per shard (kept for its capacity).
+  std::unique_ptr<ShardSched[]> sched_;
+  std::vector<std::vector<Queued>> admit_;
+  std::atomic<uint64_t> queued_peak_bytes_{0};  // largest writer queue seen at a check
+  std::atomic<uint64_t> over_limit_{0};         // disconnected past the hard limit
+  std::atomic<uint64_t> held_total_{0};         // clients held (loop or dispatcher)
+  std::chrono::steady_clock::time_point last_limit_warning_{};
+  uint64_t limit_warnings_skipped_ = 0;
 
   // Tags: the engine over host_ (made after it, destroyed before it), its subscribers (guarded
   // by sub_mu_, with each Conn's subscription) and the thread that runs define/remove/reload.

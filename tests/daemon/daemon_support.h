@@ -56,11 +56,12 @@ struct Daemon {
   std::string dir, socket;
   pid_t pid = -1;
 
-  explicit Daemon(std::vector<std::string> extra = {}) {
+  // `binary`: another outrund (measurements compare with an older build).
+  explicit Daemon(std::vector<std::string> extra = {}, std::string binary = OUTRUN_TEST_DAEMON) {
     dir = temp_dir();
     socket = dir + "/outrund.sock";
-    std::vector<std::string> args{OUTRUN_TEST_DAEMON, "--socket", socket, "--worker",
-                                  OUTRUN_TEST_WORKER, "--shards", "2"};
+    std::vector<std::string> args{binary,     "--socket", socket, "--worker", OUTRUN_TEST_WORKER,
+                                  "--shards", "2"};
     if (std::find(extra.begin(), extra.end(), "--log-level") == extra.end())
       args.insert(args.end(), {"--log-level", "warn"});
     args.insert(args.end(), extra.begin(), extra.end());

@@ -63,6 +63,7 @@ struct ServerTestAccess {
     if (Error e = Host::create(s.cfg_.host, &s.host_)) return e;
     s.counters_.shards = s.host_->shards();
     s.counters_.shard_latency = std::make_unique<LatencyHistogram[]>(s.counters_.shards);
+    s.init_scheduler();
     tags::TagsOptions to;
     to.on_change = [&s](const std::vector<tags::Change>& ch) { s.on_tag_changes(ch); };
     if (Error e = tags::Engine::create(*s.host_, std::move(to), &s.tags_)) return e;
