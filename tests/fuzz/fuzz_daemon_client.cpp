@@ -39,8 +39,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <array>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -191,8 +191,7 @@ bool cursor_ok(std::string_view s) {
   const std::size_t colon = s.find(':');
   if (colon == std::string_view::npos || colon == 0 || colon % 2 || colon > 512) return false;
   for (std::size_t i = 0; i < colon; ++i)
-    if (!std::isdigit(static_cast<unsigned char>(s[i])) && (s[i] < 'a' || s[i] > 'f'))
-      return false;
+    if (!std::isdigit(static_cast<unsigned char>(s[i])) && (s[i] < 'a' || s[i] > 'f')) return false;
   const std::string_view n = s.substr(colon + 1);
   if (n.empty() || n.size() > 10) return false;
   for (char c : n)

@@ -432,16 +432,18 @@ int main(int argc, char** argv) {
         "invalid_utf8_key",  // ListScripts threw in json::dump (outrund ended); found by the fuzzer
         cat({client_hello(), reg(1, "Line1.\xff\xfe", "return 1"), control(2, C::ListScripts),
              control(3, C::Stats)}));
-    write_seed(T, "paged_list",  // pages of 1 and 2 by cursor (keys "fuzz.sum", "Line1.Avg"...)
-               cat({client_hello(), reg(1, "Line1.Avg", "return 1"), reg(2, "Line1.Min", "return 2"),
-                    list_page(3, "", 1), list_page(4, "4c696e65312e417667:1", 2),
-                    list_page(5, "4c696e65312e417667:0", 0), list_page(6, "ff:0", 10),
-                    list_page(7, "4c:4294967295", 4294967295u), control(8, C::ListScripts)}));
-    write_seed(T, "paged_list_bad_cursors",  // invalid_argument each, the connection goes on
-               cat({client_hello(), list_page(1, "zz", 1), list_page(2, "abc", 0),
-                    list_page(3, ":1", 0), list_page(4, "4c:", 0), list_page(5, "4C:0", 0),
-                    list_page(6, "4c:99999999999", 0), list_page(7, std::string(520, 'a') + ":0", 0),
-                    list_page(8, std::string("4c\0:0", 5), 0), control(9, C::Stats)}));
+    write_seed(
+        T, "paged_list",  // pages of 1 and 2 by cursor (keys "fuzz.sum", "Line1.Avg"...)
+        cat({client_hello(), reg(1, "Line1.Avg", "return 1"), reg(2, "Line1.Min", "return 2"),
+             list_page(3, "", 1), list_page(4, "4c696e65312e417667:1", 2),
+             list_page(5, "4c696e65312e417667:0", 0), list_page(6, "ff:0", 10),
+             list_page(7, "4c:4294967295", 4294967295u), control(8, C::ListScripts)}));
+    write_seed(
+        T, "paged_list_bad_cursors",  // invalid_argument each, the connection goes on
+        cat({client_hello(), list_page(1, "zz", 1), list_page(2, "abc", 0), list_page(3, ":1", 0),
+             list_page(4, "4c:", 0), list_page(5, "4C:0", 0), list_page(6, "4c:99999999999", 0),
+             list_page(7, std::string(520, 'a') + ":0", 0),
+             list_page(8, std::string("4c\0:0", 5), 0), control(9, C::Stats)}));
     write_seed(T, "unregister",  // a key goes, its handle ends invalid_argument, it comes back
                cat({client_hello(), reg(1, "Line1.Gone", "return 1"), evaluate({call(1, 8)}),
                     unreg(2, "Line1.Gone"), evaluate({call(2, 8)}), unreg(3, "Line1.Gone"),
