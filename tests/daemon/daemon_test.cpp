@@ -446,7 +446,9 @@ TEST_CASE("outrund: a script key that is not UTF-8 does not end the daemon at `s
 TEST_CASE("outrund: registrations past max_script_bytes_mb are refused, the daemon goes on") {
   const std::string dir = temp_dir();
   const std::string config = dir + "/outrund.toml";
-  std::ofstream(config) << "[host]\nmax_script_bytes_mb = 1\n";
+  // The registry's own limit, not the per-uid quota (half of it by default): the quota as large.
+  std::ofstream(config) << "[daemon]\nmax_registry_bytes_per_uid = 1048576\n"
+                           "[host]\nmax_script_bytes_mb = 1\n";
   Daemon d({"--config", config});
   auto c = d.client();
   std::string big = "return 1 --";
