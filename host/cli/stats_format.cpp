@@ -196,12 +196,12 @@ std::string stats_text(const nlohmann::json& j) {
   return os.str();
 }
 
-std::string scripts_text(const nlohmann::json& doc) {
+std::string scripts_text(const nlohmann::json& doc, bool header) {
   std::ostringstream os;
   char line[512];
   std::snprintf(line, sizeof line, "%-6s %-32s %-16s %-5s %12s  %s\n", "HANDLE", "KEY", "SHA256",
                 "SHARD", "EVALUATIONS", "BY STATUS");
-  os << line;
+  if (header) os << line;
   if (!doc.contains("scripts")) return os.str();
   for (const auto& s : doc["scripts"]) {
     std::string by;

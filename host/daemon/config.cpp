@@ -141,6 +141,12 @@ bool read_daemon(const toml::table& t, DaemonConfig* c, Reader& r) {
     } else if (key == "max_client_queued_bytes") {
       if ((ok = r.integer(n, key, 4096, int64_t{1} << 40, &v)))
         c->max_client_queued_bytes = static_cast<std::size_t>(v);
+    } else if (key == "max_registry_bytes_per_uid") {
+      if ((ok = r.integer(n, key, 4096, int64_t{1} << 50, &v)))
+        c->max_registry_bytes_per_uid = static_cast<std::size_t>(v);
+    } else if (key == "max_registry_scripts_per_uid") {
+      if ((ok = r.integer(n, key, 1, int64_t{1} << 22, &v)))
+        c->max_registry_scripts_per_uid = static_cast<std::size_t>(v);
     } else {
       r.err = "unknown key daemon." + std::string(key);
       ok = false;
@@ -279,6 +285,8 @@ std::string finalize_config(DaemonConfig* cfg) {
     cfg->admin_uids.push_back(static_cast<uint32_t>(geteuid()));
     if (geteuid() != 0) cfg->admin_uids.push_back(0);
   }
+  if (cfg->max_registry_bytes_per_uid == 0)
+    cfg->max_registry_bytes_per_uid = cfg->host.max_script_bytes / 2;
   static const char* levels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
   bool level_ok = false;
   for (const char* l : levels) level_ok |= cfg->log_level == l;
@@ -317,6 +325,8 @@ std::string to_toml(const DaemonConfig& c) {
                 {"tags_file", c.tags_file},
                 {"max_subscriber_bytes", static_cast<int64_t>(c.max_subscriber_bytes)},
                 {"max_client_queued_bytes", static_cast<int64_t>(c.max_client_queued_bytes)}};
+  d.insert("max_registry_bytes_per_uid", static_cast<int64_t>(c.max_registry_bytes_per_uid));
+  d.insert("max_registry_scripts_per_uid", static_cast<int64_t>(c.max_registry_scripts_per_uid));
   const HostOptions& h = c.host;
   toml::table ho{
       {"shards", h.shards},

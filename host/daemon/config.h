@@ -42,6 +42,12 @@ struct DaemonConfig {
   // the client and feeding its queued evaluations to the Host until they drain below half;
   // past kHardLimitFactor times this, the client is disconnected (design/daemon.md "Scheduler").
   std::size_t max_client_queued_bytes = 16u << 20;
+  // Per-uid registry quota (design/daemon.md "Registry quotas"): what the script records one uid
+  // registered may cost together (ScriptRecord::bytes, as max_script_bytes counts them) and how
+  // many there may be. 0 bytes: half of host.max_script_bytes (finalize_config), so that one uid
+  // cannot take the whole registry; admins have the same quota.
+  std::size_t max_registry_bytes_per_uid = 0;
+  std::size_t max_registry_scripts_per_uid = std::size_t{1} << 21;  // half of the 2^22 record ids
   // [host]
   HostOptions host;
 };

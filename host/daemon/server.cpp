@@ -19,12 +19,14 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <unordered_set>
 
 #include "outrun/protocol/frame.h"
 #include "outrun/protocol/frame_writer.h"
 #include "outrun/spdlog_sink.h"
+#include "script_pages.h"
 #include "tags_file.h"
 #include "tags_wire.h"
 #include "wire_codec.h"
@@ -296,7 +298,11 @@ bool allowed(const std::vector<uint32_t>& uids, const std::vector<uint32_t>& gid
 // ---------------------------------------------------------------------------------------------
 // Server
 
-Server::Server(DaemonConfig cfg) : cfg_(std::move(cfg)) {}
+Server::Server(DaemonConfig cfg)
+    : cfg_(std::move(cfg)),
+      quota_(cfg_.max_registry_bytes_per_uid ? cfg_.max_registry_bytes_per_uid
+                                             : cfg_.host.max_script_bytes / 2,
+             cfg_.max_registry_scripts_per_uid) {}
 
 Server::~Server() {
   if (listen_fd_ >= 0) ::close(listen_fd_);
@@ -945,10 +951,18 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
       const auto* r = frame->body_as_Register();
       Script script;
       Error e;
+      // A new record is charged to the peer's uid (D-quota); `admit` runs only for a new one.
+      std::size_t charge = 0;
+      auto admit = [&](std::size_t bytes) {
+        Error q = quota_.admit(c->uid, bytes);
+        if (!q) charge = bytes;
+        return q;
+      };
       if (!r->key() || !r->source())
         e = Error{Status::invalid_argument, "register needs a key and a source"};
       else
-        e = host_->register_script(r->key()->string_view(), r->source()->string_view(), &script);
+        e = host_->register_script(r->key()->string_view(), r->source()->string_view(), &script,
+                                   admit);
       uint32_t handle = 0;
       if (!e) {
         const uint32_t id = script.record()->id;
@@ -960,6 +974,9 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
           entry->gen = slot ? (slot->gen + 1) & ((1u << (32 - kHandleIdBits)) - 1) : 0;
           entry->key = script.key();
           entry->script = script;
+          entry->uid = c->uid;
+          entry->charge = charge;
+          if (charge) quota_.charge(c->uid, charge);
           slot = std::move(entry);
           ++live_scripts_;
           key_entries_[script.key()].push_back(id);
@@ -1000,13 +1017,9 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
         if (!e) {
           // Every handle of the key this daemon gave out goes: the current one and those it
           // replaced. Their records are freed once their evaluations in flight end.
-          if (auto it = key_entries_.find(u->key()->str()); it != key_entries_.end()) {
-            for (uint32_t id : it->second) {
-              if (scripts_[id] && scripts_[id]->script.valid()) {
-                scripts_[id]->script = Script();
-                --live_scripts_;
-              }
-            }
+          if (auto it = key_entries_.find(u->key()->string_view()); it != key_entries_.end()) {
+            for (uint32_t id : it->second)
+              if (scripts_[id]) drop_entry(*scripts_[id]);
             key_entries_.erase(it);
           }
           spdlog::info("client {} (pid {}): unregistered '{}'", c->id, c->pid,
@@ -1044,7 +1057,8 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
             json = stats_json(true);
             break;
           case wire::ControlCommand::ListScripts:
-            json = scripts_json();
+            e = scripts_json(ctl->after() ? ctl->after()->string_view() : std::string_view(),
+                             ctl->limit(), &json);
             break;
           case wire::ControlCommand::KillShard:
             e = host_->kill_shard(ctl->shard());
@@ -1058,9 +1072,9 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
           default:
             e = Error{Status::invalid_argument, "unknown control command"};
         }
-      // A document must fit one frame with room for the rest of the reply: ListScripts of
-      // millions of scripts (keys of up to 256 bytes, escaped) could pass kMaxFrameSize, and the
-      // client's reader would then drop the connection. Refused instead, the connection goes on.
+      // A document must fit one frame with room for the rest of the reply, or the client's
+      // reader would drop the connection. A ListScripts page is cut well below (kMaxPageBytes);
+      // this is the net under every document: refused instead, the connection goes on.
       if (constexpr std::size_t kMaxDocument = protocol::kMaxFrameSize - 4096;
           json.size() > kMaxDocument) {
         e = Error{Status::unavailable, "the document is " + std::to_string(json.size()) +
@@ -1438,6 +1452,16 @@ nlohmann::json latency_json(const LatencyHistogram& h) {
 }
 }  // namespace
 
+namespace {
+// Stats registry.quota: the per-uid limits and what each uid that holds a record is charged.
+nlohmann::json quota_json(const RegistryQuota& q) {
+  nlohmann::json uids = nlohmann::json::object();
+  for (const auto& [uid, u] : q.uids())
+    uids[std::to_string(uid)] = {{"scripts", u.scripts}, {"bytes", u.bytes}};
+  return {{"bytes_per_uid", q.max_bytes()}, {"scripts_per_uid", q.max_scripts()}, {"uids", uids}};
+}
+}  // namespace
+
 std::string Server::stats_json(bool shards_only) const {
   using nlohmann::json;
   json shards = json::array();
@@ -1517,37 +1541,75 @@ std::string Server::stats_json(bool shards_only) const {
            {"budget", cfg_.max_client_queued_bytes},
            {"limit", kHardLimitFactor * cfg_.max_client_queued_bytes}}},
          {"scripts", live_scripts_},
-         {"registry", {{"scripts", reg.scripts}, {"bytes", reg.bytes}}},
+         {"registry",
+          {{"scripts", reg.scripts}, {"bytes", reg.bytes}, {"quota", quota_json(quota_)}}},
          {"evaluations", by_status},
          {"latency_us", latency_json(h)},
          {"shards", shards}};
   return dump(j);
 }
 
-std::string Server::scripts_json() const {
+void Server::drop_entry(ScriptEntry& e) {
+  if (!e.script.valid()) return;
+  e.script = Script();
+  --live_scripts_;
+  if (e.charge) quota_.release(e.uid, e.charge);
+  e.charge = 0;
+}
+
+Error Server::scripts_json(std::string_view after, uint32_t limit, std::string* out) const {
+  PageCursor at;
+  if (!decode_cursor(after, &at))
+    return {Status::invalid_argument,
+            "ListScripts: 'after' is not a cursor of this daemon (send the \"next\" of the "
+            "previous page, or nothing for the first page)"};
+  if (limit == 0) limit = kDefaultPageScripts;
+  limit = std::min(limit, kMaxPageScripts);
   using nlohmann::json;
-  json arr = json::array();
-  for (const auto& p : scripts_) {
-    if (!p || !p->script.valid()) continue;
-    const ScriptEntry& e = *p;
-    json by_status = json::object();
-    uint64_t total = 0;
-    for (int i = 0; i < kStatusCount; ++i) {
-      const uint64_t n = e.by_status[i].load(std::memory_order_relaxed);
-      total += n;
-      if (n) by_status[std::string(to_string(static_cast<Status>(i)))] = n;
+  // Room for the tail: ],"total":N,"next":"<cursor of up to 2 * 256 + 11 bytes>"}.
+  constexpr std::size_t kTail = 1024;
+  std::string& doc = *out;
+  doc = "{\"scripts\":[";
+  uint32_t n = 0;
+  std::optional<std::string> next;
+  auto it = at.key.empty() ? key_entries_.begin() : key_entries_.lower_bound(at.key);
+  uint32_t skip = it != key_entries_.end() && it->first == at.key ? at.skip : 0;
+  for (; it != key_entries_.end() && !next; ++it, skip = 0) {
+    const std::vector<uint32_t>& ids = it->second;
+    for (std::size_t i = skip; i < ids.size(); ++i) {
+      const ScriptEntry& e = *scripts_[ids[i]];
+      if (n == limit) {
+        next = encode_cursor(it->first, static_cast<uint32_t>(i));
+        break;
+      }
+      json by_status = json::object();
+      uint64_t total = 0;
+      for (int s = 0; s < kStatusCount; ++s) {
+        const uint64_t k = e.by_status[s].load(std::memory_order_relaxed);
+        total += k;
+        if (k) by_status[std::string(to_string(static_cast<Status>(s)))] = k;
+      }
+      const ScriptCrashStats crashes = host_->script_crashes(e.script);
+      const std::string item = dump(json{{"handle", handle_of(e)},
+                                         {"key", e.script.key()},
+                                         {"sha256", hex(e.script.sha256())},
+                                         {"shard", e.script.shard()},
+                                         {"evaluations", total},
+                                         {"by_status", by_status},
+                                         {"crashes", crashes.crashes},
+                                         {"quarantined", crashes.quarantined}});
+      if (n > 0 && doc.size() + 1 + item.size() + kTail > kMaxPageBytes) {
+        next = encode_cursor(it->first, static_cast<uint32_t>(i));
+        break;
+      }
+      if (n > 0) doc += ',';
+      doc += item;
+      ++n;
     }
-    const ScriptCrashStats crashes = host_->script_crashes(e.script);
-    arr.push_back(json{{"handle", handle_of(e)},
-                       {"key", e.script.key()},
-                       {"sha256", hex(e.script.sha256())},
-                       {"shard", e.script.shard()},
-                       {"evaluations", total},
-                       {"by_status", by_status},
-                       {"crashes", crashes.crashes},
-                       {"quarantined", crashes.quarantined}});
   }
-  return dump(json{{"scripts", arr}});
+  doc += "],\"total\":" + std::to_string(live_scripts_) + ",\"next\":";
+  doc += next ? "\"" + *next + "\"}" : "null}";
+  return {};
 }
 
 }  // namespace outrun::daemon
@@ -1705,14 +1767,15 @@ std::string Server::tags_list_json() const {
     nlohmann::ordered_json d = tags::file::definition_to_json(info.definition);
     nlohmann::ordered_json j;
     j["id"] = id;
-    for (const char* k : {"type", "trigger", "period_ms", "max_age_ms", "timestamps", "inputs",
-                          "keep_state"})
+    for (const char* k :
+         {"type", "trigger", "period_ms", "max_age_ms", "timestamps", "inputs", "keep_state"})
       if (d.contains(k)) j[k] = d[k];
     j["value"] = tags::file::change_to_json(id, info.value);
     const tags::TagCounters& tc = info.counters;
     nlohmann::ordered_json by_status = nlohmann::ordered_json::object();
     for (int i = 0; i < kStatusCount; ++i)
-      if (tc.by_status[i]) by_status[std::string(to_string(static_cast<Status>(i)))] = tc.by_status[i];
+      if (tc.by_status[i])
+        by_status[std::string(to_string(static_cast<Status>(i)))] = tc.by_status[i];
     j["counters"] = {{"evaluations", tc.evaluations},
                      {"by_status", by_status},
                      {"coalesced", tc.coalesced},
@@ -1813,10 +1876,10 @@ bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame
           if (tags_->info(id, &info)) continue;
           for (const auto& in : info.definition.inputs)
             if (gone.count(in.tag)) {
-              write_tags_reply(c->writer, rid,
-                               Error{Status::invalid_argument,
-                                     "'" + in.tag + "' is an input of '" + id + "'"},
-                               {});
+              write_tags_reply(
+                  c->writer, rid,
+                  Error{Status::invalid_argument, "'" + in.tag + "' is an input of '" + id + "'"},
+                  {});
               return;
             }
         }

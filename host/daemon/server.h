@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "config.h"
 #include "outrun/host.h"
 #include "outrun/tags.h"
+#include "registry_quota.h"
 
 namespace outrun::daemon {
 
@@ -56,6 +58,10 @@ struct ScriptEntry {
   Script script;  // empty once unregistered (the entry stays for its message)
   std::string key;
   uint32_t gen = 0;  // < 2^(32 - kHandleIdBits)
+  // Charged to `uid`'s registry quota while the entry holds the script: the record's bytes when
+  // this registration made the record, else 0 (a record another runner user made, e.g. tags).
+  uint32_t uid = 0;
+  std::size_t charge = 0;
   std::array<std::atomic<uint64_t>, kStatusCount> by_status{};
 };
 inline constexpr int kHandleIdBits = 22;  // record ids are < 2^22
@@ -189,7 +195,11 @@ class Server {
   void reopen_logs();
 
   std::string stats_json(bool shards_only) const;
-  std::string scripts_json() const;
+  // One ListScripts page (design/protocol.md "Paged ListScripts"): `after` is the cursor of the
+  // previous page ("" the first), `limit` 0 the default.
+  Error scripts_json(std::string_view after, uint32_t limit, std::string* out) const;
+  // Drops the daemon's handle of an entry (unregister) and its quota charge.
+  void drop_entry(ScriptEntry& e);
   static uint32_t handle_of(const ScriptEntry& e) {
     return e.gen << kHandleIdBits | e.script.record()->id;
   }
@@ -228,9 +238,11 @@ class Server {
   // entry, so an index given to a new record never mixes their counts.
   std::vector<std::shared_ptr<ScriptEntry>> scripts_;
   // Record ids of the entries of each key registered here: the current one and those it
-  // replaced (still valid handles), all dropped when the key is unregistered.
-  std::unordered_map<std::string, std::vector<uint32_t>> key_entries_;
+  // replaced (still valid handles), all dropped when the key is unregistered. Ordered: a
+  // ListScripts page starts at a key (lower_bound), so a page costs O(log n + its size).
+  std::map<std::string, std::vector<uint32_t>, std::less<>> key_entries_;
   std::size_t live_scripts_ = 0;  // entries with a script
+  RegistryQuota quota_;           // by peer uid (design/daemon.md "Registry quotas")
 
   Counters counters_;
 

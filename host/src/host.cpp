@@ -58,7 +58,8 @@ Error Host::Impl::start() {
     // mimalloc reads its options once, when the worker process loads it: only the environment
     // it starts with can switch large OS pages on.
     for (char** e = environ; *e; ++e)
-      if (std::strncmp(*e, "MIMALLOC_LARGE_OS_PAGES=", 24) != 0) worker_env_strings.emplace_back(*e);
+      if (std::strncmp(*e, "MIMALLOC_LARGE_OS_PAGES=", 24) != 0)
+        worker_env_strings.emplace_back(*e);
     worker_env_strings.emplace_back("MIMALLOC_LARGE_OS_PAGES=1");
     for (auto& s : worker_env_strings) worker_env.push_back(s.data());
     worker_env.push_back(nullptr);
@@ -182,6 +183,11 @@ Host::~Host() {
 
 Error Host::register_script(std::string_view key, std::string_view source, Script* out) {
   return impl_->registry.add(key, source, out);
+}
+
+Error Host::register_script(std::string_view key, std::string_view source, Script* out,
+                            const AdmitFn& admit) {
+  return impl_->registry.add(key, source, out, {}, admit);
 }
 
 Error Host::unregister_script(std::string_view key) {

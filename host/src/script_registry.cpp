@@ -63,7 +63,7 @@ void ScriptRegistry::freed(ScriptRecord* r) {
 }
 
 Error ScriptRegistry::add(std::string_view key, std::string_view source, Script* out,
-                          const std::function<void(ScriptRecord&)>& on_new) {
+                          const std::function<void(ScriptRecord&)>& on_new, const AdmitFn& admit) {
   if (key.empty() || key.size() > kMaxKeySize)
     return {Status::invalid_argument,
             "script key must be 1.." + std::to_string(kMaxKeySize) + " bytes"};
@@ -81,13 +81,14 @@ Error ScriptRegistry::add(std::string_view key, std::string_view source, Script*
     } else {
       if (free_ids_.empty() && next_id_ >= (1u << 22))
         return {Status::invalid_argument, "too many scripts registered"};
-      // key (record) + source + chunk name (= key) + the record and its key-index entry.
-      const std::size_t bytes = 2 * key.size() + source.size() + kScriptRecordOverhead;
+      const std::size_t bytes = script_record_bytes(key, source);
       if (bytes > max_bytes_ - bytes_)
         return {Status::unavailable, "the host holds " + std::to_string(records_) + " scripts of " +
                                          std::to_string(bytes_) +
                                          " bytes; this one would pass max_script_bytes (" +
                                          std::to_string(max_bytes_) + ")"};
+      if (admit)
+        if (Error e = admit(bytes)) return e;
       auto* r = new ScriptRecord();
       r->owner = owner_;
       if (!free_ids_.empty()) {

@@ -43,9 +43,13 @@ class ScriptRegistry {
   ScriptRegistry& operator=(const ScriptRegistry&) = delete;
 
   // Thread-safe. Same key and same source: returns the existing handle. `on_new` runs under the
-  // registry's lock for a new record, before any handle to it exists.
+  // registry's lock for a new record, before any handle to it exists. `admit` (outrund's per-uid
+  // quota) runs under the lock before a new record is made, with what it would cost
+  // (ScriptRecord::bytes), once the registry's own limits passed; an error it returns is the
+  // registration's, and once it returned none the record is made. Not called when the key
+  // already holds this source.
   Error add(std::string_view key, std::string_view source, Script* out,
-            const std::function<void(ScriptRecord&)>& on_new = {});
+            const std::function<void(ScriptRecord&)>& on_new = {}, const AdmitFn& admit = {});
   // Thread-safe. Removes `key`: its record is marked unregistered and the registry's reference
   // dropped. Unknown key: invalid_argument.
   Error remove(std::string_view key);

@@ -25,8 +25,8 @@
 #include <thread>
 #include <vector>
 
-#include "outrun/client.h"
 #include "daemon_support.h"
+#include "outrun/client.h"
 #include "outrun/protocol/frame.h"
 
 namespace {
@@ -451,7 +451,9 @@ TEST_CASE("outrund: a script key that is not UTF-8 does not end the daemon at `s
 TEST_CASE("outrund: registrations past max_script_bytes_mb are refused, the daemon goes on") {
   const std::string dir = temp_dir();
   const std::string config = dir + "/outrund.toml";
-  std::ofstream(config) << "[host]\nmax_script_bytes_mb = 1\n";
+  // The registry's own limit, not the per-uid quota (half of it by default): the quota as large.
+  std::ofstream(config) << "[daemon]\nmax_registry_bytes_per_uid = 1048576\n"
+                           "[host]\nmax_script_bytes_mb = 1\n";
   Daemon d({"--config", config});
   auto c = d.client();
   std::string big = "return 1 --";
@@ -468,7 +470,8 @@ TEST_CASE("outrund: registrations past max_script_bytes_mb are refused, the daem
   rmdir(dir.c_str());
 }
 
-TEST_CASE("outrund: a frame whose inputs use one subtree thousands of times is refused, not decoded") {
+TEST_CASE(
+    "outrund: a frame whose inputs use one subtree thousands of times is refused, not decoded") {
   // 2,100 inputs, every one the same 8 KiB string: a 25 KB frame that stands for 17 MiB of
   // values. The daemon refuses it while decoding (the frame's budget is the frame size limit),
   // says why, and the connection goes on.
@@ -576,5 +579,294 @@ TEST_CASE("outrund: unregister through outrun::Client and outrun unregister, mem
   CHECK(out.find("invalid_argument") != std::string::npos);
   CHECK(c->evaluate(again, {}).get().status == outrun::Status::invalid_argument);
   check_client_works(d, "after.unregister");
+  CHECK(d.stop() == 0);
+}
+
+namespace {
+
+// A raw connection to outrund, for what outrun::Client does not show: pipelined registrations
+// by the hundred thousand, and the ListScripts reply frames themselves (their sizes).
+struct RawClient {
+  int fd;
+  outrun::protocol::FrameReader reader;
+  uint64_t next_id = 1;
+  explicit RawClient(const std::string& socket) : fd(raw_connect(socket)) {
+    send(hello_frame());
+    REQUIRE(next().frame->body_type() == wire::Body::ServerHello);
+  }
+  ~RawClient() { close(fd); }
+  void send(const std::vector<uint8_t>& b) {
+    for (std::size_t off = 0; off < b.size();) {
+      const ssize_t n = write(fd, b.data() + off, b.size() - off);
+      REQUIRE(n > 0);
+      off += static_cast<std::size_t>(n);
+    }
+  }
+  outrun::protocol::FrameView next() {  // valid until the next call
+    outrun::protocol::FrameView fv;
+    while (!reader.next(fv)) REQUIRE(reader.read_from(fd) > 0);
+    return fv;
+  }
+};
+
+// Registers key(0..n-1) with `source`, pipelined (a writer thread, 1,000 frames per write);
+// every one must be Ok. Returns the seconds it took.
+template <typename KeyFn>
+double register_many(const Daemon& d, int n, KeyFn key, const std::string& source) {
+  RawClient rc(d.socket);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread writer([&] {
+    flatbuffers::FlatBufferBuilder f;
+    std::vector<uint8_t> buf;
+    for (int i = 0; i < n; ++i) {
+      f.Clear();
+      auto body = wire::CreateRegister(f, static_cast<uint64_t>(i), f.CreateString(key(i)),
+                                       f.CreateString(source));
+      f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Register, body.Union()));
+      buf.insert(buf.end(), f.GetBufferPointer(), f.GetBufferPointer() + f.GetSize());
+      if (buf.size() > (64 << 10) || i + 1 == n) {
+        for (std::size_t off = 0; off < buf.size();) {
+          const ssize_t w = write(rc.fd, buf.data() + off, buf.size() - off);
+          if (w <= 0) return;
+          off += static_cast<std::size_t>(w);
+        }
+        buf.clear();
+      }
+    }
+  });
+  int ok = 0;
+  std::string first_error;
+  for (int got = 0; got < n; ++got) {
+    const auto fv = rc.next();
+    REQUIRE(fv.frame->body_type() == wire::Body::Registered);
+    const auto* r = fv.frame->body_as_Registered();
+    if (r->status() == wire::Status::Ok)
+      ++ok;
+    else if (first_error.empty())
+      first_error = r->error() ? r->error()->str() : "?";
+  }
+  writer.join();
+  INFO(first_error);
+  REQUIRE(ok == n);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+struct ListPage {
+  wire::Status status{};
+  std::string error, json;
+  std::size_t frame_bytes = 0;
+};
+
+// One ListScripts request; `after` null: no cursor field at all (as an older client sends).
+ListPage list_page(RawClient& rc, const std::string* after, uint32_t limit) {
+  flatbuffers::FlatBufferBuilder f;
+  const uint64_t id = rc.next_id++;
+  auto a = after ? f.CreateString(*after) : flatbuffers::Offset<flatbuffers::String>();
+  auto body = wire::CreateControl(f, id, wire::ControlCommand::ListScripts, 0, a, limit);
+  f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Control, body.Union()));
+  rc.send({f.GetBufferPointer(), f.GetBufferPointer() + f.GetSize()});
+  const auto fv = rc.next();
+  REQUIRE(fv.frame->body_type() == wire::Body::ControlReply);
+  const auto* r = fv.frame->body_as_ControlReply();
+  REQUIRE(r->request_id() == id);
+  return {r->status(), r->error() ? r->error()->str() : "", r->json() ? r->json()->str() : "",
+          fv.bytes.size()};
+}
+
+constexpr std::size_t kPageBytes = std::size_t{4} << 20;  // kMaxPageBytes (protocol.md)
+
+// Every page through `rc`: each Ok, its frame under kMaxFrameSize and its document within
+// kPageBytes; `on_script` gets each listed script. Returns the pages.
+template <typename Fn>
+int list_all(RawClient& rc, uint32_t limit, Fn on_script, std::size_t* max_frame = nullptr,
+             double* max_page_ms = nullptr) {
+  std::string after;
+  int pages = 0;
+  for (;;) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const ListPage p = list_page(rc, pages ? &after : nullptr, limit);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (max_page_ms) *max_page_ms = std::max(*max_page_ms, ms);
+    if (max_frame) *max_frame = std::max(*max_frame, p.frame_bytes);
+    INFO(p.error);
+    REQUIRE(p.status == wire::Status::Ok);
+    CHECK(p.frame_bytes < outrun::protocol::kMaxFrameSize);
+    CHECK(p.json.size() <= kPageBytes);
+    ++pages;
+    const auto j = nlohmann::json::parse(p.json);
+    for (const auto& s : j["scripts"]) on_script(s);
+    if (j["next"].is_null()) break;
+    REQUIRE(j["next"].is_string());
+    REQUIRE(j["next"] != after);
+    after = j["next"];
+  }
+  return pages;
+}
+
+std::string index_key(int i) {
+  char b[24];
+  std::snprintf(b, sizeof b, "k%06d", i);
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "outrund: outrun scripts --json lists 300,000 scripts, every reply frame within the limit") {
+  Daemon d;
+  constexpr int kN = 300000;
+  const double reg_s = register_many(d, kN, index_key, "return 1");
+  MESSAGE("registered " << kN << " scripts (pipelined) in " << reg_s << " s");
+  CHECK(d.stats()["scripts"] == kN);
+
+  // The pages themselves: 10,000 scripts each, frames far under the limit, every key once.
+  RawClient rc(d.socket);
+  std::vector<int> seen(kN);
+  std::size_t max_frame = 0;
+  double max_page_ms = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int pages = list_all(
+      rc, 10000,
+      [&](const nlohmann::json& s) {
+        const std::string k = s["key"];
+        REQUIRE(k.size() == 7);
+        ++seen[std::stoi(k.substr(1))];
+      },
+      &max_frame, &max_page_ms);
+  const double list_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MESSAGE(pages << " pages in " << list_s << " s; largest reply frame " << max_frame
+                << " bytes; slowest page " << max_page_ms << " ms (request to reply)");
+  CHECK(pages == kN / 10000);
+  CHECK(std::count(seen.begin(), seen.end(), 1) == kN);
+
+  // The real CLI, both renderings.
+  const std::string cli = std::string(OUTRUN_TEST_CLI) + " --socket " + d.socket;
+  const std::string json_out = d.dir + "/scripts.json", text_out = d.dir + "/scripts.txt";
+  auto c0 = std::chrono::steady_clock::now();
+  CHECK(run_command(cli + " scripts --json > " + json_out).first == 0);
+  const double cli_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+  CHECK(run_command(cli + " scripts > " + text_out).first == 0);
+  {
+    std::ifstream in(json_out);
+    CHECK(nlohmann::json::accept(in));  // one valid document (checked without building it)
+  }
+  std::fill(seen.begin(), seen.end(), 0);
+  std::ifstream in(json_out);
+  std::string line;
+  std::size_t bytes = 0;
+  while (std::getline(in, line)) {
+    bytes += line.size() + 1;
+    const auto p = line.find("\"key\": \"k");
+    if (p != std::string::npos) ++seen[std::stoi(line.substr(p + 9, 6))];
+  }
+  MESSAGE("outrun scripts --json: " << cli_s << " s, " << bytes << " bytes");
+  CHECK(std::count(seen.begin(), seen.end(), 1) == kN);
+  std::ifstream text(text_out);
+  int lines = 0;
+  while (std::getline(text, line)) ++lines;
+  CHECK(lines == kN + 1);  // the header and one line per script
+  std::remove(json_out.c_str());
+  std::remove(text_out.c_str());
+  check_client_works(d, "after.300k");
+  CHECK(d.stop() == 0);
+}
+
+TEST_CASE("outrund: ListScripts pages are cut by bytes: 10,000 keys of 256 control characters") {
+  // Each script's entry is ~1.7 KB of JSON (a control character escapes to 6 bytes): 10,000 in
+  // one page would be ~17 MB, more than a frame holds.
+  Daemon d;
+  constexpr int kN = 10000;
+  auto key = [](int i) {
+    char b[16];
+    std::snprintf(b, sizeof b, "%06d", i);
+    return std::string(250, '\x01') + b;
+  };
+  register_many(d, kN, key, "return 1");
+  RawClient rc(d.socket);
+  std::vector<int> seen(kN);
+  std::size_t max_frame = 0;
+  const int pages = list_all(
+      rc, 10000,
+      [&](const nlohmann::json& s) {
+        const std::string k = s["key"];
+        REQUIRE(k.size() == 256);
+        REQUIRE(k.substr(0, 250) == std::string(250, '\x01'));
+        ++seen[std::stoi(k.substr(250))];
+      },
+      &max_frame);
+  MESSAGE(pages << " pages, largest reply frame " << max_frame << " bytes");
+  CHECK(pages >= 4);
+  CHECK(std::count(seen.begin(), seen.end(), 1) == kN);
+  // The CLI escapes them, as before paging: no raw control byte reaches the terminal.
+  const std::string cli = std::string(OUTRUN_TEST_CLI) + " --socket " + d.socket;
+  auto [rc1, text] = run_command(cli + " scripts");
+  CHECK(rc1 == 0);
+  CHECK(text.find('\x01') == std::string::npos);
+  CHECK(text.find("\\x01\\x01") != std::string::npos);
+  auto [rc2, js] = run_command(cli + " scripts --json");
+  CHECK(rc2 == 0);
+  CHECK(js.find('\x01') == std::string::npos);
+  const auto doc = nlohmann::json::parse(js);
+  CHECK(doc["scripts"].size() == kN);
+  CHECK(d.stop() == 0);
+}
+
+TEST_CASE(
+    "outrund: malformed ListScripts paging fields: clear errors or empty pages, never a crash") {
+  Daemon d;
+  constexpr int kN = 1500;
+  register_many(d, kN, index_key, "return 1");
+  RawClient rc(d.socket);
+  auto keys_of = [](const ListPage& p) {
+    std::vector<std::string> k;
+    const auto doc = nlohmann::json::parse(p.json);
+    for (const auto& s : doc["scripts"]) k.push_back(s["key"]);
+    return k;
+  };
+  // No paging fields (an older client): the first page, 1,000 scripts, and a cursor.
+  ListPage p = list_page(rc, nullptr, 0);
+  REQUIRE(p.status == wire::Status::Ok);
+  auto j = nlohmann::json::parse(p.json);
+  CHECK(j["scripts"].size() == 1000);
+  CHECK(j["total"] == kN);
+  CHECK(j["scripts"][0]["key"] == "k000000");
+  REQUIRE(j["next"].is_string());
+  const std::string next = j["next"];
+  p = list_page(rc, &next, 0);
+  CHECK(keys_of(p).size() == 500);
+  CHECK(keys_of(p).front() == "k001000");
+  CHECK(nlohmann::json::parse(p.json)["next"].is_null());
+  // A huge limit is read as 10,000; limit 1 gives one script and a cursor.
+  p = list_page(rc, nullptr, UINT32_MAX);
+  CHECK(keys_of(p).size() == kN);
+  p = list_page(rc, nullptr, 1);
+  CHECK(keys_of(p) == std::vector<std::string>{"k000000"});
+  // Past the end ("\xff" sorts after every key), and a skip past a key's handles: empty pages or
+  // the next key, not errors.
+  const std::string past = "ff:0", skip_all = "6b303030303030:4294967295", before = "6b:0";
+  p = list_page(rc, &past, 0);
+  REQUIRE(p.status == wire::Status::Ok);
+  CHECK(keys_of(p).empty());
+  CHECK(nlohmann::json::parse(p.json)["next"].is_null());
+  p = list_page(rc, &skip_all, 1);  // k000000, all of its handles listed: k000001 is next
+  CHECK(keys_of(p) == std::vector<std::string>{"k000001"});
+  p = list_page(rc, &before, 1);  // "k" is not a key; the page starts at the first one after it
+  CHECK(keys_of(p) == std::vector<std::string>{"k000000"});
+  // Garbage cursors: invalid_argument that says what to send, and the connection goes on.
+  for (const std::string& bad :
+       std::vector<std::string>{"zz", "abc", ":1", "6b:", "6b:x", "6b:99999999999", "6:1", "6B:0",
+                                "6b:1:2", std::string(600, 'a') + ":0", std::string("6b\0:0", 5)}) {
+    p = list_page(rc, &bad, 0);
+    CHECK(p.status == wire::Status::InvalidArgument);
+    CHECK(p.error.find("not a cursor") != std::string::npos);
+    CHECK(p.json.empty());
+  }
+  // outrun::Client pages through everything.
+  std::string all;
+  REQUIRE(!d.client()->scripts_json(&all));
+  CHECK(nlohmann::json::parse(all)["scripts"].size() == kN);
+  check_client_works(d, "after.malformed");
   CHECK(d.stop() == 0);
 }

@@ -739,4 +739,104 @@ TEST_CASE("measure: an honest client's latency while another floods, RSS, pipeli
     c.reset();
     d.stop();
   }
+
+// Registry quotas (design/daemon.md "Registry quotas", D-quota): root and nobody share a 5 MiB
+// registry with 2 MiB each. Root fills its quota and is refused; nobody still registers as much
+// as its own quota holds (without quotas root could have taken it all); unregistering
+// frees exactly what the records were charged, and registration works again.
+TEST_CASE("outrund: registry quota per uid: one uid cannot take the whole registry") {
+  if (geteuid() != 0) {
+    MESSAGE("not root; skipped");
+    return;
+  }
+  ConfigFile conf(
+      "allowed_uids = [0, 65534]\nsocket_mode = \"0666\"\nmax_registry_bytes_per_uid = 2097152\n"
+      "[host]\nmax_script_bytes_mb = 5");
+  Daemon d({"--config", conf.path});
+  REQUIRE(chmod(d.dir.c_str(), 0711) == 0);  // nobody may reach the socket
+  std::string big = "return 1 --";
+  big.resize(600 << 10, 'x');
+  const std::size_t big_cost = outrun::script_record_bytes("root.0", big);
+  auto usage = [&](const char* uid) {
+    const auto q = d.stats()["registry"]["quota"];
+    CHECK(q["bytes_per_uid"] == 2097152);
+    return q["uids"].contains(uid) ? q["uids"][uid] : nlohmann::json{{"scripts", 0}, {"bytes", 0}};
+  };
+  {
+    auto c = d.client();
+    outrun::Script s;
+    for (int i = 0; i < 3; ++i) REQUIRE(!c->register_script("root." + std::to_string(i), big, &s));
+    const outrun::Error e = c->register_script("root.3", big, &s);
+    CHECK(e.status == outrun::Status::unavailable);  // the status of max_script_bytes
+    INFO(e.message);
+    CHECK(e.message.find("uid 0 holds 3 scripts of " + std::to_string(3 * big_cost) + " bytes") !=
+          std::string::npos);
+    CHECK(e.message.find("max_registry_bytes_per_uid (2097152 bytes)") != std::string::npos);
+    // At its quota, the same key and source again costs nothing and still works.
+    REQUIRE(!c->register_script("root.0", big, &s));
+    CHECK(c->evaluate(s, {}).get().value == outrun::Value(int64_t{1}));
+  }
+  CHECK(usage("0")["scripts"] == 3);
+  CHECK(usage("0")["bytes"] == 3 * big_cost);
+  // nobody, in a child with no threads of ours (the client above is gone): its own 2 MiB.
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    if (setgid(kNobody) != 0 || setuid(kNobody) != 0) _exit(90);
+    outrun::ClientOptions o;
+    o.socket = d.socket;
+    o.server_uids = {0};
+    std::unique_ptr<outrun::Client> c;
+    if (outrun::Client::connect(o, &c)) _exit(91);
+    outrun::Script s;
+    for (int i = 0; i < 3; ++i)
+      if (c->register_script("nobody." + std::to_string(i), big, &s)) _exit(92 + i);
+    // Replacing root's key: the new record is nobody's; root's old one stays charged to root.
+    if (c->register_script("root.0", "return 2", &s)) _exit(95);
+    const outrun::Error e = c->register_script("nobody.3", big, &s);
+    if (e.status != outrun::Status::unavailable) _exit(96);
+    if (e.message.find("uid 65534 holds 4 scripts") == std::string::npos) _exit(97);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(usage("65534")["scripts"] == 4);
+  CHECK(usage("0")["scripts"] == 3);
+  CHECK(d.stats()["registry"]["bytes"].get<std::size_t>() > 6 * big_cost);  // both hold theirs
+
+  auto c = d.client();
+  outrun::Script s;
+  CHECK(c->register_script("root.3", big, &s).status == outrun::Status::unavailable);
+  REQUIRE(!c->unregister_script("root.1"));  // frees root's charge of it
+  CHECK(usage("0")["scripts"] == 2);
+  CHECK(usage("0")["bytes"] == 2 * big_cost);
+  REQUIRE(!c->register_script("root.3", big, &s));
+  CHECK(c->evaluate(s, {}).get().value == outrun::Value(int64_t{1}));
+  // Unregistering root.0 frees both records of the key: root's and nobody's replacement.
+  REQUIRE(!c->unregister_script("root.0"));
+  CHECK(usage("0")["scripts"] == 2);
+  CHECK(usage("65534")["scripts"] == 3);
+  for (const char* k : {"root.2", "root.3", "nobody.0", "nobody.1", "nobody.2"})
+    REQUIRE(!c->unregister_script(k));
+  CHECK(d.stats()["registry"]["quota"]["uids"].empty());
+  CHECK(d.stop() == 0);
+}
+
+TEST_CASE("outrund: registry quota per uid counts scripts too (max_registry_scripts_per_uid)") {
+  ConfigFile conf("max_registry_scripts_per_uid = 3");
+  Daemon d({"--config", conf.path});
+  auto c = d.client();
+  outrun::Script s;
+  for (int i = 0; i < 3; ++i)
+    REQUIRE(!c->register_script("n." + std::to_string(i), "return 1", &s));
+  const outrun::Error e = c->register_script("n.3", "return 1", &s);
+  CHECK(e.status == outrun::Status::unavailable);
+  CHECK(e.message.find("max_registry_scripts_per_uid (3 scripts)") != std::string::npos);
+  REQUIRE(!c->register_script("n.0", "return 1", &s));  // held already: no new record
+  REQUIRE(!c->unregister_script("n.0"));
+  REQUIRE(!c->register_script("n.3", "return 3", &s));
+  CHECK(c->evaluate(s, {}).get().value == outrun::Value(int64_t{3}));
+  CHECK(d.stop() == 0);
 }

@@ -40,6 +40,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -180,7 +181,24 @@ struct Request {  // a Register, an Unregister or a Control, answered in order
   // Control
   wire::ControlCommand command{};
   int32_t shard = 0;
+  std::string after;  // ListScripts paging: absent reads as empty (the first page)
+  uint32_t limit = 0;
 };
+
+// Whether `s` is a ListScripts cursor as design/protocol.md "Paged ListScripts" spells it:
+// empty, or HEX(key):N with the key 1..256 bytes in lower-case hex and N a u32 in 1..10 digits.
+bool cursor_ok(std::string_view s) {
+  if (s.empty()) return true;
+  const std::size_t colon = s.find(':');
+  if (colon == std::string_view::npos || colon == 0 || colon % 2 || colon > 512) return false;
+  for (std::size_t i = 0; i < colon; ++i)
+    if (!std::isdigit(static_cast<unsigned char>(s[i])) && (s[i] < 'a' || s[i] > 'f')) return false;
+  const std::string_view n = s.substr(colon + 1);
+  if (n.empty() || n.size() > 10) return false;
+  for (char c : n)
+    if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+  return std::stoull(std::string(n)) <= UINT32_MAX;
+}
 
 struct Evaluation {
   uint64_t id;
@@ -297,6 +315,8 @@ bool expect(std::span<const uint8_t> stream, Expectation* x) {
         q.request_id = c->request_id();
         q.command = c->command();
         q.shard = c->shard();
+        if (c->after()) q.after = c->after()->str();
+        q.limit = c->limit();
         // A drill on a real shard restarts a worker, and quick deaths double its restart delay
         // up to 5 s: refused; out-of-range shards go through (InvalidArgument).
         if ((q.command == wire::ControlCommand::KillShard ||
@@ -375,6 +395,9 @@ daemon::DaemonConfig config(const std::string& socket) {
   cfg.host.worker_path = OUTRUN_FUZZ_WORKER;
   cfg.host.restart_delay = std::chrono::milliseconds(1);
   cfg.host.shutdown_timeout = std::chrono::milliseconds(500);
+  // Registrations are expected Ok until the daemon is recycled: no per-uid quota below the
+  // registry's own limit (which no input reaches either).
+  cfg.max_registry_bytes_per_uid = cfg.host.max_script_bytes;
   return cfg;
 }
 
@@ -599,6 +622,11 @@ std::vector<uint32_t> check_answers(const Frames& frames, std::size_t cut, const
           case wire::ControlCommand::Stats:
           case wire::ControlCommand::Shards:
           case wire::ControlCommand::ListScripts: {
+            if (q.command == wire::ControlCommand::ListScripts && !cursor_ok(q.after)) {
+              FUZZ_CHECK(r->status() == wire::Status::InvalidArgument);
+              FUZZ_CHECK(r->error() != nullptr && r->json() == nullptr);
+              break;
+            }
             FUZZ_CHECK(r->status() == wire::Status::Ok);
             FUZZ_CHECK(r->json() != nullptr);
             const auto j = nlohmann::json::parse(r->json()->string_view(), nullptr, false);
@@ -607,8 +635,16 @@ std::vector<uint32_t> check_answers(const Frames& frames, std::size_t cut, const
               FUZZ_CHECK(j.value("clients", -1) == 1);  // this client, alone
               FUZZ_CHECK(j.value("inflight", uint64_t{99}) <= kMaxInflight);
             }
-            if (q.command != wire::ControlCommand::ListScripts)
+            if (q.command != wire::ControlCommand::ListScripts) {
               FUZZ_CHECK(j["shards"].is_array() && j["shards"].size() == kShards);
+            } else {  // one page: at most `limit` (0: 1000; at most 10000) and 4 MiB
+              const uint32_t limit = q.limit == 0 ? 1000 : std::min<uint32_t>(q.limit, 10000);
+              FUZZ_CHECK(r->json()->size() <= (std::size_t{4} << 20));
+              FUZZ_CHECK(j["scripts"].is_array() && j["scripts"].size() <= limit);
+              FUZZ_CHECK(j["next"].is_null() || j["next"].is_string());
+              FUZZ_CHECK(!j["next"].is_string() || cursor_ok(j["next"].get<std::string>()));
+              FUZZ_CHECK(j["total"].is_number_unsigned());
+            }
             break;
           }
           default:  // unknown commands, drills on shards that do not exist

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "outrun/protocol/frame.h"
@@ -207,6 +208,15 @@ ByteVec control(uint64_t request_id, wire::ControlCommand command, int32_t shard
   flatbuffers::FlatBufferBuilder fbb(64);
   return finish(fbb, wire::Body::Control,
                 wire::CreateControl(fbb, request_id, command, shard).Union());
+}
+
+// ListScripts with its paging fields (design/protocol.md "Paged ListScripts").
+ByteVec list_page(uint64_t request_id, std::string_view after, uint32_t limit) {
+  flatbuffers::FlatBufferBuilder fbb(128);
+  const auto a = fbb.CreateString(after.data(), after.size());
+  return finish(
+      fbb, wire::Body::Control,
+      wire::CreateControl(fbb, request_id, wire::ControlCommand::ListScripts, 0, a, limit).Union());
 }
 
 ByteVec unreg(uint64_t request_id, const char* key) {
@@ -422,6 +432,18 @@ int main(int argc, char** argv) {
         "invalid_utf8_key",  // ListScripts threw in json::dump (outrund ended); found by the fuzzer
         cat({client_hello(), reg(1, "Line1.\xff\xfe", "return 1"), control(2, C::ListScripts),
              control(3, C::Stats)}));
+    write_seed(
+        T, "paged_list",  // pages of 1 and 2 by cursor (keys "fuzz.sum", "Line1.Avg"...)
+        cat({client_hello(), reg(1, "Line1.Avg", "return 1"), reg(2, "Line1.Min", "return 2"),
+             list_page(3, "", 1), list_page(4, "4c696e65312e417667:1", 2),
+             list_page(5, "4c696e65312e417667:0", 0), list_page(6, "ff:0", 10),
+             list_page(7, "4c:4294967295", 4294967295u), control(8, C::ListScripts)}));
+    write_seed(
+        T, "paged_list_bad_cursors",  // invalid_argument each, the connection goes on
+        cat({client_hello(), list_page(1, "zz", 1), list_page(2, "abc", 0), list_page(3, ":1", 0),
+             list_page(4, "4c:", 0), list_page(5, "4C:0", 0), list_page(6, "4c:99999999999", 0),
+             list_page(7, std::string(520, 'a') + ":0", 0),
+             list_page(8, std::string("4c\0:0", 5), 0), control(9, C::Stats)}));
     write_seed(T, "unregister",  // a key goes, its handle ends invalid_argument, it comes back
                cat({client_hello(), reg(1, "Line1.Gone", "return 1"), evaluate({call(1, 8)}),
                     unreg(2, "Line1.Gone"), evaluate({call(2, 8)}), unreg(3, "Line1.Gone"),

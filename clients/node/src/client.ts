@@ -346,9 +346,30 @@ export class Client extends EventEmitter<ClientEvents> {
   shards(): Promise<any> {
     return this.controlJson(w.ControlCommand.Shards);
   }
-  /** The ListScripts document, parsed. */
-  scripts(): Promise<any> {
-    return this.controlJson(w.ControlCommand.ListScripts);
+  /**
+   * Every ListScripts page, merged: `{ scripts: [...] }` in key order (design/protocol.md
+   * "Paged ListScripts"). It grows with the registry; scriptsPage() reads one page at a time.
+   */
+  async scripts(): Promise<any> {
+    const all: any[] = [];
+    let after = '';
+    for (;;) {
+      const page = await this.scriptsPage(after, 10000);
+      if (Array.isArray(page.scripts)) for (const s of page.scripts) all.push(s);
+      // Absent: a daemon from before paging sent everything at once.
+      if (typeof page.next !== 'string') break;
+      if (page.next === after) throw new OutrunError('runtime_error', 'outrund sent the same ListScripts cursor twice');
+      after = page.next;
+    }
+    return { scripts: all };
+  }
+  /**
+   * One ListScripts page, parsed: `{ scripts, total, next }`. `after`: the `next` of the previous
+   * page ('' the first); `limit`: the most scripts (0: the daemon's default, 1000; at most 10000).
+   * `next` is null on the last page.
+   */
+  scriptsPage(after = '', limit = 0): Promise<any> {
+    return this.controlJson(w.ControlCommand.ListScripts, after, limit);
   }
   /** Drill: SIGKILL shard `shard`'s worker (it restarts). */
   async killShard(shard: number): Promise<void> {
@@ -886,15 +907,15 @@ export class Client extends EventEmitter<ClientEvents> {
     });
   }
 
-  private async control(cmd: w.ControlCommand, shard: number): Promise<ControlReplyData> {
+  private async control(cmd: w.ControlCommand, shard: number, after = '', limit = 0): Promise<ControlReplyData> {
     await this.whenReady();
-    const r = (await this.request(CONTROL, (id) => wire.control(id, cmd, shard))) as ControlReplyData;
+    const r = (await this.request(CONTROL, (id) => wire.control(id, cmd, shard, after, limit))) as ControlReplyData;
     this.check(r);
     return r;
   }
 
-  private async controlJson(cmd: w.ControlCommand): Promise<any> {
-    const r = await this.control(cmd, 0);
+  private async controlJson(cmd: w.ControlCommand, after = '', limit = 0): Promise<any> {
+    const r = await this.control(cmd, 0, after, limit);
     try {
       return JSON.parse(r.json);
     } catch {

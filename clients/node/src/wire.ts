@@ -31,9 +31,11 @@ export function register(requestId: number, key: string, source: string): Uint8A
   return finish(b, w.Body.Register, w.Register.createRegister(b, BigInt(requestId), k, s));
 }
 
-export function control(requestId: number, command: w.ControlCommand, shard: number): Uint8Array {
-  const b = new flatbuffers.Builder(64);
-  return finish(b, w.Body.Control, w.Control.createControl(b, BigInt(requestId), command, shard));
+/** `after`/`limit`: ListScripts paging (design/protocol.md "Paged ListScripts"); '' and 0: absent. */
+export function control(requestId: number, command: w.ControlCommand, shard: number, after = '', limit = 0): Uint8Array {
+  const b = new flatbuffers.Builder(64 + after.length);
+  const a = after === '' ? 0 : b.createString(after);
+  return finish(b, w.Body.Control, w.Control.createControl(b, BigInt(requestId), command, shard, a, limit));
 }
 
 export function encodeValue(b: flatbuffers.Builder, v: WireValue): flatbuffers.Offset {

@@ -205,6 +205,34 @@ describe('outrund', () => {
     assert.ok(sc.scripts.some((s) => s.key === 'Line1.Avg'));
   });
 
+  test('scripts() reads every ListScripts page; scriptsPage() one at a time', async () => {
+    const n = 2500;
+    await Promise.all(Array.from({ length: n }, (_, i) => client.register(`Page.${String(i).padStart(5, '0')}`, 'return 1')));
+    const first = await client.scriptsPage(); // no paging fields: the first 1000 and a cursor
+    assert.equal(first.scripts.length, 1000);
+    assert.equal(typeof first.next, 'string');
+    const keys = [];
+    let after = '';
+    for (;;) {
+      const page = await client.scriptsPage(after, 700);
+      assert.ok(page.scripts.length <= 700);
+      for (const s of page.scripts) keys.push(s.key);
+      if (page.next === null) break;
+      after = page.next;
+    }
+    const sorted = [...keys].sort((a, b) => Buffer.compare(Buffer.from(a), Buffer.from(b)));
+    assert.deepEqual(keys, sorted); // by key
+    assert.equal(new Set(keys).size, keys.length); // each once
+    const all = (await client.scripts()).scripts.map((s) => s.key);
+    assert.deepEqual(all, keys);
+    assert.equal(all.filter((k) => k.startsWith('Page.')).length, n);
+    await assert.rejects(client.scriptsPage('not a cursor'), (e) => {
+      assert.ok(e instanceof OutrunError);
+      assert.equal(e.status, 'invalid_argument');
+      return true;
+    });
+  });
+
   test('invalid key and source reject with OutrunError invalid_argument', async () => {
     for (const key of ['', 'k'.repeat(257)]) {
       await assert.rejects(client.register(key, 'return 1'), (e) => {

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "outrun/runner.h"
@@ -54,7 +55,14 @@ class Client final : public Runner {
   // Administration (JSON documents as in design/daemon.md).
   Error stats_json(std::string* out);
   Error shards_json(std::string* out);
+  // ListScripts: every page (design/protocol.md "Paged ListScripts"), merged into one
+  // {"scripts": [...]} document in key order. It grows with the registry (300,000 scripts: about
+  // 40 MB); scripts_page_json reads one page at a time.
   Error scripts_json(std::string* out);
+  // One ListScripts page: `after` is the "next" of the previous page (empty: the first page),
+  // `limit` the most scripts in it (0: the daemon's default, 1000; at most 10,000). The page's
+  // "next" is null on the last page.
+  Error scripts_page_json(std::string_view after, uint32_t limit, std::string* out);
   Error kill_shard(int shard);
   Error restart_shard(int shard);
 

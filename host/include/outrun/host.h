@@ -193,6 +193,11 @@ class Host final : public Runner {
   ~Host() override;
 
   Error register_script(std::string_view key, std::string_view source, Script* out) override;
+  // The same, asking `admit` before a new record is made (not when the key already holds this
+  // source), under the registry's lock: it must not call into this Host. outrund charges each
+  // record to a uid's quota with it.
+  Error register_script(std::string_view key, std::string_view source, Script* out,
+                        const AdmitFn& admit);
   Error unregister_script(std::string_view key) override;
   void evaluate(const Script& script, Inputs inputs, Callback done) override;
   std::future<Result> evaluate(const Script& script, Inputs inputs) override;

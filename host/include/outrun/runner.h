@@ -116,6 +116,14 @@ struct RegistryStats {
 // its allocation header and its crash counters), its entry in the key index (~70 B: node, hash,
 // bucket) and the copy of the key in that entry. Counted against max_script_bytes.
 inline constexpr std::size_t kScriptRecordOverhead = 352;
+// What a new record of `key` and `source` costs in its registry's account (ScriptRecord::bytes):
+// the key (record), the source, the chunk name (= key) and kScriptRecordOverhead.
+constexpr std::size_t script_record_bytes(std::string_view key, std::string_view source) {
+  return 2 * key.size() + source.size() + kScriptRecordOverhead;
+}
+// Asked before a registration makes a new record, with what it would cost; an error refuses it
+// (Host::register_script's overload: outrund's per-uid registry quotas).
+using AdmitFn = std::function<Error(std::size_t bytes)>;
 
 struct Result {
   Status status = Status::ok;
