@@ -739,6 +739,7 @@ TEST_CASE("measure: an honest client's latency while another floods, RSS, pipeli
     c.reset();
     d.stop();
   }
+}
 
 // Registry quotas (design/daemon.md "Registry quotas", D-quota): root and nobody share a 5 MiB
 // registry with 2 MiB each. Root fills its quota and is refused; nobody still registers as much
