@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <flatbuffers/flatbuffers.h>
 #include <grp.h>
+#include <mimalloc.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -771,6 +772,20 @@ void Server::on_hello_timer(uv_timer_t* h) {
   for (auto& [p, c] : s->conns_)
     if (c->held.load(std::memory_order_relaxed)) held.push_back(c);
   for (auto& c : held) s->maybe_resume(c.get());
+  s->maybe_trim();
+}
+
+// What a burst freed on the loop thread (decoded inputs, the writers' queues) may wait in its
+// mimalloc heap until the loop allocates again: collected (and decommitted, main.cpp's options)
+// once the daemon went idle (nothing in flight) after evaluations ended.
+void Server::maybe_trim() {
+  if (counters_.inflight.load(std::memory_order_relaxed) != 0) return;
+  uint64_t ended = 0;
+  for (const auto& n : counters_.by_status) ended += n.load(std::memory_order_relaxed);
+  if (ended == trimmed_at_) return;
+  trimmed_at_ = ended;
+  mi_collect(true);
+  ++trims_;
 }
 
 // max_clients connections, max_pending_hello more before their hello, and a margin for the
@@ -1535,6 +1550,7 @@ std::string Server::stats_json(bool shards_only) const {
          {"clients_held", held},
          {"clients_held_total", held_total_.load(std::memory_order_relaxed)},
          {"clients_over_limit", over_limit_.load(std::memory_order_relaxed)},
+         {"heap_collects", trims_},
          {"client_queued_bytes",
           {{"max", max_queued},
            {"peak", queued_peak_bytes_.load(std::memory_order_relaxed)},

@@ -149,6 +149,10 @@ class Server {
   static void on_signal(uv_signal_t* h, int sig);
   static void on_drain_timer(uv_timer_t* h);
   static void on_hello_timer(uv_timer_t* h);
+  // After a burst, once nothing is in flight: gives the loop thread's free heap memory back to
+  // the system (mi_collect), at most once per hello-timer tick and once per burst (design/daemon.md
+  // "Memory after a burst").
+  void maybe_trim();
   static void on_accept_pause(uv_timer_t* h);
 
   bool open_socket(std::string* err);
@@ -216,6 +220,8 @@ class Server {
   // the loop does not spin on a socket that stays readable. Both exist once run() made them.
   uv_timer_t hello_timer_{}, accept_pause_timer_{};
   bool timers_ = false;
+  uint64_t trimmed_at_ = 0;  // evaluations ended (all statuses) at the last collect
+  uint64_t trims_ = 0;
   bool accept_paused_ = false;
   std::chrono::steady_clock::time_point last_accept_warning_{};
   uint64_t accept_failures_ = 0;  // EMFILE/ENFILE since the last warning
