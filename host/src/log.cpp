@@ -5,6 +5,8 @@
 
 #include <memory>
 
+#include "outrun/spdlog_sink.h"
+
 namespace outrun {
 
 const char* to_string(LogLevel level) {
@@ -32,11 +34,8 @@ LogSink stderr_log_sink(LogLevel min) {
     lg->flush_on(spdlog::level::trace);
     return lg;
   }();
-  return [min](LogLevel level, std::string_view line) {
-    if (level < min) return;
-    static constexpr spdlog::level::level_enum kLevels[] = {
-        spdlog::level::debug, spdlog::level::info, spdlog::level::warn, spdlog::level::err};
-    logger->log(kLevels[static_cast<int>(level)], "{}", line);
+  return [min, to = spdlog_sink(logger)](LogLevel level, std::string_view line) {
+    if (level >= min) to(level, line);
   };
 }
 
