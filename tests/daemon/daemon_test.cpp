@@ -715,7 +715,10 @@ std::string index_key(int i) {
 TEST_CASE(
     "outrund: outrun scripts --json lists 300,000 scripts, every reply frame within the limit") {
   Daemon d;
-  constexpr int kN = 300000;
+  // 300,000 in normal builds; a tenth under sanitizers, where registering and listing 300,000
+  // runs past the test timeout (the paging itself is the same code; the byte cut has its own
+  // test below).
+  const int kN = outrun::test::kSanitized ? 30000 : 300000;
   const double reg_s = register_many(d, kN, index_key, "return 1");
   MESSAGE("registered " << kN << " scripts (pipelined) in " << reg_s << " s");
   CHECK(d.stats()["scripts"] == kN);
