@@ -640,6 +640,10 @@ TEST_CASE("tags: keep_state survives its script's eviction for the worker's scri
   HostOptions ho;
   ho.shards = 1;
   ho.worker_script_budget = 32u << 20;
+  // The hoarders build 8 MiB each: under TSan that can pass the default T+G, and this test is
+  // about eviction, not kills.
+  ho.timeout = 5000ms;
+  ho.grace = 5000ms;
   Rig rig(Kind::host, ho);
   auto kept = tag("Kept", "state.n = (state.n or 0) + 1 return state.n", {"X"});
   kept.keep_state = true;
