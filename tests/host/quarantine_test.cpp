@@ -31,6 +31,9 @@ HostOptions options() {
   o.restart_delay = 5ms;
   o.crash_loop_limit = 3;  // fewer than the crashes below, were they the shard's
   o.crash_loop_window = 10s;
+  // These tests are about crashes, not kills: no T+G kill on a loaded machine or under TSan.
+  o.timeout = 2000ms;
+  o.grace = 5000ms;
   return o;
 }
 
