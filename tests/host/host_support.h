@@ -8,8 +8,10 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "outrun/host.h"
@@ -51,6 +53,17 @@ struct FaultEnv {
 };
 
 // True when `pid` no longer runs (gone, or a zombie).
+// Polls `cond` every 5 ms until it holds or `limit` passed; its last value.
+inline bool eventually(const std::function<bool()>& cond,
+                       std::chrono::milliseconds limit = std::chrono::seconds(10)) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return cond();
+}
+
 inline bool process_gone(int pid) {
   REQUIRE(pid > 0);  // kill(0, ...) would ask about this test's own process group
   if (kill(pid, 0) != 0) return true;

@@ -14,6 +14,7 @@
 using namespace outrun;
 using namespace std::chrono_literals;
 using test::Collector;
+using test::eventually;
 using test::FaultEnv;
 using test::reg;
 
@@ -40,15 +41,6 @@ HostOptions options() {
 Result get(std::future<Result> f) {
   REQUIRE(f.wait_for(30s) == std::future_status::ready);
   return f.get();
-}
-
-bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds limit = 10s) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return cond();
 }
 
 bool is_quarantine(const Result& r) {

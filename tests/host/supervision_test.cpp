@@ -38,6 +38,7 @@ std::unique_ptr<Host> start(const HostOptions& o) {
   return test::start_host(o);
 }
 using test::Collector;
+using test::eventually;
 using test::FaultEnv;
 using test::process_gone;
 using test::reg;
@@ -66,15 +67,6 @@ long cpu_ticks(int pid) {
   for (int i = 3; i <= 15 && in >> f; ++i)
     if (i == 14 || i == 15) ticks += std::stol(f);
   return ticks;
-}
-
-bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds limit = 10s) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return cond();
 }
 
 struct TempDir {
