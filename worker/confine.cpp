@@ -122,6 +122,12 @@ std::string install_filter(const ConfineOptions& o) {
   if (lenient) {
     // ASan CHECK-fails unless this succeeds (asan_posix.cpp, on every longjmp = Lua error).
     if (rc == 0) rc = seccomp_rule_add(f, SCMP_ACT_ALLOW, SCMP_SYS(sigaltstack), 0);
+    // TSan starts a background thread of its own inside the heartbeat thread's pthread_create,
+    // and nothing waits for it: it may first run after the filter is loaded. glibc aborts a new
+    // thread whose rseq registration fails ("Fatal glibc error: rseq registration failed"), so
+    // its start-up calls must succeed. (Release workers start no thread after confinement.)
+    if (rc == 0) rc = seccomp_rule_add(f, SCMP_ACT_ALLOW, SCMP_SYS(rseq), 0);
+    if (rc == 0) rc = seccomp_rule_add(f, SCMP_ACT_ALLOW, SCMP_SYS(set_robust_list), 0);
     for (int sc : kKilledInSanitizerBuilds)
       if (rc == 0) rc = seccomp_rule_add(f, SCMP_ACT_KILL_PROCESS, sc, 0);
     if (rc == 0)
