@@ -73,14 +73,23 @@ Error Host::Impl::start() {
   uv_async_init(&loop, &wakeup, &Impl::on_wakeup);
   wakeup.data = this;
   {
-    std::lock_guard lock(wakeup_mu);
+    MutexLock lock(wakeup_mu);
     wakeup_open = true;
   }
   uv_timer_init(&loop, &shutdown_timer);
   registry.set_on_retire([this] { wake(); });  // the loop sends Forget (flush_forgets)
+  detail::RestartConfig restart;
+  restart.restart_delay = opts.restart_delay;
+  restart.max_restart_delay = kMaxRestartDelay;
+  restart.healthy_uptime = kHealthyUptime;
+  restart.crash_loop_limit = opts.crash_loop_limit;
+  restart.crash_loop_window = opts.crash_loop_window;
+  restart.crash_loop_cooldown = opts.crash_loop_cooldown;
+  restart.retries = opts.retries;
+  restart.timeout = opts.timeout;
+  restart.grace = opts.grace;
   for (int i = 0; i < opts.shards; ++i) {
-    auto sh = std::make_unique<Shard>();
-    sh->index = i;
+    auto sh = std::make_unique<Shard>(i, restart);
     sh->dispatcher = std::make_unique<detail::Dispatcher>(log);
     uv_timer_init(&loop, &sh->restart_timer);
     uv_timer_init(&loop, &sh->watchdog);
@@ -89,10 +98,11 @@ Error Host::Impl::start() {
   // Workers are spawned by the loop thread, always: PR_SET_PDEATHSIG follows the thread that
   // forked, and the loop thread lives exactly as long as the host.
   loop_thread = std::thread([this] {
-    loop_thread_id = std::this_thread::get_id();
+    loop_role.bind_to_current_thread();
+    loop_role.assert_here();
     for (auto& sh : shards) {
       if (Error e = spawn(*sh)) {
-        std::lock_guard lock(start_mu);
+        MutexLock lock(start_mu);
         start_error = e.message;
         start_cv.notify_all();
         break;
@@ -100,9 +110,12 @@ Error Host::Impl::start() {
     }
     uv_run(&loop, UV_RUN_DEFAULT);
   });
-  std::unique_lock lock(start_mu);
-  const bool ready = start_cv.wait_for(
-      lock, opts.start_timeout, [&] { return hellos >= opts.shards || !start_error.empty(); });
+  MutexLock lock(start_mu);
+  const bool ready =
+      start_cv.wait_until(lock, std::chrono::steady_clock::now() + opts.start_timeout,
+                          [&]() REQUIRES(start_mu) {
+                            return hellos >= opts.shards || !start_error.empty();
+                          });
   if (!start_error.empty()) return {Status::unavailable, start_error};
   if (!ready) return {Status::unavailable, "workers did not say hello within the start timeout"};
   return {};
@@ -255,7 +268,7 @@ ShardStats Host::shard_stats(int i) const {
   s.retried = rd(sh.retried);
   s.read_syscalls = rd(sh.reads);
   s.frames_read = rd(sh.frames);
-  std::lock_guard lock(sh.stats_mu);
+  MutexLock lock(sh.stats_mu);
   s.last_death = sh.last_death;
   if (sh.stats_page) {
     const auto* p = static_cast<const protocol::StatusPage*>(sh.stats_page->get_address());
@@ -274,7 +287,7 @@ ShardStats Host::shard_stats(int i) const {
 }
 
 void Host::Impl::wake() {
-  std::lock_guard lock(wakeup_mu);
+  MutexLock lock(wakeup_mu);
   if (wakeup_open) uv_async_send(&wakeup);
 }
 
@@ -284,7 +297,7 @@ Error post_command(Host::Impl& impl, int shards, Host::Impl::CommandKind kind, i
     return {Status::invalid_argument, "no shard " + std::to_string(shard)};
   if (impl.stopping.load()) return {Status::cancelled, "the host is shutting down"};
   {
-    std::lock_guard lock(impl.commands_mu);
+    MutexLock lock(impl.commands_mu);
     impl.commands.emplace_back(kind, shard);
   }
   impl.wake();

@@ -3,7 +3,6 @@
 // to the shard; a script charged quarantine_after times within crash_loop_window is refused for
 // quarantine_cooldown, before any worker sees it.
 #include <signal.h>
-#include <spdlog/spdlog.h>
 
 #include <cassert>
 
@@ -47,7 +46,9 @@ bool script_exit_code(int64_t code) {
 
 // ScriptRecord::last_crash: the signal, or the exit code << 8.
 int32_t pack_exit(const WorkerProcess& w) {
-  return w.term_signal != 0 ? w.term_signal : static_cast<int32_t>((w.exit_status & 0xff) << 8);
+  const auto& x = w.exit_status();
+  if (!x) return 0;
+  return x->signal != 0 ? x->signal : static_cast<int32_t>((x->code & 0xff) << 8);
 }
 
 std::string format_wait(int64_t ns) {
@@ -60,21 +61,18 @@ std::string format_wait(int64_t ns) {
 
 const ScriptRecord* Host::Impl::crash_suspect(Shard& sh, const WorkerProcess& w, DeathCause cause,
                                               uint64_t running) {
-  assert(on_loop_thread());
   if (running == 0) return nullptr;  // between evaluations, or still starting
   // kCrash and kExit come from the exit status itself; a kill the host decided has its own cause.
-  const bool scripted = (cause == DeathCause::kCrash && fault_signal(w.term_signal)) ||
-                        (cause == DeathCause::kExit && script_exit_code(w.exit_status));
+  const auto& x = w.exit_status();
+  const bool scripted = x && ((cause == DeathCause::kCrash && fault_signal(x->signal)) ||
+                              (cause == DeathCause::kExit && script_exit_code(x->code)));
   if (!scripted) return nullptr;
-  const uint32_t idx = static_cast<uint32_t>(running);
-  if (idx >= sh.slots.size()) return nullptr;  // the page is the worker's: untrusted
-  const Slot& slot = sh.slots[idx];
-  if (slot.place != SlotPlace::kSent || detail::slot_id(slot, idx) != running) return nullptr;
-  return slot.script.record();
+  const Slot* slot = sh.table.sent(running);  // the page is the worker's: untrusted
+  return slot ? slot->script.record() : nullptr;
 }
 
 bool Host::Impl::charge_crash(Shard& sh, const ScriptRecord& r, const WorkerProcess& w) {
-  assert(on_loop_thread());  // the only writer of the record's crash fields
+  // The loop thread (REQUIRES(loop_role)) is the only writer of the record's crash fields.
   sh.crashes_charged.fetch_add(1, std::memory_order_relaxed);
   const int64_t now = monotonic_ns();
   uint32_t n = r.window_crashes.load(std::memory_order_relaxed);
@@ -91,7 +89,7 @@ bool Host::Impl::charge_crash(Shard& sh, const ScriptRecord& r, const WorkerProc
   // Release: whoever reads the quarantine (acquire, in quarantine_message) sees the counts.
   r.quarantined_until_ns.store(now + std::chrono::nanoseconds(opts.quarantine_cooldown).count(),
                                std::memory_order_release);
-  spdlog::warn("outrun: shard {}: {}", sh.index, quarantine_message(r));
+  log(LogLevel::warn, "outrun: shard {}: {}", sh.index, quarantine_message(r));
   return true;
 }
 
@@ -99,7 +97,7 @@ void Host::Impl::end_quarantined(Shard& sh, std::vector<uint32_t>* idxs, Ended* 
                                  std::vector<uint32_t>* promoted) {
   std::size_t kept = 0;
   for (uint32_t idx : *idxs) {
-    Slot& slot = sh.slots[idx];
+    Slot& slot = sh.table[idx];
     const ScriptRecord& r = *slot.script.record();
     if (!in_quarantine(r)) {
       (*idxs)[kept++] = idx;
@@ -107,8 +105,8 @@ void Host::Impl::end_quarantined(Shard& sh, std::vector<uint32_t>* idxs, Ended* 
     }
     sh.quarantine_refusals.fetch_add(1, std::memory_order_relaxed);
     slot.place = SlotPlace::kWaiting;  // not pending any more: end_slot frees the flight
-    end_slot(sh, idx, Result{Status::runtime_error, {}, quarantine_message(r), sh.index}, out,
-             promoted);
+    sh.table.end(idx, Result{Status::runtime_error, {}, quarantine_message(r), sh.index}, out,
+                 promoted);
   }
   idxs->resize(kept);
 }

@@ -30,40 +30,9 @@ std::string unregistered_message(const detail::ScriptRecord* r) {
 
 }  // namespace
 
-uint32_t Host::Impl::alloc_slot(Shard& sh) {  // sh.mu held
-  uint32_t idx;
-  if (!sh.free_slots.empty()) {
-    idx = sh.free_slots.back();
-    sh.free_slots.pop_back();
-  } else {
-    idx = static_cast<uint32_t>(sh.slots.size());
-    sh.slots.emplace_back();
-  }
-  sh.slots[idx].retries = 0;
-  sh.slots[idx].source_resent = false;
-  return idx;
-}
-
-void Host::Impl::free_slot(Shard& sh, uint32_t idx) {  // sh.mu held
-  Slot& s = sh.slots[idx];
-  s.place = SlotPlace::kFree;
-  if (++s.generation == 0) s.generation = 1;
-  s.script = Script();
-  s.inputs.clear();
-  sh.free_slots.push_back(idx);
-}
-
-void Host::Impl::ensure_key(Shard& sh, uint32_t key_id) {  // sh.mu held
-  if (key_id >= sh.flight.size()) {
-    const std::size_t n = std::max<std::size_t>(key_id + 1, sh.flight.size() * 2);
-    sh.flight.resize(n, 0);
-    sh.pending.resize(n, 0);
-  }
-}
-
 flatbuffers::Offset<wire::Evaluation> Host::Impl::build_evaluation(flatbuffers::FlatBufferBuilder& f, Shard& sh,
                                                                    uint32_t idx, detail::InputsOffset inputs) {
-  const Slot& slot = sh.slots[idx];
+  const Slot& slot = sh.table[idx];
   const detail::ScriptRecord* r = slot.script.record();
   if (r->id >= sh.known.size()) sh.known.resize(std::max<std::size_t>(r->id + 1, sh.known.size() * 2), 0);
   flatbuffers::Offset<flatbuffers::Vector<uint8_t>> sha;
@@ -75,7 +44,7 @@ flatbuffers::Offset<wire::Evaluation> Host::Impl::build_evaluation(flatbuffers::
     name = f.CreateString(r->chunk_name);
   }
   wire::EvaluationBuilder eb(f);
-  eb.add_id(detail::slot_id(slot, idx));
+  eb.add_id(detail::SlotTable::id_of(slot, idx));
   eb.add_script_id(r->id);
   eb.add_timeout_us(timeout_us);
   eb.add_inputs(inputs);
@@ -135,47 +104,28 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
   Result refusal;  // status ok: accepted
   Completion replaced;  // coalesce-latest: the waiting one this one replaces
   {
-    std::lock_guard lock(sh.mu);
+    MutexLock lock(sh.mu);
     const bool single = opts.single_flight != SingleFlight::off;
-    if (single) ensure_key(sh, r->key_id);
     if (sh.state == ShardState::kStopping || sh.state == ShardState::kStopped) {
       refusal = {Status::cancelled, {}, "the host is shutting down", sh.index};
     } else if (sh.state == ShardState::kCrashLoop) {
       refusal = {Status::unavailable, {}, sh.unavailable_reason, sh.index};
-    } else if (single && sh.flight[r->key_id] != 0) {
-      if (opts.single_flight == SingleFlight::refuse) {
+    } else if (single && sh.table.in_flight(r->key_id)) {
+      if (opts.single_flight == SingleFlight::refuse)
         refusal = {Status::busy, {}, busy_message(r), sh.index};
-      } else {  // coalesce-latest: wait behind the one in flight, replacing any that waits
-        if (const uint32_t old = sh.pending[r->key_id]) {
-          std::vector<uint32_t> none;  // a pending evaluation has no successor to promote
-          replaced = release_slot(sh, old - 1, &none);
-        }
-        const uint32_t idx = alloc_slot(sh);
-        Slot& slot = sh.slots[idx];
-        slot.place = SlotPlace::kPending;
-        slot.script = script;
-        slot.inputs = std::move(inputs);
-        slot.done = std::move(done);
-        sh.pending[r->key_id] = idx + 1;
-      }
-    } else if (sh.state == ShardState::kDown && sh.waiting.size() >= opts.max_queued_while_down) {
+      else  // coalesce-latest: wait behind the one in flight, replacing any that waits
+        sh.table.admit_pending(script, std::move(inputs), std::move(done), &replaced);
+    } else if (sh.state == ShardState::kDown &&
+               sh.table.waiting_count() >= opts.max_queued_while_down) {
       refusal = {Status::unavailable, {}, "shard " + std::to_string(sh.index) + " is restarting and its queue is full",
                  sh.index};
+    } else if (sh.state == ShardState::kRunning) {
+      const uint32_t idx =
+          sh.table.admit(script, std::move(inputs), std::move(done), SlotPlace::kSent, single);
+      auto ev = build_evaluation(f, sh, idx, in);
+      if (sh.writer->enqueue(finish_evaluate(f, &ev, 1))) writer = sh.writer;
     } else {
-      const uint32_t idx = alloc_slot(sh);
-      Slot& slot = sh.slots[idx];
-      slot.script = script;
-      slot.inputs = std::move(inputs);
-      slot.done = std::move(done);
-      if (single) sh.flight[r->key_id] = idx + 1;
-      if (sh.state == ShardState::kRunning) {
-        auto ev = build_evaluation(f, sh, idx, in);
-        slot.place = SlotPlace::kSent;
-        if (sh.writer->enqueue(finish_evaluate(f, &ev, 1))) writer = sh.writer;
-      } else {
-        slot.place = SlotPlace::kWaiting;
-        sh.waiting.push_back(idx);
-      }
+      sh.table.admit(script, std::move(inputs), std::move(done), SlotPlace::kWaiting, single);
     }
   }
   if (refusal.status != Status::ok) {
@@ -247,24 +197,19 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
       std::shared_ptr<FrameWriter> writer;
       std::size_t accepted = 0;
       {
-        std::lock_guard lock(sh.mu);
+        MutexLock lock(sh.mu);
         evs.clear();
         const bool single = opts.single_flight != SingleFlight::off;
         const bool direct = sh.state == ShardState::kRunning && !stopping.load(std::memory_order_relaxed);
         for (std::size_t k = 0; k < chunk.size(); ++k) {
-          const detail::ScriptRecord* r = requests[chunk[k]].script.record();
-          if (single) ensure_key(sh, r->key_id);
-          if (!direct || (single && sh.flight[r->key_id] != 0)) {
+          Request& req = requests[chunk[k]];
+          if (!direct || (single && sh.table.in_flight(req.script.record()->key_id))) {
             one_by_one.push_back(chunk[k]);
             continue;
           }
-          const uint32_t idx = alloc_slot(sh);
-          Slot& slot = sh.slots[idx];
-          slot.script = requests[chunk[k]].script;
-          slot.inputs = std::move(requests[chunk[k]].inputs);
-          slot.done = Completion(detail::BatchTarget{shared_cb, chunk[k]});
-          slot.place = SlotPlace::kSent;
-          if (single) sh.flight[r->key_id] = idx + 1;
+          const uint32_t idx =
+              sh.table.admit(req.script, std::move(req.inputs),
+                             Completion(detail::BatchTarget{shared_cb, chunk[k]}), SlotPlace::kSent, single);
           evs.push_back(build_evaluation(f, sh, idx, inputs[k]));
           ++accepted;
         }
@@ -279,30 +224,6 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
   }
 }
 
-Completion Host::Impl::release_slot(Shard& sh, uint32_t idx, std::vector<uint32_t>* promoted) {
-  Slot& s = sh.slots[idx];
-  const uint32_t kid = s.script.record()->key_id;
-  if (kid < sh.flight.size()) {
-    if (s.place == SlotPlace::kPending) {
-      if (sh.pending[kid] == idx + 1) sh.pending[kid] = 0;
-    } else if (sh.flight[kid] == idx + 1) {
-      sh.flight[kid] = 0;
-      if (const uint32_t next = sh.pending[kid]) {  // the coalesced one takes the flight
-        sh.pending[kid] = 0;
-        sh.flight[kid] = next;
-        promoted->push_back(next - 1);
-      }
-    }
-  }
-  Completion done = std::move(s.done);
-  free_slot(sh, idx);
-  return done;
-}
-
-void Host::Impl::end_slot(Shard& sh, uint32_t idx, Result&& r, Ended* out, std::vector<uint32_t>* promoted) {
-  out->emplace_back(release_slot(sh, idx, promoted), std::move(r));
-}
-
 // Sends (or parks) evaluations that just took their key's flight. sh.mu held, loop thread.
 void Host::Impl::place_promoted(Shard& sh, std::vector<uint32_t>& promoted, Ended* out) {
   while (!promoted.empty()) {
@@ -314,20 +235,15 @@ void Host::Impl::place_promoted(Shard& sh, std::vector<uint32_t>& promoted, Ende
         send_slots(sh, batch);
         break;
       case ShardState::kDown:
-        for (uint32_t idx : batch) {
-          sh.slots[idx].place = SlotPlace::kWaiting;
-          sh.waiting.push_back(idx);
-        }
+        for (uint32_t idx : batch) sh.table.park(idx);
         break;
       default: {
         const bool stop = sh.state != ShardState::kCrashLoop;
-        for (uint32_t idx : batch) {
-          sh.slots[idx].place = SlotPlace::kWaiting;  // not pending any more: end_slot frees the flight
-          end_slot(sh, idx,
-                   Result{stop ? Status::cancelled : Status::unavailable, {},
-                          stop ? "the host shut down before it ran" : sh.unavailable_reason, sh.index},
-                   out, &promoted);
-        }
+        for (uint32_t idx : batch)
+          sh.table.end(idx,
+                       Result{stop ? Status::cancelled : Status::unavailable, {},
+                              stop ? "the host shut down before it ran" : sh.unavailable_reason, sh.index},
+                       out, &promoted);
       }
     }
   }
@@ -336,7 +252,6 @@ void Host::Impl::place_promoted(Shard& sh, std::vector<uint32_t>& promoted, Ende
 // Encodes the slots `idxs` (used, not sent) for the current worker and writes them at once.
 // sh.mu held (loop thread): this path is rare (restarts, retries, NeedSource, coalescing).
 void Host::Impl::send_slots(Shard& sh, const std::vector<uint32_t>& idxs) {
-  assert(on_loop_thread());
   auto& f = loop_fbb;
   std::vector<flatbuffers::Offset<wire::Evaluation>> evs;
   std::size_t k = 0;
@@ -344,7 +259,7 @@ void Host::Impl::send_slots(Shard& sh, const std::vector<uint32_t>& idxs) {
     f.Clear();
     evs.clear();
     for (; k < idxs.size() && evs.size() < kFrameCutItems && f.GetSize() < kFrameCutBytes; ++k) {
-      Slot& slot = sh.slots[idxs[k]];
+      Slot& slot = sh.table[idxs[k]];
       detail::InputsOffset in;
       std::string err;
       detail::encode_inputs(f, slot.inputs, &in, &err);  // validated at submission

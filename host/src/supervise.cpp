@@ -50,14 +50,14 @@ void Host::Impl::set_state(Shard& sh, ShardState s) {
 //  - A heartbeat older than silence_limit kills the worker (frozen or SIGSTOPped).
 void Host::Impl::arm_watchdog(Shard& sh, int64_t now_ns) {
   WorkerProcess* w = sh.worker;
-  if (!w || w->dead) return;
+  if (!w || w->dead()) return;
   const int64_t idle_period =
       std::min<int64_t>(hard_deadline_ns - std::chrono::nanoseconds(opts.grace).count(),
                         std::chrono::nanoseconds(opts.silence_limit).count() / 2);
   int64_t next = now_ns + std::max<int64_t>(idle_period, 1'000'000);
   uint64_t id = 0;
   int64_t since = 0;
-  if (w->page && protocol::read_running(*w->page, &id, &since) && id != 0)
+  if (w->page() && protocol::read_running(*w->page(), &id, &since) && id != 0)
     next = std::min(next, since + hard_deadline_ns);
   sh.watchdog.data = &sh;
   uv_timer_start(&sh.watchdog, &Impl::on_watchdog, ceil_ms(next - now_ns), 0);
@@ -66,12 +66,13 @@ void Host::Impl::arm_watchdog(Shard& sh, int64_t now_ns) {
 void Host::Impl::on_watchdog(uv_timer_t* t) {
   auto* sh = static_cast<Shard*>(t->data);
   Impl* self = static_cast<Impl*>(t->loop->data);
+  self->loop_role.assert_here();
   WorkerProcess* w = sh->worker;
-  if (!w || w->dead) return;
+  if (!w || w->dead()) return;
   const int64_t now = monotonic_ns();
-  if (w->page) {
+  if (w->page()) {
     const int64_t beat =
-        std::max(w->page->heartbeat_ns.load(std::memory_order_relaxed), w->started_ns);
+        std::max(w->page()->heartbeat_ns.load(std::memory_order_relaxed), w->started_ns());
     const int64_t silent = now - beat;
     if (silent > std::chrono::nanoseconds(self->opts.silence_limit).count()) {
       self->kill_worker(w, DeathCause::kSilence,
@@ -81,101 +82,73 @@ void Host::Impl::on_watchdog(uv_timer_t* t) {
     }
     uint64_t id = 0;
     int64_t since = 0;
-    if (protocol::read_running(*w->page, &id, &since) && id != 0 &&
+    if (protocol::read_running(*w->page(), &id, &since) && id != 0 &&
         now >= since + self->hard_deadline_ns) {
-      w->overrun_id = id;
       self->kill_worker(w, DeathCause::kOverrun,
                         "was killed: an evaluation ran past T+G (" +
                             std::to_string(self->opts.timeout.count()) + "+" +
-                            std::to_string(self->opts.grace.count()) + " ms)");
+                            std::to_string(self->opts.grace.count()) + " ms)",
+                        id);
       return;
     }
   }
   self->arm_watchdog(*sh, now);
 }
 
-void Host::Impl::schedule_restart(Shard& sh, DeathCause cause, bool immediate, bool charged,
-                                  std::chrono::steady_clock::duration uptime) {
-  const auto now = std::chrono::steady_clock::now();
-  // Only the worker's own failures that no script explains count toward the crash loop and the
-  // backoff; kills the host decided (overrun, silence, drills) restart at once. A crash charged
-  // to a script (quarantine.cpp) restarts after restart_delay, without doubling: its cause is
-  // known and fenced off, and the shard's other scripts should not wait for it.
-  const bool crash =
-      !immediate && !charged &&
-      (cause == DeathCause::kCrash || cause == DeathCause::kExit || cause == DeathCause::kProtocol);
-  std::chrono::milliseconds delay{0};
-  if (crash) {
-    sh.recent_crashes.push_back(now);
-    while (!sh.recent_crashes.empty() && now - sh.recent_crashes.front() > opts.crash_loop_window)
-      sh.recent_crashes.pop_front();
-    if (static_cast<int>(sh.recent_crashes.size()) >= opts.crash_loop_limit) {
-      std::string last;
-      {
-        std::lock_guard lock(sh.stats_mu);
-        last = sh.last_death;
-      }
-      enter_crash_loop(
-          sh, "shard " + std::to_string(sh.index) + " is in a crash loop: its worker crashed " +
-                  std::to_string(sh.recent_crashes.size()) + " times in " +
-                  std::to_string(opts.crash_loop_window.count()) + " ms (last: " + last +
-                  "); next start in " + std::to_string(opts.crash_loop_cooldown.count()) + " ms");
-      return;
-    }
-    sh.quick_crashes = uptime < kHealthyUptime ? sh.quick_crashes + 1 : 0;
-    delay = opts.restart_delay * (1 << std::min(sh.quick_crashes, 12));
-    if (delay > kMaxRestartDelay) delay = kMaxRestartDelay;
-  } else if (!immediate && cause != DeathCause::kRequested) {
-    delay = opts.restart_delay;
-  }
-  sh.restart_timer.data = &sh;
-  uv_timer_start(&sh.restart_timer, &Impl::on_restart, static_cast<uint64_t>(delay.count()), 0);
+void Host::Impl::after_death(Shard& sh, const detail::Death& d) {
+  apply(sh, sh.policy.on_death(d, detail::Clock::now()));
 }
 
-void Host::Impl::enter_crash_loop(Shard& sh, const std::string& why) {
+void Host::Impl::apply(Shard& sh, const detail::RestartDecision& decision) {
+  if (decision.kind == detail::RestartDecision::Kind::kCrashLoop) {
+    enter_crash_loop(sh, decision);
+    return;
+  }
+  sh.restart_timer.data = &sh;
+  uv_timer_start(&sh.restart_timer, &Impl::on_restart,
+                 static_cast<uint64_t>(decision.delay.count()), 0);
+}
+
+void Host::Impl::enter_crash_loop(Shard& sh, const detail::RestartDecision& decision) {
+  const std::string& why = decision.reason;
   log(LogLevel::error, "outrun: {}", why);
   Ended ended;
   std::vector<uint32_t> promoted;
   {
-    std::lock_guard lock(sh.mu);
+    MutexLock lock(sh.mu);
     set_state(sh, ShardState::kCrashLoop);
     sh.unavailable_reason = why;
-    for (uint32_t idx : sh.waiting)
-      end_slot(sh, idx, Result{Status::unavailable, {}, why, sh.index}, &ended, &promoted);
-    sh.waiting.clear();
+    for (uint32_t idx : sh.table.take_waiting())
+      sh.table.end(idx, Result{Status::unavailable, {}, why, sh.index}, &ended, &promoted);
     place_promoted(sh, promoted, &ended);
   }
   deliver_all(sh, ended);
-  sh.recent_crashes.clear();
-  sh.quick_crashes = 0;
   sh.restart_timer.data = &sh;
   uv_timer_start(&sh.restart_timer, &Impl::on_restart,
-                 static_cast<uint64_t>(opts.crash_loop_cooldown.count()), 0);
+                 static_cast<uint64_t>(decision.delay.count()), 0);
 }
 
 void Host::Impl::on_restart(uv_timer_t* t) {
   auto* sh = static_cast<Shard*>(t->data);
   Impl* self = static_cast<Impl*>(t->loop->data);
+  self->loop_role.assert_here();
   if (self->stopping.load() || sh->worker) return;
   if (Error err = self->spawn(*sh)) {
     self->log(LogLevel::error, "outrun: shard {}: {}", sh->index, err.message);
     {
-      std::lock_guard lock(sh->stats_mu);
+      MutexLock lock(sh->stats_mu);
       sh->last_death = "could not be started: " + err.message;
     }
-    self->schedule_restart(*sh, DeathCause::kExit, false, false, {});  // a failed start is a crash
+    self->apply(*sh, sh->policy.on_start_failure(err.message, detail::Clock::now()));
   }
 }
 
 void Host::Impl::on_wakeup(uv_async_t* a) {
   Impl* self = static_cast<Impl*>(a->data);
-  for (auto& sh : self->shards) {
-    if (sh->write_blocked.exchange(false, std::memory_order_acq_rel) && sh->worker &&
-        !sh->worker->dead && !sh->worker->stream_ended && !sh->worker->poll_writable) {
-      sh->worker->poll_writable = true;
-      uv_poll_start(&sh->worker->wpoll, UV_WRITABLE, &Impl::on_wpoll);
-    }
-  }
+  self->loop_role.assert_here();
+  for (auto& sh : self->shards)
+    if (sh->write_blocked.exchange(false, std::memory_order_acq_rel) && sh->worker)
+      sh->worker->watch_writable();
   self->flush_forgets();
   if (self->stopping.load() && !self->shutdown_started) {
     self->begin_shutdown();
@@ -207,7 +180,7 @@ void Host::Impl::flush_forgets() {
     const auto& ids = by_shard[s];
     if (ids.empty()) continue;
     Shard& sh = *shards[s];
-    std::lock_guard lock(sh.mu);
+    MutexLock lock(sh.mu);
     for (uint32_t id : ids)
       if (id < sh.known.size()) sh.known[id] = 0;
     if (!sh.writer) continue;
@@ -227,7 +200,7 @@ void Host::Impl::flush_forgets() {
 void Host::Impl::run_commands() {
   std::vector<std::pair<CommandKind, int>> requested;
   {
-    std::lock_guard lock(commands_mu);
+    MutexLock lock(commands_mu);
     requested.swap(commands);
   }
   if (shutdown_started) return;  // shutdown ends every worker anyway
@@ -235,30 +208,34 @@ void Host::Impl::run_commands() {
     Shard& sh = *shards[static_cast<std::size_t>(i)];
     WorkerProcess* w = sh.worker;
     if (kind == CommandKind::kKill) {
-      if (w && !w->dead)
+      if (w && !w->dead())
         kill_worker(w, DeathCause::kRequested, "was killed on request (kill_shard)");
       continue;
     }
     // Restart: the worker answers what it has, exits; new evaluations wait for its successor.
-    if (!w || w->dead) {
-      if (sh.state == ShardState::kCrashLoop || sh.state == ShardState::kDown) {
+    if (!w || w->dead()) {
+      ShardState state;
+      {
+        MutexLock lock(sh.mu);
+        state = sh.state;
+      }
+      if (state == ShardState::kCrashLoop || state == ShardState::kDown) {
         uv_timer_stop(&sh.restart_timer);
-        sh.recent_crashes.clear();
+        sh.policy.reset();
+        sh.restart_timer.data = &sh;
         on_restart(&sh.restart_timer);
       }
       continue;
     }
-    w->restart_requested = true;
     // It must exit by itself within shutdown_timeout, or it is killed: what waits for its
     // successor must not wait forever.
-    uv_timer_start(&w->linger, &Impl::on_restart_overdue,
-                   static_cast<uint64_t>(opts.shutdown_timeout.count()), 0);
+    w->request_restart(static_cast<uint64_t>(opts.shutdown_timeout.count()));
     flatbuffers::FlatBufferBuilder f(64);
     f.FinishSizePrefixed(
         wire::CreateFrame(f, wire::Body::Shutdown, wire::CreateShutdown(f).Union()));
     std::shared_ptr<protocol::FrameWriter> writer;
     {
-      std::lock_guard lock(sh.mu);
+      MutexLock lock(sh.mu);
       if (sh.writer && sh.writer->enqueue({f.GetBufferPointer(), f.GetSize()})) writer = sh.writer;
       sh.writer.reset();  // nothing more goes to this worker
       set_state(sh, ShardState::kDown);
@@ -267,14 +244,7 @@ void Host::Impl::run_commands() {
   }
 }
 
-void Host::Impl::on_restart_overdue(uv_timer_t* t) {
-  auto* w = static_cast<WorkerProcess*>(t->data);
-  Impl* self = static_cast<Impl*>(t->loop->data);
-  self->kill_worker(w, DeathCause::kRequested, "did not stop after restart_shard and was killed");
-}
-
 void Host::Impl::begin_shutdown() {
-  assert(on_loop_thread());
   shutdown_started = true;
   flatbuffers::FlatBufferBuilder f(64);
   f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Shutdown, wire::CreateShutdown(f).Union()));
@@ -285,14 +255,13 @@ void Host::Impl::begin_shutdown() {
     Ended ended;
     std::vector<uint32_t> promoted;
     {
-      std::lock_guard lock(sh.mu);
+      MutexLock lock(sh.mu);
       set_state(sh, sh.worker ? ShardState::kStopping : ShardState::kStopped);
       if (sh.writer && sh.writer->enqueue({f.GetBufferPointer(), f.GetSize()})) writer = sh.writer;
-      for (uint32_t idx : sh.waiting)
-        end_slot(sh, idx,
-                 Result{Status::cancelled, {}, "the host shut down before it ran", sh.index},
-                 &ended, &promoted);
-      sh.waiting.clear();
+      for (uint32_t idx : sh.table.take_waiting())
+        sh.table.end(idx,
+                     Result{Status::cancelled, {}, "the host shut down before it ran", sh.index},
+                     &ended, &promoted);
       place_promoted(sh, promoted, &ended);
     }
     if (writer) writer->write_pending();
@@ -305,6 +274,7 @@ void Host::Impl::begin_shutdown() {
 
 void Host::Impl::on_shutdown_timeout(uv_timer_t* t) {
   Impl* self = static_cast<Impl*>(t->loop->data);
+  self->loop_role.assert_here();
   for (auto& sh : self->shards)
     if (sh->worker)
       self->kill_worker(sh->worker, DeathCause::kRequested, "did not stop in time and was killed");
@@ -315,7 +285,7 @@ void Host::Impl::maybe_finish_shutdown() {
   uv_timer_stop(&shutdown_timer);
   uv_close(reinterpret_cast<uv_handle_t*>(&shutdown_timer), nullptr);
   {
-    std::lock_guard lock(wakeup_mu);
+    MutexLock lock(wakeup_mu);
     wakeup_open = false;
   }
   uv_close(reinterpret_cast<uv_handle_t*>(&wakeup), nullptr);
