@@ -308,6 +308,13 @@ bool parse_arm(const std::string& spec, ArmSpec* out, std::string* err) {
     HostOptions probe;
     if (!apply_knob(probe, out->knobs.back().first, out->knobs.back().second, err)) return false;
   }
+  // The whole arm must be a valid HostOptions (the rules Host::create enforces).
+  HostOptions probe;
+  for (const auto& [name, value] : out->knobs) apply_knob(probe, name, value, err);
+  if (Error e = validate(probe)) {
+    *err = "A/B arm '" + spec + "': " + e.message;
+    return false;
+  }
   return true;
 }
 

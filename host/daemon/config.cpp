@@ -293,7 +293,8 @@ std::string finalize_config(DaemonConfig* cfg) {
   if (!level_ok)
     return "daemon.log_level: expected trace, debug, info, warn, error, critical or off";
   if (cfg->socket.size() >= 108) return "daemon.socket: path longer than 107 bytes (sun_path)";
-  if (cfg->host.shards < 1 || cfg->host.shards > 64) return "host.shards: expected 1..64";
+  // The Host's own rules, the same ones Host::create enforces (outrun::validate).
+  if (Error e = validate(cfg->host)) return "[host]: " + e.message;
   if (cfg->max_client_queued_bytes < 4096 || cfg->max_client_queued_bytes > (std::size_t{1} << 40))
     return "daemon.max_client_queued_bytes: expected 4096..2^40";
   return {};

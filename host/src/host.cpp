@@ -150,8 +150,7 @@ uint64_t resident_bytes(int pid) {
   return n == 2 ? resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) : 0;
 }
 
-Error Host::create(const HostOptions& options, std::unique_ptr<Host>* out) {
-  out->reset();
+Error validate(const HostOptions& options) {
   if (options.shards < 1 || options.shards > 64)
     return {Status::invalid_argument, "shards must be 1..64"};
   if (options.timeout.count() <= 0) return {Status::invalid_argument, "timeout must be positive"};
@@ -179,6 +178,12 @@ Error Host::create(const HostOptions& options, std::unique_ptr<Host>* out) {
             "worker_address_space_limit must be 0 (none) or at least 64 MiB"};
   if (options.max_script_bytes == 0)
     return {Status::invalid_argument, "max_script_bytes must be positive"};
+  return {};
+}
+
+Error Host::create(const HostOptions& options, std::unique_ptr<Host>* out) {
+  out->reset();
+  if (Error err = validate(options)) return err;
   auto impl = std::make_unique<Impl>(options);
   if (Error err = impl->start()) {
     impl->shutdown();

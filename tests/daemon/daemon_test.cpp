@@ -347,6 +347,20 @@ TEST_CASE("outrund --check-config reads TOML and rejects unknown keys") {
   out = run("--check-config --config " + bad, &rc);
   CHECK(rc == 2);
   CHECK(out.find("unknown key host.shard") != std::string::npos);
+  // Each value in range, the whole not: the Host's own rules (outrun::validate) reject it, at
+  // --check-config already, not at start.
+  const std::string bad_host = dir + "/bad_host.toml";
+  std::ofstream(bad_host) << "[host]\nheartbeat_interval_ms = 500\nsilence_limit_ms = 400\n";
+  out = run("--check-config --config " + bad_host, &rc);
+  CHECK(rc == 2);
+  CHECK_MESSAGE(out.find("heartbeat_interval must be positive and below silence_limit") !=
+                    std::string::npos,
+                out);
+  std::ofstream(bad_host) << "[host]\nretries = 50\n";
+  out = run("--check-config --config " + bad_host, &rc);
+  CHECK(rc == 2);
+  CHECK_MESSAGE(out.find("retries must be 0..10") != std::string::npos, out);
+  std::remove(bad_host.c_str());
   std::remove(good.c_str());
   std::remove(bad.c_str());
   rmdir(dir.c_str());

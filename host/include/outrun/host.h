@@ -31,15 +31,16 @@ struct HostOptions {
   LogSink log;
 
   // Soft limit per evaluation, counted from when the worker starts running it (not from when it
-  // was queued): the worker interrupts the script and answers `timeout`.
+  // was queued): the worker interrupts the script and answers `timeout`. Positive.
   std::chrono::milliseconds timeout{100};
 
   // Extra time after `timeout` before the host gives up on the worker: an evaluation with no
-  // answer by timeout + grace gets its worker's process group killed and ends `killed`.
+  // answer by timeout + grace gets its worker's process group killed and ends `killed`. >= 0.
   std::chrono::milliseconds grace{100};
 
   // Bytes one script's Lua state may hold (its globals, strings, tables, the compiled chunk).
-  // Exceeding it ends the evaluation `memory_limit`; the worker goes on serving others.
+  // Exceeding it ends the evaluation `memory_limit`; the worker goes on serving others. At least
+  // 256 KiB (the sandbox's libraries need it).
   std::size_t memory_limit = 16u << 20;
 
   // Bytes all script states of one worker may hold together (design/sandbox.md, "The worker's
@@ -57,15 +58,16 @@ struct HostOptions {
 
   // Process-wide backstop per worker (RLIMIT_AS, bytes of address space): should a worker's
   // memory still blow up past every per-script cap (a leak, an interpreter bug), its allocations
-  // fail, and a worker that cannot go on dies and is restarted like any other crash. 0 = none.
+  // fail, and a worker that cannot go on dies and is restarted like any other crash. 0 = none,
+  // else at least 64 MiB.
   // Not applied in sanitizer builds (their shadow memory reserves terabytes).
   std::size_t worker_address_space_limit = std::size_t{4} << 30;
 
   // Workers back their heaps with 2 MiB pages where the kernel allows (mimalloc's large OS pages,
-  // transparent huge pages). A new Lua state touches ~11 KB of fresh memory and each page fault
-  // is expensive on VMs: a worker compiling 1,000 scripts after a restart faults ~4,500 small
-  // pages and a handful of large ones (outrun-perf warm restart 128 -> 77 ms on the test VM), at
-  // the cost of ~3.4 MB more idle RSS per worker (4.8 -> 8.2 MB) (design/budgets.md).
+  // transparent huge pages). A new Lua state touches ~14 KB of fresh memory and each page fault
+  // is expensive on VMs: a worker compiling 1,000 scripts after a restart faults ~3,500 small
+  // pages, or a handful of large ones (outrun-perf warm restart 126 -> 67 ms on the test VM), at
+  // the cost of ~3.4 MB more idle RSS per worker (4.8 -> 8.2 MB) (design/budgets.md, D20).
   bool worker_large_pages = false;
 
   // Benchmarks only (outrun-perf --profile): when not empty, each worker writes a gperftools CPU
@@ -93,7 +95,7 @@ struct HostOptions {
   // again); a key registered again with a new source keeps its old record while a handle or an
   // evaluation uses it, and unregister_script frees a record the same way. A registration that
   // would pass this fails `unavailable`; one of a script already held (same key, same source)
-  // never does.
+  // never does. Positive.
   std::size_t max_script_bytes = std::size_t{256} << 20;
 
   // Evaluations accepted for a shard whose worker is restarting, before they are answered
@@ -107,6 +109,7 @@ struct HostOptions {
   // Liveness: each worker's heartbeat thread writes its status page this often; a worker
   // whose heartbeat is older than `silence_limit` (frozen, or stopped with SIGSTOP) is killed and
   // restarted. Independent of the pipes: a worker blocked writing results to a busy host is alive.
+  // heartbeat_interval positive and below silence_limit.
   std::chrono::milliseconds heartbeat_interval{100};
   std::chrono::milliseconds silence_limit{2000};
 
@@ -116,6 +119,7 @@ struct HostOptions {
   // Innocent bystanders: evaluations lost with a worker that was killed for another evaluation's
   // overrun, for silence or on request are sent again, this many times, to the restarted worker.
   // The evaluation a worker was running when it crashed is never retried (it may be the cause).
+  // 0..10.
   int retries = 1;
 
   // Crash loop: when a shard's worker has crashed (died of a signal the host did not send,
@@ -124,7 +128,9 @@ struct HostOptions {
   // below), the shard stops restarting: its evaluations end `unavailable` at once, with the
   // reason, until `crash_loop_cooldown` has passed. Kills the host decided (T+G overruns,
   // silence, drills) do not count: a runaway script must not take its shard's other scripts down
-  // with it.
+  // with it. A worker that exits with a code that will not change by restarting it (64: bad
+  // command line, 79: cannot confine itself) puts the shard in its crash loop at once.
+  // crash_loop_limit: at least 1.
   int crash_loop_limit = 5;
   std::chrono::milliseconds crash_loop_window{10000};
   std::chrono::milliseconds crash_loop_cooldown{30000};
@@ -140,6 +146,10 @@ struct HostOptions {
   int quarantine_after = 2;
   std::chrono::milliseconds quarantine_cooldown{60000};
 };
+
+// Every limit Host::create enforces, and only those (each is written next to its option above):
+// the error names the option. outrund's config and outrun-perf's arms check with it too.
+Error validate(const HostOptions& options);
 
 // State and counters of one shard, for tests, the CLI and the perf harness.
 struct ShardStats {
@@ -182,10 +192,19 @@ struct ScriptCrashStats {
   int64_t quarantine_left_ms = 0;  // how long that lasts (0: not quarantined)
 };
 
+// Thread-safe: every member may be called from any thread, concurrently, including from inside
+// a callback (which runs on a shard's dispatcher thread, never on the caller's). Not copyable or
+// movable: the workers, the loop thread and the dispatchers belong to this object.
+// Preconditions: a `Script` passed in comes from this Host's register_script (another runner's
+// handle, or an empty one, ends `invalid_argument`); the Host outlives no callback (the
+// destructor waits until every callback has run).
 class Host final : public Runner {
  public:
-  // Validates `options`, starts the workers and waits for their hello. On failure returns the
-  // error and leaves *out empty.
+  Host(const Host&) = delete;
+  Host& operator=(const Host&) = delete;
+
+  // Validates `options` (validate() below), starts the workers and waits for their hello. On
+  // failure returns the error and leaves *out empty.
   static Error create(const HostOptions& options, std::unique_ptr<Host>* out);
 
   // Stops: pending evaluations finish or end `cancelled`, workers exit (message, then

@@ -15,11 +15,11 @@ enum class Status : uint8_t {
   runtime_error,     // the script raised an error or returned an unsupported value
   timeout,           // soft timeout: the worker interrupted the script at T
   killed,            // this evaluation overran T+G; its worker was killed
-  memory_limit,      // the script's state reached Options::memory_limit
+  memory_limit,      // the script's state reached HostOptions::memory_limit
   busy,              // single flight: this key already has an evaluation in flight
   worker_lost,       // its worker died for another reason (crash, another script's overrun, ...)
-  unavailable,       // no worker could take it (shard down, host stopping)
-  cancelled,         // the host shut down before it could finish
+  unavailable,       // no worker could take it (crash loop, queue full while down, no daemon)
+  cancelled,         // the runner shut down (or outrund's client left) before it could finish
   invalid_argument,  // bad script handle, inputs too large or too deep, ...
 };
 
