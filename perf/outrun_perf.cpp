@@ -761,7 +761,7 @@ bool scripts_section(const Options& o, const HostOptions& ho, Figs& f) {
     t0 = mono_ns();
     std::vector<Script> local(on0.size());
     for (std::size_t k = 0; k < on0.size(); ++k) {
-      ip.register_script(on0[k].key(), on0[k].record()->source, &local[k]);
+      ip.register_script(on0[k].key(), on0[k].source(), &local[k]);
       wrong += ip.run(local[k], {{"a", 2}, {"b", 0}}).status != Status::ok;
     }
     f["scripts.inproc_cold_ms"] = ms(mono_ns() - t0);

@@ -980,10 +980,10 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
                                    admit);
       uint32_t handle = 0;
       if (!e) {
-        const uint32_t id = script.record()->id;
+        const uint32_t id = script.id();
         if (scripts_.size() <= id) scripts_.resize(id + 1);
         auto& slot = scripts_[id];
-        if (!slot || slot->script.record() != script.record()) {
+        if (!slot || !(slot->script == script)) {
           // A new record (an index whose entry is a tombstone, or a new one).
           auto entry = std::make_shared<ScriptEntry>();
           entry->gen = slot ? (slot->gen + 1) & ((1u << (32 - kHandleIdBits)) - 1) : 0;

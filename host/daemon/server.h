@@ -205,7 +205,7 @@ class Server {
   // Drops the daemon's handle of an entry (unregister) and its quota charge.
   void drop_entry(ScriptEntry& e);
   static uint32_t handle_of(const ScriptEntry& e) {
-    return e.gen << kHandleIdBits | e.script.record()->id;
+    return e.gen << kHandleIdBits | e.script.id();
   }
 
   DaemonConfig cfg_;

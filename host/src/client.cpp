@@ -1,6 +1,7 @@
 // outrun::Client: Runner over a Unix socket to outrund. One reader thread completes results;
 // callers write their own frames (one writer at a time, frames queued meanwhile are merged into
 // the next send). Design: design/daemon.md.
+#include "script_record.h"
 #include "outrun/client.h"
 
 #include <flatbuffers/flatbuffers.h>

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "outrun/runner.h"
+#include "script_record.h"
 #include "outrun/status.h"
 #include "outrun/value.h"
 
@@ -164,6 +165,29 @@ bool parse_datetime(std::string_view text, DateTime* out) {
   const int64_t secs = days * 86400 + h * 3600 + mi * 60 + se - offset_s;
   *out = DateTime::from_unix_micros(secs * 1000000 + frac_us);
   return true;
+}
+
+void detail::retain_script_record(const detail::ScriptRecord* rec) {
+  rec->refs.fetch_add(1, std::memory_order_relaxed);
+}
+
+const std::string& Script::key() const {
+  return rec_->key;
+}
+const std::string& Script::source() const {
+  return rec_->source;
+}
+const std::array<uint8_t, 32>& Script::sha256() const {
+  return rec_->sha256;
+}
+uint32_t Script::shard() const {
+  return rec_->shard;
+}
+uint32_t Script::id() const {
+  return rec_->id;
+}
+bool Script::registered() const {
+  return rec_ && !rec_->unregistered.load(std::memory_order_relaxed);
 }
 
 std::string Script::sha256_hex() const {

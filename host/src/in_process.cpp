@@ -1,3 +1,4 @@
+#include "script_record.h"
 #include "outrun/in_process.h"
 
 #include <lua.hpp>

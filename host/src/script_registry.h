@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "outrun/runner.h"
+#include "script_record.h"
 
 namespace outrun::detail {
 

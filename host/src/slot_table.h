@@ -10,6 +10,7 @@
 
 #include "completion.h"
 #include "outrun/runner.h"
+#include "script_record.h"
 
 namespace outrun::detail {
 

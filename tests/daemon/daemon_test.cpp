@@ -503,7 +503,7 @@ TEST_CASE(
     std::vector<flatbuffers::Offset<wire::Input>> ins;
     for (int i = 0; i < inputs; ++i)
       ins.push_back(wire::CreateInput(f, f.CreateString("i" + std::to_string(i)), value));
-    auto ev = wire::CreateEvaluation(f, id, s.record()->id, 0, 0, 0, 0, f.CreateVector(ins));
+    auto ev = wire::CreateEvaluation(f, id, s.id(), 0, 0, 0, 0, f.CreateVector(ins));
     auto body = wire::CreateEvaluate(f, f.CreateVector(&ev, 1));
     f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Evaluate, body.Union()));
     REQUIRE(write(fd, f.GetBufferPointer(), f.GetSize()) == static_cast<ssize_t>(f.GetSize()));

@@ -1,0 +1,51 @@
+// What a runner keeps per registered script (opaque in the public runner.h).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "outrun/runner.h"
+
+namespace outrun::detail {
+struct RegistryShared;  // script_registry.h
+
+// What a runner keeps per registered script. Immutable after registration (but for `refs` and
+// `unregistered`). Reference counted: the runner's registry holds one reference while the
+// script is registered under its key, every Script handle and every evaluation in flight one
+// more; the record is freed (and its bytes leave the registry's account) with the last one.
+struct ScriptRecord {
+  const void* owner = nullptr;  // the runner that registered it
+  uint32_t id = 0;              // dense, per runner; reused after the record is freed
+  uint32_t key_id = 0;          // dense, per key (re-registering a key keeps it): single flight
+  uint32_t shard = 0;           // stable hash of the key mod shards, computed once
+  std::string key;
+  std::string source;
+  std::array<uint8_t, 32> sha256{};      // of `source`, computed once at registration
+  std::string chunk_name;                // how errors name the script ("key:3: ...")
+  void* engine = nullptr;                // runner-private (InProcess: the script's Lua state)
+  void (*free_engine)(void*) = nullptr;  // frees `engine` with the record
+  std::size_t bytes = 0;                 // what it costs in the registry's account
+  mutable std::atomic<uint32_t> refs{0};
+  std::atomic<bool> unregistered{false};     // evaluations of it end `invalid_argument`
+  std::shared_ptr<RegistryShared> registry;  // null: freed by the last reference alone
+
+  // Crashes of a worker while it ran this script (Host only; design/supervision.md "Crash
+  // attribution"). Written by the host's loop thread only, read by any thread; times are
+  // CLOCK_MONOTONIC ns. Mutable: they describe what the script did, not what it is, and a new
+  // source under the key is a new record with none of them.
+  mutable std::atomic<uint32_t> crashes{0};         // all crashes charged to it
+  mutable std::atomic<uint32_t> window_crashes{0};  // of them, since first_crash_ns
+  mutable std::atomic<int64_t> first_crash_ns{0};   // start of the current crash window
+  mutable std::atomic<int64_t> last_crash_ns{0};
+  mutable std::atomic<int32_t> last_crash{0};  // its exit: signal, or exit code << 8
+  // Quarantined until then (0: not quarantined): its evaluations end `runtime_error` before any
+  // worker sees them. Set by the loop thread; cleared by the first evaluation after it passed.
+  mutable std::atomic<int64_t> quarantined_until_ns{0};
+};
+
+
+}  // namespace outrun::detail
