@@ -20,7 +20,7 @@
 
 namespace outrun::perf {
 
-LatencyFig latency_of(const Histogram& h) {
+LatencyFig latency_of(const LatencyHistogram& h) {
   return {us(h.quantile(0.5)), us(h.quantile(0.99)), us(h.quantile(0.999)), us(h.max()), h.count()};
 }
 
@@ -106,7 +106,7 @@ LatencyFig pipe_round_trip(int iterations) {
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return {};
   const pid_t pid = fork_echo(sv[1], sv[1], sv[0]);
   close(sv[1]);
-  Histogram h;
+  LatencyHistogram h;
   char buf[kMsg] = {};
   for (int i = 0; i < iterations + 200; ++i) {
     const int64_t t0 = mono_ns();

@@ -7,7 +7,7 @@
 #include <functional>
 #include <vector>
 
-#include "histogram.h"
+#include "latency_histogram.h"
 
 namespace outrun::perf {
 
@@ -15,7 +15,7 @@ struct LatencyFig {
   double p50_us = 0, p99_us = 0, p999_us = 0, max_us = 0;
   uint64_t n = 0;
 };
-LatencyFig latency_of(const Histogram& h);
+LatencyFig latency_of(const LatencyHistogram& h);
 
 // Start/stop of a measured window (profilers hook in here).
 struct WindowHooks {

@@ -11,11 +11,10 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <vector>
 
-#include "histogram.h"
+#include "latency_histogram.h"
 
 namespace outrun::perf {
 
@@ -92,10 +91,7 @@ class Paced {
   void complete(int64_t i, bool correct) {
     const int64_t now = mono_ns();
     if (!correct) wrong_.fetch_add(1, std::memory_order_relaxed);
-    if (i >= first_measured_) {
-      std::lock_guard lock(mu_);
-      hist_.record(now - intended(i));
-    }
+    if (i >= first_measured_) hist_.record(now - intended(i));  // lock-free
     done_.fetch_add(1, std::memory_order_release);
   }
 
@@ -118,7 +114,7 @@ class Paced {
     return true;
   }
 
-  const Histogram& histogram() const { return hist_; }
+  const LatencyHistogram& histogram() const { return hist_; }
   int64_t wrong() const { return wrong_.load(); }
   int64_t done() const { return done_.load(); }
 
@@ -127,8 +123,7 @@ class Paced {
   int64_t first_measured_;
   int64_t total_;
   std::atomic<int64_t> t0_{0};  // set by run(), read by completing threads
-  std::mutex mu_;
-  Histogram hist_;
+  LatencyHistogram hist_;
   std::atomic<int64_t> done_{0};
   std::atomic<int64_t> wrong_{0};
 };

@@ -29,7 +29,7 @@
 #include <thread>
 
 #include "floors.h"
-#include "histogram.h"
+#include "latency_histogram.h"
 #include "measure.h"
 #include "outrun/host.h"
 #include "outrun/in_process.h"
@@ -330,7 +330,7 @@ struct IdleFig {
 // Sequential round trips through futures (the caller waits for each).
 IdleFig idle_latency(Runner& r, const std::vector<Script>& s, int iterations, int64_t* wrong,
                      const std::vector<int>& pids = {}) {
-  Histogram h;
+  LatencyHistogram h;
   Window w;
   w.pids = pids;
   for (int i = 0; i < iterations + 200; ++i) {
@@ -655,7 +655,7 @@ bool kill_section(const Options& o, HostOptions ho, Figs& f) {
                         &stuck);
   host->register_script("perf.ok", kScript, &ok);
   const int64_t tg = (int64_t{o.timeout_ms} + o.grace_ms) * 1'000'000;
-  Histogram after_tg, shard_kill;
+  LatencyHistogram after_tg, shard_kill;
   int64_t wrong = 0, checked = 0;
   for (int i = 0; i < o.kill_rounds; ++i) {
     wrong += !check(host->evaluate(ok, inputs_for(i)).get(), i);  // up and warm

@@ -359,7 +359,7 @@ LatencyFig redis_single_client(const RedisServer& server, const std::string& sha
     ++*wrong;
     return {};
   }
-  Histogram h;
+  LatencyHistogram h;
   std::string cmd;
   Reply r;
   std::atomic<bool> reported{false};

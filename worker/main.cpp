@@ -6,8 +6,9 @@
 //                 [--address-space-limit BYTES] [--profile FILE]
 //
 // Start-up order: die-with-host, close stray fds, map the status page, start the heartbeat
-// thread, (optionally) start the CPU profiler, then confine (confine.h) -- and only then read
-// the first frame. A worker that cannot confine itself exits without serving.
+// thread, a test build's hooks (hooks.h), (optionally) start the CPU profiler, then confine
+// (confine.h) -- and only then read the first frame. A worker that cannot confine itself exits
+// without serving.
 #include <dlfcn.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
@@ -180,20 +181,9 @@ int main(int argc, char** argv) {
     started.wait(false);
   }
 
-  if (const char* fault = std::getenv("OUTRUN_TEST_FAULT"); fault && *fault) {
-    std::string crash_at_start, err;
-    if (!parse_test_faults(fault, &opts.faults, &opts.crash_on_source, &crash_at_start, &err)) {
-      spdlog::error("OUTRUN_TEST_FAULT: {}", err);
-      std::fflush(stderr);
-      _exit(kExitUsage);
-    }
-    spdlog::warn("test faults '{}' are enabled", fault);
-    if (!crash_at_start.empty() && ::access(crash_at_start.c_str(), F_OK) == 0) {
-      spdlog::warn("test fault: '{}' exists, so this worker dies at start", crash_at_start);
-      std::fflush(stderr);
-      _exit(70);
-    }
-  }
+  // A test build's hooks (hooks.h): outrun-worker has none; outrun-test-worker reads its test
+  // faults here, while it may still look at files.
+  opts.hooks = start_hooks();
 
   // From here on the heartbeat thread runs: leave with _exit, never through static destructors.
   if (!profile_file.empty() &&

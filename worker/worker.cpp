@@ -1,18 +1,13 @@
 #include "worker.h"
 
-#include <fcntl.h>
-#include <signal.h>
 #include <spdlog/spdlog.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <lua.hpp>
-#include <new>
 
 #include "lua_values.h"
 #include "wire_values.h"
@@ -24,61 +19,6 @@ namespace {
 void bump(std::atomic<uint64_t>* c) {
   if (c) c->fetch_add(1, std::memory_order_relaxed);
 }
-// TestFault::kEscape: what a script that broke out of Lua would try next. Each attempt must be
-// stopped by confinement; if one ever returns, the worker says so loudly and exits 70, which no
-// test accepts.
-void attempt_escape(const wire::Evaluation* e) {
-  const auto* inputs = e->inputs();
-  if (!inputs) return;
-  for (const wire::Input* in : *inputs) {
-    if (in->name()->string_view() != "escape" || !in->value() || !in->value()->string_value())
-      continue;
-    const std::string_view what = in->value()->string_value()->string_view();
-    spdlog::warn("test fault: trying '{}'", what);
-    if (what == "open") {
-      const int fd = ::open("/etc/hostname", O_RDONLY);
-      spdlog::error("test fault: open returned {}", fd);
-    } else if (what == "socket") {
-      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-      spdlog::error("test fault: socket returned {}", fd);
-    } else if (what == "fork") {
-      const pid_t pid = ::fork();
-      if (pid == 0) _exit(0);
-      spdlog::error("test fault: fork returned {}", pid);
-    } else if (what == "exec") {
-      char* const argv[] = {const_cast<char*>("/bin/true"), nullptr};
-      ::execve("/bin/true", argv, nullptr);
-      spdlog::error("test fault: execve returned");
-    } else if (what == "mmap-exec") {
-      void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      spdlog::error("test fault: mmap(PROT_EXEC) returned {}", p);
-    } else if (what == "kill-host") {
-      const int rc = ::kill(getppid(), SIGKILL);
-      spdlog::error("test fault: kill returned {}", rc);
-    } else if (what == "blow-up") {
-      // Memory no script's account sees, touched so it is really used: the address-space
-      // backstop makes an allocation fail, and operator new's bad_alloc ends the process.
-      for (;;) {
-        auto* p = new char[8u << 20];
-        std::memset(p, 1, 8u << 20);
-      }
-    } else {
-      continue;
-    }
-    std::fflush(stderr);
-    _exit(70);
-  }
-}
-
-// The value of the string input `name`, or "" (test faults only: a linear scan).
-std::string_view string_input(const wire::Evaluation* e, std::string_view name) {
-  if (!e->inputs()) return {};
-  for (const wire::Input* in : *e->inputs())
-    if (in->name()->string_view() == name && in->value() && in->value()->string_value())
-      return in->value()->string_value()->string_view();
-  return {};
-}
-
 // The soft timeout in nanoseconds. timeout_us comes from the host's frame and may be any u64:
 // past 2^40 us (12.7 days) it is saturated, so that neither `* 1000` nor the deadline
 // (start + timeout) can overflow int64 -- undefined behaviour that in practice put the
@@ -89,37 +29,6 @@ int64_t timeout_ns(uint64_t timeout_us) {
 }
 
 }  // namespace
-
-bool parse_test_faults(std::string_view list, uint32_t* faults, std::string* crash_on_source,
-                       std::string* crash_at_start, std::string* err) {
-  while (!list.empty()) {
-    const std::size_t comma = list.find(',');
-    const std::string_view name = list.substr(0, comma);
-    list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
-    constexpr std::string_view kCrash = "crash-at-start=";
-    constexpr std::string_view kCrashOnSource = "crash-on-source=";
-    if (name == "forget-scripts") {
-      *faults |= kFaultForgetScripts;
-    } else if (name == "need-source-loop") {
-      *faults |= kFaultNeedSourceLoop;
-    } else if (name == "escape") {
-      *faults |= kFaultEscape;
-    } else if (name == "garbage") {
-      *faults |= kFaultGarbage;
-    } else if (name.starts_with(kCrashOnSource) && name.size() > kCrashOnSource.size()) {
-      *faults |= kFaultCrashOnSource;
-      *crash_on_source = name.substr(kCrashOnSource.size());
-    } else if (name.starts_with(kCrash) && name.size() > kCrash.size()) {
-      *crash_at_start = name.substr(kCrash.size());
-    } else {
-      *err = "unknown test fault '" + std::string(name) +
-             "' (forget-scripts, need-source-loop, escape, garbage, crash-on-source=MARKER, "
-             "crash-at-start=PATH)";
-      return false;
-    }
-  }
-  return true;
-}
 
 Worker::Worker(const WorkerOptions& options) : opts_(options) {
   if (opts_.out_fd < 0) opts_.out_fd = opts_.fd;
@@ -214,10 +123,8 @@ int Worker::run() {
     }
     if (!flush()) return kExitIo;
     if (shutdown_) return kExitOk;
-    if (opts_.faults & kFaultForgetScripts) {
-      for (uint32_t id = 0; id < scripts_.size(); ++id)
-        if (scripts_[id]) drop_script(id);
-    }
+    if (opts_.hooks && opts_.hooks->batch_done) [[unlikely]]
+      opts_.hooks->batch_done(*this);
   }
 }
 
@@ -304,34 +211,11 @@ void Worker::mark_running(uint64_t id) {
   }
 }
 
-bool Worker::test_fault(const wire::Evaluation* e) {
-  if (opts_.faults & kFaultNeedSourceLoop) {
-    add_result(e->id(), wire::Status::NeedSource, 0, {});
-    return true;
-  }
-  if (opts_.faults & kFaultEscape) {
-    mark_running(e->id());  // so the host knows which evaluation was running when it died
-    attempt_escape(e);
-  }
-  if (opts_.faults & kFaultGarbage) {
-    if (const std::string_view what = string_input(e, "garbage"); !what.empty())
-      return write_garbage(e, what);
-  }
-  if ((opts_.faults & kFaultCrashOnSource) && e->source() &&
-      e->source()->string_view().find(opts_.crash_on_source) != std::string_view::npos) {
-    flush();                // what came before is delivered: only `e` is the crash's suspect
-    mark_running(e->id());  // so the host knows which evaluation was running when it died
-    spdlog::warn("test fault: crashing on the source of evaluation {}", e->id());
-    std::fflush(stderr);
-    ::raise(SIGSEGV);
-  }
-  return false;
-}
-
 void Worker::evaluate(const wire::Evaluation* e) {
   protocol::StatusPage* page = opts_.page;
-  if (opts_.faults != 0 && test_fault(e)) [[unlikely]]  // one compare when no fault is set
-    return;
+  if (const Hooks* h = opts_.hooks) [[unlikely]] {  // one compare in outrun-worker (hooks.h)
+    if (h->evaluation && h->evaluation(*this, e)) return;
+  }
   Script* s = script_for(e);
   if (!s) {
     add_result(
@@ -384,36 +268,6 @@ void Worker::evaluate(const wire::Evaluation* e) {
     return;
   }
   add_result(e->id(), wire::Status::Ok, value, {});
-}
-
-// TestFault kFaultGarbage: writes the garbage, then stops serving and waits to be killed, so
-// that when the host reads the garbage, `e` is still the evaluation its page says is running.
-// Returns only for a kind it does not know (false: `e` is evaluated as usual).
-bool Worker::write_garbage(const wire::Evaluation* e, std::string_view what) {
-  const bool raw = what == "bad-length" || what == "bad-flatbuffer";
-  if (!raw && what != "unknown-id" && what != "bad-status" && what != "duplicate") return false;
-  flush();  // what came before is delivered; the stream breaks after it
-  mark_running(e->id());
-  spdlog::warn("test fault: writing '{}' to the host", what);
-  if (raw) {
-    uint8_t bytes[4 + 24];
-    std::memset(bytes, 0xAB, sizeof bytes);
-    const uint32_t size = what == "bad-length" ? 0xFFFFFFF0u : 24u;  // little-endian prefix
-    for (int i = 0; i < 4; ++i) bytes[i] = static_cast<uint8_t>(size >> (8 * i));
-    write_all(bytes, sizeof bytes);
-  } else {
-    if (what == "unknown-id") {
-      add_result(e->id() + (uint64_t{1} << 40), wire::Status::Ok, 0, {});
-    } else if (what == "bad-status") {
-      add_result(e->id(), wire::Status::Cancelled, 0, {});
-    } else {
-      add_result(e->id(), wire::Status::RuntimeError, 0, "test fault: the first of two answers");
-      results_.push_back(results_.back());
-    }
-    flush();
-  }
-  std::fflush(stderr);
-  for (;;) ::usleep(100'000);  // the host kills it for what it read
 }
 
 bool Worker::flush() {

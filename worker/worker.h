@@ -11,45 +11,12 @@
 #include <string_view>
 #include <vector>
 
+#include "hooks.h"
 #include "outrun/protocol/frame.h"
 #include "outrun/protocol/status_page.h"
 #include "sandbox.h"
 
 namespace outrun::worker {
-
-// Test-only misbehaviour, enabled by OUTRUN_TEST_FAULT in the worker's environment (never set in
-// production; the host does not set it): a comma-separated list of the names below. Lets tests and
-// `outrun drill` drive the host's recovery paths with a real worker. Bits of
-// WorkerOptions::faults.
-enum TestFault : uint32_t {
-  kFaultForgetScripts = 1u << 0,   // "forget-scripts": drop every compiled script after each
-                                   // batch -> NeedSource
-  kFaultNeedSourceLoop = 1u << 1,  // "need-source-loop": answer NeedSource to every evaluation,
-                                   // even with source
-  // "escape": an evaluation with a string input named "escape" first tries what it names, after
-  // confinement: "open", "socket", "fork", "exec", "mmap-exec", "kill-host" (each must be killed
-  // by the seccomp filter), or "blow-up" (allocates outside every script's account until the
-  // address-space backstop makes it fail).
-  kFaultEscape = 1u << 2,
-  // "garbage": an evaluation with a string input named "garbage" makes the worker write what it
-  // names to the host, then stop serving until it is killed: "bad-length" (a size prefix past
-  // the frame limit), "bad-flatbuffer" (a well-sized frame that fails verification),
-  // "unknown-id" (a result for an evaluation it was never sent), "duplicate" (two answers to
-  // it, the first a RuntimeError), "bad-status" (a status only the host may give). The host must
-  // take each for a protocol violation.
-  kFaultGarbage = 1u << 3,
-  // "crash-on-source=MARKER": an evaluation that carries a source containing MARKER makes the
-  // worker raise SIGSEGV as it starts running it (the evaluation is on the status page), like an
-  // interpreter bug the script reaches: the crash-attribution path. Every worker sees a source
-  // it does not hold, so the crash repeats on each new worker. WorkerOptions::crash_on_source.
-  kFaultCrashOnSource = 1u << 4,
-  // "crash-at-start=PATH" is handled in main.cpp: while PATH exists, the worker exits 70 before
-  // it says hello (a worker that cannot start: the crash-loop path).
-};
-// Parses OUTRUN_TEST_FAULT's list into `faults`, the crash-on-source marker and the
-// crash-at-start path; false (with the offending name in *err) for a name it does not know.
-bool parse_test_faults(std::string_view list, uint32_t* faults, std::string* crash_on_source,
-                       std::string* crash_at_start, std::string* err);
 
 // HostOptions::worker_script_budget's default (the reason is written there).
 inline constexpr std::size_t kDefaultScriptBudget = std::size_t{192} << 20;
@@ -57,13 +24,12 @@ inline constexpr std::size_t kDefaultScriptBudget = std::size_t{192} << 20;
 struct WorkerOptions {
   int fd = 3;       // frames from the host arrive here (a stream socket, blocking)
   int out_fd = -1;  // results go to the host here; -1: the same socket as `fd`
-  uint32_t faults = 0;  // TestFault bits
-  std::string crash_on_source;           // kFaultCrashOnSource: the marker
   std::size_t memory_limit = 16u << 20;  // per script state
   // All script states together (HostOptions::worker_script_budget): least recently used idle
   // states are closed to stay under it (design/sandbox.md, "The worker's script budget").
   std::size_t script_budget = kDefaultScriptBudget;
   protocol::StatusPage* page = nullptr;  // shared with the host; may be null (tests)
+  const Hooks* hooks = nullptr;          // a test build's (hooks.h); null in outrun-worker
 };
 
 // Exit codes. The host reads them to tell causes apart.
@@ -85,6 +51,18 @@ class Worker {
   explicit Worker(const WorkerOptions& options);
   int run();
 
+  // What the hooks of a test build (hooks.h) may do besides evaluating.
+  void answer(uint64_t id, wire::Status status, std::string_view error) {  // queues a result
+    add_result(id, status, 0, error);
+  }
+  bool flush();                    // writes the queued results
+  void mark_running(uint64_t id);  // on the status page: T counts from now
+  bool write_raw(const uint8_t* data, std::size_t size) { return write_all(data, size); }
+  void drop_all_scripts() {  // as though the host had forgotten every one
+    for (uint32_t id = 0; id < scripts_.size(); ++id)
+      if (scripts_[id]) drop_script(id);
+  }
+
  private:
   // Recency of the scripts held: an intrusive circular list through a sentinel, most recently
   // evaluated first, so that touching and evicting are O(1).
@@ -102,9 +80,6 @@ class Worker {
   bool send_hello();
   void handle(const wire::Frame* frame);
   void evaluate(const wire::Evaluation* e);
-  bool test_fault(const wire::Evaluation* e);  // true: `e` is dealt with
-  bool write_garbage(const wire::Evaluation* e, std::string_view what);  // kFaultGarbage
-  void mark_running(uint64_t id);  // on the status page: T counts from now
   Script* script_for(const wire::Evaluation* e);
   void touch(Script* s);          // most recently used now
   void drop_script(uint32_t id);  // closes its state; its next evaluation answers NeedSource
@@ -114,7 +89,6 @@ class Worker {
   static bool reclaim(void* self, const sandbox::MemoryAccount* asking, std::size_t bytes);
   void add_result(uint64_t id, wire::Status status, flatbuffers::Offset<wire::Value> value,
                   std::string_view error);
-  bool flush();
   bool write_all(const uint8_t* data, std::size_t size);
 
   WorkerOptions opts_;

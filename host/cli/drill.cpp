@@ -5,9 +5,7 @@
 #include "drill.h"
 
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,9 +23,9 @@
 #include <optional>
 #include <thread>
 
+#include "daemon_process.h"
+#include "latency_histogram.h"
 #include "outrun/client.h"
-
-extern char** environ;
 
 namespace outrun::cli {
 
@@ -82,7 +80,7 @@ struct Ev {
   uint16_t script = 0;
 };
 
-// The private outrund: a temporary directory with its config, socket and log.
+// The private outrund (daemon_process.h): a temporary directory with its config, socket and log.
 class PrivateDaemon {
  public:
   // Its directory goes with it, unless keep() was called or it did not stop cleanly.
@@ -93,21 +91,17 @@ class PrivateDaemon {
 
   // The temporary directory for its config, socket, log (and the drill's files).
   bool make_dir(std::string* err) {
-    char tmpl[] = "/tmp/outrun-drill-XXXXXX";
-    if (!mkdtemp(tmpl)) {
-      *err = std::string("mkdtemp: ") + std::strerror(errno);
-      return false;
-    }
-    dir_ = tmpl;
+    dir_ = make_temp_dir("outrun-drill", err);
+    if (dir_.empty()) return false;
     socket_ = dir_ + "/outrund.sock";
     log_ = dir_ + "/outrund.log";
     return true;
   }
 
-  // Starts `binary` with `toml` as its config and `fault` in OUTRUN_TEST_FAULT; waits until its
-  // socket accepts a client.
+  // Starts `binary` with `toml` as its config, `fault` in OUTRUN_TEST_FAULT and, if not empty,
+  // `worker` as its worker; waits until its socket accepts a client.
   bool start(const std::string& binary, const std::string& host_toml, const std::string& fault,
-             std::string* err) {
+             const std::string& worker, std::string* err) {
     const std::string config = dir_ + "/outrund.toml";
     {
       std::ofstream f(config);
@@ -119,69 +113,28 @@ class PrivateDaemon {
         return false;
       }
     }
-    std::vector<std::string> env;
-    for (char** e = environ; *e; ++e)
-      if (std::strncmp(*e, "OUTRUN_TEST_FAULT=", 18) != 0) env.emplace_back(*e);
-    if (!fault.empty()) env.push_back("OUTRUN_TEST_FAULT=" + fault);
-    std::vector<char*> envp;
-    for (auto& s : env) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    std::string b = binary, c = "--config", cf = config;
-    char* argv[] = {b.data(), c.data(), cf.data(), nullptr};
-    // fork+exec rather than posix_spawn, for PR_SET_PDEATHSIG: a drill that is killed takes its
-    // daemon with it (SIGTERM: it drains and stops its workers). No thread runs yet here.
-    const pid_t parent = getpid();
-    pid_ = fork();
-    if (pid_ < 0) {
-      *err = std::string("fork: ") + std::strerror(errno);
+    DaemonLaunch launch;
+    launch.binary = binary;
+    launch.args = {"--config", config};
+    if (!worker.empty()) launch.args.insert(launch.args.end(), {"--worker", worker});
+    launch.socket = socket_;
+    launch.env = {fault.empty() ? "OUTRUN_TEST_FAULT" : "OUTRUN_TEST_FAULT=" + fault};
+    // A drill that is killed takes its daemon with it (SIGTERM: it drains and stops its workers).
+    launch.death_signal = SIGTERM;
+    if (!process_.start(launch, err)) {
+      *err += "; its log: " + log_;
+      keep_ = true;
       return false;
     }
-    if (pid_ == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (getppid() != parent) _exit(127);  // the drill died before prctl
-      execve(argv[0], argv, envp.data());
-      _exit(127);
-    }
-    for (int i = 0; i < 1000; ++i) {
-      ClientOptions o;
-      o.socket = socket_;
-      o.name = "outrun-drill-probe";
-      o.reply_timeout = std::chrono::milliseconds(1000);
-      std::unique_ptr<Client> probe;
-      if (!Client::connect(o, &probe)) return true;
-      int st = 0;
-      if (waitpid(pid_, &st, WNOHANG) == pid_) {
-        pid_ = -1;
-        *err = "outrund exited at start (" + describe(st) + "); its log: " + log_;
-        keep_ = true;
-        return false;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    *err = "outrund did not listen on " + socket_ + " within 10 s; its log: " + log_;
-    keep_ = true;
-    return false;
+    return true;
   }
 
   // SIGTERM, and its exit status ("exit 0" when it drained and stopped cleanly).
   std::string stop() {
-    if (pid_ <= 0) return exit_;
-    kill(pid_, SIGTERM);
-    int st = 0;
-    for (int i = 0; i < 3000; ++i) {
-      if (waitpid(pid_, &st, WNOHANG) == pid_) {
-        pid_ = -1;
-        exit_ = describe(st);
-        clean_exit_ = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, &st, 0);
-      pid_ = -1;
-      exit_ = "did not stop within 30 s of SIGTERM; killed";
+    if (process_.pid() > 0) {
+      const DaemonExit e = process_.stop(std::chrono::seconds(30));
+      clean_exit_ = e.clean();
+      exit_ = e.describe();
     }
     return exit_;
   }
@@ -193,12 +146,7 @@ class PrivateDaemon {
   const std::string& log() const { return log_; }
 
  private:
-  static std::string describe(int st) {
-    if (WIFEXITED(st)) return "exit " + std::to_string(WEXITSTATUS(st));
-    if (WIFSIGNALED(st)) return "killed by signal " + std::to_string(WTERMSIG(st));
-    return "status " + std::to_string(st);
-  }
-  pid_t pid_ = -1;
+  DaemonProcess process_;
   std::string dir_, socket_, log_, exit_ = "not started";
   bool keep_ = false;
   bool clean_exit_ = false;
@@ -228,6 +176,30 @@ std::string resolve_in_path(const std::string& name) {
   return name;
 }
 
+// outrun-test-worker, the worker with the test faults (tests/worker_faults/) that `garbage` and
+// `crash-loop` need: a build tree has it in bin/ next to outrun-worker; an installed outrun has
+// none (it is never installed). Looked for next to $OUTRUN_WORKER, next to the outrund the drill
+// starts (whose worker is next to it) and next to this outrun; "" when in none (`looked` says
+// where it looked).
+std::string find_test_worker(const std::string& outrund, std::string* looked) {
+  std::vector<std::filesystem::path> dirs;
+  if (const char* w = std::getenv("OUTRUN_WORKER"); w && *w)
+    dirs.push_back(std::filesystem::path(w).parent_path());
+  std::error_code ec;
+  dirs.push_back(std::filesystem::weakly_canonical(outrund, ec).parent_path());
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) dirs.push_back(self.parent_path());
+  std::vector<std::string> tried;
+  for (const auto& d : dirs) {
+    const std::string p = (d / "outrun-test-worker").string();
+    if (std::find(tried.begin(), tried.end(), p) != tried.end()) continue;
+    if (access(p.c_str(), X_OK) == 0) return p;
+    *looked += (tried.empty() ? "" : ", ") + p;
+    tried.push_back(p);
+  }
+  return {};
+}
+
 json shard_stats(Client& c) {
   std::string doc;
   if (c.shards_json(&doc)) return json::array();
@@ -239,26 +211,6 @@ json shard_stats(Client& c) {
 uint64_t cause_count(const json& shards, int shard, const char* cause) {
   if (!shards.is_array() || shard >= static_cast<int>(shards.size())) return 0;
   return shards[shard]["death_causes"].value(cause, uint64_t{0});
-}
-
-struct Quantiles {
-  std::size_t count = 0;
-  double p50_us = 0, p99_us = 0, max_us = 0;
-};
-
-Quantiles quantiles(std::vector<int64_t> ns) {
-  Quantiles q;
-  q.count = ns.size();
-  if (ns.empty()) return q;
-  std::sort(ns.begin(), ns.end());
-  auto at = [&](double p) {
-    return static_cast<double>(ns[std::min(ns.size() - 1, static_cast<std::size_t>(p * ns.size()))]) /
-           1e3;
-  };
-  q.p50_us = at(0.5);
-  q.p99_us = at(0.99);
-  q.max_us = static_cast<double>(ns.back()) / 1e3;
-  return q;
 }
 
 // Registers `key_prefix0`, `key_prefix1`, ... until one lands on `shard`.
@@ -290,14 +242,30 @@ class Drill {
                   << " (--outrund PATH)\n";
         return 3;
       }
+      std::string worker;
+      if (*info_.test_fault) {
+        std::string looked;
+        worker = find_test_worker(bin, &looked);
+        if (worker.empty()) {
+          std::cerr << "unavailable: the " << a_.name
+                    << " drill needs outrun-test-worker, the worker built with test faults, and "
+                       "there is none at "
+                    << looked
+                    << ". It is built in a build tree's bin/ next to outrun-worker and is never "
+                       "installed, so an installed outrun cannot run this drill: run it from a "
+                       "build tree (build/bin/outrun drill "
+                    << a_.name << ")\n";
+          return 3;
+        }
+      }
       if (!daemon_.make_dir(&err) ||
-          !daemon_.start(bin, private_host_toml(), private_fault(), &err)) {
+          !daemon_.start(bin, private_host_toml(), private_fault(), worker, &err)) {
         std::cerr << "unavailable: " << err << "\n";
         return 3;
       }
       socket = daemon_.socket();
-      daemon_desc = "private outrund (" + bin + "), " + std::to_string(a_.shards) + " shards, in " +
-                    daemon_.dir();
+      daemon_desc = "private outrund (" + bin + "), " + std::to_string(a_.shards) + " shards, " +
+                    (worker.empty() ? "" : "workers " + worker + ", ") + "in " + daemon_.dir();
     } else {
       daemon_desc = "outrund at " + socket;
     }
@@ -605,7 +573,7 @@ class Drill {
       *what = ok ? "shard 0's workers exited at start " + std::to_string(delta(0, "exited")) +
                        " times, it was in its crash loop, then it served again"
               : delta(0, "exited") == 0
-                  ? "shard 0's workers never exited at start (is OUTRUN_TEST_FAULT set?)"
+                  ? "shard 0's workers never exited at start (were they outrun-test-worker?)"
                   : "shard 0 never reached its crash loop";
       return ok;
     }
@@ -625,7 +593,7 @@ class Drill {
       }
       recovered_at = std::max(recovered_at, f);
     }
-    std::vector<int64_t> lat[3];  // before, during, after
+    LatencyHistogram lat[3];  // before, during, after (ns)
     for (std::size_t i = 0; i < submitted_; ++i) {
       const Ev& e = evs_[i];
       const uint32_t calls = e.calls.load(std::memory_order_acquire);
@@ -640,7 +608,7 @@ class Drill {
       const int phase = e.submit_ns < fault_ns_                       ? 0
                         : (recovered_at == 0 || e.submit_ns < recovered_at) ? 1
                                                                             : 2;
-      lat[phase].push_back(e.done_ns - e.submit_ns);
+      lat[phase].record(e.done_ns - e.submit_ns);
     }
     json fault_json = json::object();
     if (fault_ev_) {
@@ -667,9 +635,14 @@ class Drill {
 
     const char* phase_names[3] = {"before", "during", "after"};
     json latency = json::object();
-    Quantiles q[3];
+    struct {
+      uint64_t count;
+      double p50_us, p99_us, max_us;
+    } q[3];
     for (int p = 0; p < 3; ++p) {
-      q[p] = quantiles(lat[p]);
+      q[p] = {lat[p].count(), static_cast<double>(lat[p].quantile(0.5)) / 1e3,
+              static_cast<double>(lat[p].quantile(0.99)) / 1e3,
+              static_cast<double>(lat[p].max()) / 1e3};
       latency[phase_names[p]] = {{"count", q[p].count}, {"p50_us", q[p].p50_us},
                                  {"p99_us", q[p].p99_us}, {"max_us", q[p].max_us}};
     }
@@ -732,8 +705,9 @@ class Drill {
     std::printf("  latency       %-8s %8s %10s %10s %10s\n", "", "count", "p50 µs", "p99 µs",
                 "max µs");
     for (int p = 0; p < 3; ++p)
-      std::printf("                %-8s %8zu %10.0f %10.0f %10.0f\n", phase_names[p], q[p].count,
-                  q[p].p50_us, q[p].p99_us, q[p].max_us);
+      std::printf("                %-8s %8llu %10.0f %10.0f %10.0f\n", phase_names[p],
+                  static_cast<unsigned long long>(q[p].count), q[p].p50_us, q[p].p99_us,
+                  q[p].max_us);
     for (const auto& s : shards_after)
       std::printf("  shard %d       %s, %llu restarts%s%s\n", s["index"].get<int>(),
                   s["state"].get<std::string>().c_str(),
@@ -801,8 +775,8 @@ int run_drill(const DrillArgs& args) {
     if (*info->test_fault) {
       std::cerr << "invalid_argument: the " << args.name
                 << " drill needs workers started with the test fault '" << info->test_fault
-                << "', which a production outrund never has; run it without --socket (the drill "
-                   "then starts a private outrund)\n";
+                << "' (outrun-test-worker), which a production outrund never has; run it without "
+                   "--socket (the drill then starts a private outrund)\n";
       return 2;
     }
     if (args.shards_given) {

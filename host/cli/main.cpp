@@ -24,6 +24,7 @@
 
 #include "drill.h"
 #include "json_values.h"
+#include "latency_histogram.h"
 #include "outrun/client.h"
 #include "outrun/host.h"
 #include "outrun/in_process.h"
@@ -317,40 +318,29 @@ int run_bench(const BenchArgs& a) {
   const int per = std::max(1, a.count / a.clients);
   // Warm up: compile on the workers.
   for (int t = 0; t < a.clients; ++t) runner->evaluate(scripts[t], {{"a", 1}, {"b", 2}}).get();
-  std::vector<std::vector<uint32_t>> lat(a.clients);
+  LatencyHistogram lat;  // ns, recorded by every thread
   std::atomic<int> errors{0};
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> th;
   for (int t = 0; t < a.clients; ++t)
     th.emplace_back([&, t] {
-      lat[t].reserve(per);
       for (int i = 0; i < per; ++i) {
         const auto s = std::chrono::steady_clock::now();
         Result r = runner->evaluate(scripts[t], {{"a", i}, {"b", 1}}).get();
-        lat[t].push_back(static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                   std::chrono::steady_clock::now() - s)
-                                                   .count()));
+        lat.record(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::steady_clock::now() - s)
+                       .count());
         if (r.status != Status::ok || !(r.value == Value(int64_t{i} + 1))) errors.fetch_add(1);
       }
     });
   for (auto& x : th) x.join();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::vector<uint32_t> all;
-  for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
-  std::sort(all.begin(), all.end());
-  auto q = [&](double p) {
-    return all.empty()
-               ? 0.0
-               : all[std::min(all.size() - 1, static_cast<std::size_t>(p * all.size()))] / 1e3;
-  };
-  nlohmann::json j{{"mode", mode},
-                   {"clients", a.clients},
-                   {"evaluations", all.size()},
-                   {"errors", errors.load()},
-                   {"seconds", secs},
-                   {"per_second", all.size() / secs},
-                   {"p50_us", q(0.5)},
-                   {"p90_us", q(0.9)},
+  const uint64_t n = lat.count();
+  auto q = [&](double p) { return static_cast<double>(lat.quantile(p)) / 1e3; };
+  nlohmann::json j{{"mode", mode},     {"clients", a.clients},
+                   {"evaluations", n}, {"errors", errors.load()},
+                   {"seconds", secs},  {"per_second", static_cast<double>(n) / secs},
+                   {"p50_us", q(0.5)}, {"p90_us", q(0.9)},
                    {"p99_us", q(0.99)}};
   std::cout << j.dump() << "\n";
   return errors.load() == 0 ? 0 : 1;

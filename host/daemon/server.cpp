@@ -42,52 +42,6 @@ namespace protocol = outrun::protocol;
 #endif
 
 // ---------------------------------------------------------------------------------------------
-// Latency histogram
-
-int LatencyHistogram::bucket(uint64_t us) {
-  if (us < kSub) return static_cast<int>(us);
-  const int msb = 63 - std::countl_zero(us);  // >= 3
-  const int sub = static_cast<int>((us >> (msb - 3)) & (kSub - 1));
-  return std::min((msb - 2) * kSub + sub, kBuckets - 1);
-}
-
-uint64_t LatencyHistogram::upper(int b) {
-  if (b < kSub) return static_cast<uint64_t>(b);
-  const int msb = b / kSub + 2;
-  const uint64_t sub = static_cast<uint64_t>(b % kSub);
-  return ((uint64_t{kSub} + sub + 1) << (msb - 3)) - 1;
-}
-
-void LatencyHistogram::record(uint64_t us) {
-  b_[bucket(us)].fetch_add(1, std::memory_order_relaxed);
-  sum_.fetch_add(us, std::memory_order_relaxed);
-  uint64_t m = max_.load(std::memory_order_relaxed);
-  while (us > m && !max_.compare_exchange_weak(m, us, std::memory_order_relaxed)) {
-  }
-}
-
-uint64_t LatencyHistogram::count() const {
-  uint64_t n = 0;
-  for (const auto& b : b_) n += b.load(std::memory_order_relaxed);
-  return n;
-}
-
-uint64_t LatencyHistogram::quantile(double q) const {
-  std::array<uint64_t, kBuckets> snap;
-  uint64_t n = 0;
-  for (int i = 0; i < kBuckets; ++i) n += snap[i] = b_[i].load(std::memory_order_relaxed);
-  if (n == 0) return 0;
-  const uint64_t rank =
-      std::max<uint64_t>(1, static_cast<uint64_t>(q * static_cast<double>(n) + 0.999999));
-  uint64_t seen = 0;
-  for (int i = 0; i < kBuckets; ++i) {
-    seen += snap[i];
-    if (seen >= rank) return std::min(upper(i), max());
-  }
-  return max();
-}
-
-// ---------------------------------------------------------------------------------------------
 // Connection
 
 // One client. Shared by the loop (conns_, the poll handle) and every callback of an evaluation

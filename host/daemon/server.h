@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "config.h"
+#include "latency_histogram.h"
 #include "outrun/host.h"
 #include "outrun/tags.h"
 #include "registry_quota.h"
@@ -27,27 +28,6 @@
 namespace outrun::daemon {
 
 struct Conn;
-
-// Log-linear latency histogram in microseconds (8 buckets per power of two: <= 12.5% error),
-// lock-free: recorded on dispatcher threads, read by stats.
-class LatencyHistogram {
- public:
-  void record(uint64_t us);
-  // q in [0,1]; upper edge of the bucket holding the q-quantile (0 when empty).
-  uint64_t quantile(double q) const;
-  uint64_t count() const;
-  uint64_t max() const { return max_.load(std::memory_order_relaxed); }
-  uint64_t sum() const { return sum_.load(std::memory_order_relaxed); }
-
- private:
-  static constexpr int kSub = 8;
-  static constexpr int kBuckets = 64 * kSub;
-  static int bucket(uint64_t us);
-  static uint64_t upper(int b);
-  std::array<std::atomic<uint64_t>, kBuckets> b_{};
-  std::atomic<uint64_t> max_{0};
-  std::atomic<uint64_t> sum_{0};
-};
 
 inline constexpr int kStatusCount = 11;  // outrun::Status values
 

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "daemon_process.h"
 #include "outrun/client.h"
 #include "test_support.h"
 
@@ -28,9 +29,10 @@ namespace outrun::test {
 using namespace std::chrono_literals;
 
 inline std::string temp_dir() {
-  char tmpl[] = "/tmp/outrund-test-XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  return tmpl;
+  std::string err;
+  const std::string dir = outrun::cli::make_temp_dir("outrund-test", &err);
+  REQUIRE_MESSAGE(!dir.empty(), err);
+  return dir;
 }
 
 inline bool can_connect(const std::string& path) {
@@ -54,55 +56,38 @@ inline bool process_alive(int pid) {
 // The daemon, started on a temporary socket; SIGKILLed if a test forgets to stop it.
 struct Daemon {
   std::string dir, socket;
-  pid_t pid = -1;
+  pid_t pid = -1;                      // a test that reaps it itself sets -1
+  outrun::cli::DaemonProcess process;  // host/cli/daemon_process.h, shared with `outrun drill`
 
   // `binary`: another outrund (measurements compare with an older build).
   explicit Daemon(std::vector<std::string> extra = {}, std::string binary = OUTRUN_TEST_DAEMON) {
     dir = temp_dir();
     socket = dir + "/outrund.sock";
-    std::vector<std::string> args{binary,     "--socket", socket, "--worker", OUTRUN_TEST_WORKER,
-                                  "--shards", "2"};
+    outrun::cli::DaemonLaunch launch;
+    launch.binary = binary;
+    launch.args = {"--socket", socket, "--worker", OUTRUN_TEST_WORKER, "--shards", "2"};
     if (std::find(extra.begin(), extra.end(), "--log-level") == extra.end())
-      args.insert(args.end(), {"--log-level", "warn"});
-    args.insert(args.end(), extra.begin(), extra.end());
-    pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);  // a test that aborts (a sanitizer report) leaves no daemon
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    for (int i = 0; i < 2000 && !can_connect(socket); ++i) {
-      int st;
-      REQUIRE(waitpid(pid, &st, WNOHANG) == 0);  // the daemon must not have died
-      std::this_thread::sleep_for(5ms);
-    }
-    REQUIRE(can_connect(socket));
+      launch.args.insert(launch.args.end(), {"--log-level", "warn"});
+    launch.args.insert(launch.args.end(), extra.begin(), extra.end());
+    launch.socket = socket;
+    launch.death_signal = SIGKILL;  // a test that aborts (a sanitizer report) leaves no daemon
+    std::string err;
+    const bool started = process.start(launch, &err);
+    REQUIRE_MESSAGE(started, err);  // the daemon must not have died
+    pid = process.pid();
   }
   // SIGTERM, then the exit status (-1 if it did not exit in 30 s).
   int stop() {
     if (pid < 0) return -1;
     // SIGTERM again every millisecond until it exits, as an impatient operator or a second
     // `systemctl stop` would: a stopping daemon ignores the repeats and still exits 0.
-    int st = 0;
-    for (int i = 0; i < 30000; ++i) {
-      kill(pid, SIGTERM);
-      if (waitpid(pid, &st, WNOHANG) == pid) {
-        pid = -1;
-        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      }
-      std::this_thread::sleep_for(1ms);
-    }
-    return -1;
+    const int status = process.stop(30s, 1ms).status();
+    pid = -1;
+    return status;
   }
   ~Daemon() {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
+    if (pid < 0) process.release();  // stopped, or reaped by the test
+    process.kill_now();
     std::remove(socket.c_str());
     rmdir(dir.c_str());
   }

@@ -2,6 +2,8 @@
 // outrund it starts (or a running one), its --json report checked.
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -146,4 +148,24 @@ TEST_CASE("outrun drill against a running outrund, and what it refuses to do the
   CHECK(rc3 == 3);
   CHECK(out3.find("cannot run outrund") != std::string::npos);
   CHECK(d.stop() == 0);
+}
+
+TEST_CASE("outrun drill garbage and crash-loop say so when there is no outrun-test-worker") {
+  // An outrun and an outrund with no outrun-test-worker next to them, as in an installed package.
+  const std::string dir = temp_dir();
+  const std::string cli = dir + "/outrun", daemon = dir + "/outrund";
+  std::filesystem::copy_file(OUTRUN_TEST_CLI, cli);
+  std::ofstream(daemon) << "#!/bin/sh\nexit 1\n";
+  std::filesystem::permissions(daemon, std::filesystem::perms::owner_all);
+  for (const char* name : {"garbage", "crash-loop"}) {
+    CAPTURE(name);
+    const auto [rc, out] = run_command("env -u OUTRUN_WORKER " + cli + " drill " + name +
+                                       " --outrund " + daemon + " 2>&1");
+    INFO(out);
+    CHECK(rc == 3);
+    CHECK(out.find("needs outrun-test-worker") != std::string::npos);
+    CHECK(out.find(dir + "/outrun-test-worker") != std::string::npos);
+    CHECK(out.find("never installed") != std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
 }

@@ -17,6 +17,15 @@ for f in sbin/outrund bin/outrun libexec/outrun/outrun-worker include/outrun/hos
          lib/systemd/system/outrund.service lib/cmake/outrun/outrunConfig.cmake; do
   [ -e "$tmp/prefix/$f" ] || { echo "not installed: $f"; exit 1; }
 done
+# The worker with the test faults is for the build tree only; the installed one has none.
+if grep -q OUTRUN_TEST_FAULT "$tmp/prefix/libexec/outrun/outrun-worker"; then
+  echo "the installed outrun-worker reads OUTRUN_TEST_FAULT"
+  exit 1
+fi
+if find "$tmp/prefix" -name 'outrun-test-worker*' | grep -q .; then
+  echo "installed, but must not be: $(find "$tmp/prefix" -name 'outrun-test-worker*')"
+  exit 1
+fi
 grep -q "ExecStart=$tmp/prefix/sbin/outrund" "$tmp/prefix/lib/systemd/system/outrund.service"
 # Moved as a whole after the install: the consumer (which sets no worker_path) must find the
 # moved package's worker, not the build's install prefix (/usr/local) nor the old location.

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 #include <string>
@@ -31,6 +32,7 @@ using outrun::Value;
 using outrun::test::FaultEnv;
 using outrun::test::reg;
 using outrun::test::start_host;
+using outrun::test::with_test_faults;
 
 namespace {
 
@@ -129,7 +131,7 @@ TEST_CASE(
   FaultEnv fault("escape");
   for (const char* attempt : {"open", "socket", "fork", "exec", "mmap-exec", "kill-host"}) {
     CAPTURE(attempt);
-    auto host = start_host(one_shard());
+    auto host = start_host(with_test_faults(one_shard()));
     Script s = reg(*host, "k", "return inputs.a + 1");
     const int before = host->worker_pids().at(0);
     const Result r =
@@ -147,6 +149,39 @@ TEST_CASE(
     CHECK(st.last_death.find("Bad system call") != std::string::npos);
     CHECK(host->worker_pids().at(0) != before);
   }
+}
+
+TEST_CASE(
+    "Confinement: the shipped outrun-worker has no test faults; OUTRUN_TEST_FAULT is ignored") {
+  // Faults that would make outrun-test-worker exit at start ("/" exists) and refuse every
+  // source, and a name it does not know (exit 64 at start): outrun-worker reads none of them.
+  FaultEnv fault("crash-at-start=/,need-source-loop,escape,no-such-fault");
+  auto host = start_host(one_shard());
+  Script s = reg(*host, "k", "return inputs.a + 1");
+  for (int64_t i = 0; i < 20; ++i) {
+    const Result r =
+        host->evaluate(s, Inputs{{"a", Value(i)}, {"escape", Value(std::string("open"))}}).get();
+    CHECK_MESSAGE(r.status == Status::ok, describe(r));
+    CHECK(r.value == Value(i + 1));
+  }
+  const auto st = host->shard_stats(0);
+  CHECK(st.deaths == 0);
+  CHECK(st.starts == 1);
+  host.reset();
+  // The same environment stops outrun-test-worker at start: the faults were real.
+  std::unique_ptr<outrun::Host> faulty;
+  CHECK(outrun::Host::create(with_test_faults(one_shard()), &faulty).status == Status::unavailable);
+  CHECK(!faulty);
+  // Not even the variable's name is in the shipped binary; the test worker's has it.
+  auto contains = [](const char* file, const std::string& what) {
+    std::ifstream f(file, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    REQUIRE(!bytes.empty());
+    return bytes.find(what) != std::string::npos;
+  };
+  CHECK(!contains(OUTRUN_TEST_WORKER, "OUTRUN_TEST_FAULT"));
+  CHECK(!contains(OUTRUN_TEST_WORKER, "test fault"));
+  CHECK(contains(OUTRUN_TEST_FAULT_WORKER, "OUTRUN_TEST_FAULT"));
 }
 
 TEST_CASE("Confinement: the address-space backstop fails a script's allocation, not the worker") {
@@ -181,7 +216,7 @@ TEST_CASE(
     return;
   }
   FaultEnv fault("escape");
-  HostOptions o = one_shard();
+  HostOptions o = with_test_faults(one_shard());
   o.worker_address_space_limit = 256u << 20;
   auto host = start_host(o);
   Script s = reg(*host, "k", "return inputs.a + 1");

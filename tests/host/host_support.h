@@ -45,6 +45,8 @@ inline std::pair<Script, Script> scripts_on_shards_0_and_1(Runner& r, const std:
 }
 
 // Sets OUTRUN_TEST_FAULT for workers started while it lives (they inherit the environment).
+// Only outrun-test-worker reads it (tests/worker_faults/): a test that sets it runs that worker,
+// with_test_faults() below; the shipped outrun-worker ignores it.
 struct FaultEnv {
   explicit FaultEnv(const char* fault) { setenv("OUTRUN_TEST_FAULT", fault, 1); }
   ~FaultEnv() { unsetenv("OUTRUN_TEST_FAULT"); }
@@ -52,7 +54,12 @@ struct FaultEnv {
   FaultEnv& operator=(const FaultEnv&) = delete;
 };
 
-// True when `pid` no longer runs (gone, or a zombie).
+// `o` with the worker that has the test faults (outrun-test-worker, next to outrun-worker).
+inline HostOptions with_test_faults(HostOptions o) {
+  o.worker_path = OUTRUN_TEST_FAULT_WORKER;
+  return o;
+}
+
 // Polls `cond` every 5 ms until it holds or `limit` passed; its last value.
 inline bool eventually(const std::function<bool()>& cond,
                        std::chrono::milliseconds limit = std::chrono::seconds(10)) {
@@ -64,6 +71,7 @@ inline bool eventually(const std::function<bool()>& cond,
   return cond();
 }
 
+// True when `pid` no longer runs (gone, or a zombie).
 inline bool process_gone(int pid) {
   REQUIRE(pid > 0);  // kill(0, ...) would ask about this test's own process group
   if (kill(pid, 0) != 0) return true;

@@ -60,7 +60,7 @@ void crash_twice(Host& host, const Script& bad) {
 
 TEST_CASE("Quarantine: a script that crashes its worker is quarantined, not its shard") {
   FaultEnv fault(kFault);
-  auto host = test::start_host(options());
+  auto host = test::start_host(test::with_test_faults(options()));
   Script bad = reg(*host, "bad", kCrashing);
   Script good = reg(*host, "good", "return inputs.x + 1");
   for (int i = 0; i < 10; ++i) {
@@ -108,7 +108,7 @@ TEST_CASE("Quarantine: a script that crashes its worker is quarantined, not its 
 
 TEST_CASE("Quarantine: registering new source under the key ends it at once") {
   FaultEnv fault(kFault);
-  auto o = options();
+  auto o = test::with_test_faults(options());
   o.quarantine_cooldown = 600s;
   auto host = test::start_host(o);
   Script bad = reg(*host, "bad", kCrashing);
@@ -128,7 +128,7 @@ TEST_CASE("Quarantine: registering new source under the key ends it at once") {
 
 TEST_CASE("Quarantine: it ends after quarantine_cooldown; a crash soon after renews it") {
   FaultEnv fault(kFault);
-  auto o = options();
+  auto o = test::with_test_faults(options());
   o.quarantine_cooldown = 500ms;
   auto host = test::start_host(o);
   Script bad = reg(*host, "bad", kCrashing);
@@ -151,7 +151,7 @@ TEST_CASE("Quarantine: it ends after quarantine_cooldown; a crash soon after ren
 
 TEST_CASE("Quarantine: evaluations already waiting for the next worker are not sent to it") {
   FaultEnv fault(kFault);
-  auto o = options();
+  auto o = test::with_test_faults(options());
   o.single_flight = SingleFlight::off;
   o.retries = 5;  // without the quarantine, the third would be retried into a third crash
   auto host = test::start_host(o);

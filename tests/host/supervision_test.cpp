@@ -422,7 +422,7 @@ TEST_CASE("Supervision: killing the host with SIGKILL leaves no worker behind") 
 
 TEST_CASE("Supervision: a worker that lost its scripts gets their sources again (NeedSource)") {
   FaultEnv fault("forget-scripts");
-  auto host = start(base_options());
+  auto host = start(test::with_test_faults(base_options()));
   std::vector<Script> scripts;
   for (int i = 0; i < 5; ++i)
     scripts.push_back(
@@ -438,7 +438,7 @@ TEST_CASE("Supervision: a worker that lost its scripts gets their sources again 
 }
 
 TEST_CASE("Supervision: a worker that asks for a source again and again is a protocol violation") {
-  auto o = base_options();
+  auto o = test::with_test_faults(base_options());
   o.retries = 0;
   std::unique_ptr<Host> host;
   {
@@ -473,7 +473,7 @@ TEST_CASE("Supervision: a worker that writes garbage is killed for it and nothin
       {"duplicate", Status::runtime_error, "answered an evaluation it was not running", 1},
   };
   FaultEnv fault("garbage");
-  auto o = base_options();
+  auto o = test::with_test_faults(base_options());
   o.crash_loop_limit = 1000;  // five violations in a few seconds would be a crash loop
   auto host = start(o);
   std::vector<Script> normal;
