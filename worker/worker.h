@@ -13,6 +13,7 @@
 
 #include "outrun/protocol/frame.h"
 #include "outrun/protocol/status_page.h"
+#include "outrun/protocol/worker_exit.h"
 #include "sandbox.h"
 
 namespace outrun::worker {
@@ -35,16 +36,18 @@ enum TestFault : uint32_t {
   // names to the host, then stop serving until it is killed: "bad-length" (a size prefix past
   // the frame limit), "bad-flatbuffer" (a well-sized frame that fails verification),
   // "unknown-id" (a result for an evaluation it was never sent), "duplicate" (two answers to
-  // it, the first a RuntimeError), "bad-status" (a status only the host may give). The host must
-  // take each for a protocol violation.
+  // it, the first a RuntimeError), "bad-status" (a status only the host may give),
+  // "unknown-status" (a status no build of outrun knows). The host must take each for a protocol
+  // violation.
   kFaultGarbage = 1u << 3,
   // "crash-on-source=MARKER": an evaluation that carries a source containing MARKER makes the
   // worker raise SIGSEGV as it starts running it (the evaluation is on the status page), like an
   // interpreter bug the script reaches: the crash-attribution path. Every worker sees a source
   // it does not hold, so the crash repeats on each new worker. WorkerOptions::crash_on_source.
   kFaultCrashOnSource = 1u << 4,
-  // "crash-at-start=PATH" is handled in main.cpp: while PATH exists, the worker exits 70 before
-  // it says hello (a worker that cannot start: the crash-loop path).
+  // "crash-at-start=PATH" is handled in main.cpp: while PATH exists, the worker exits 70
+  // (WorkerExit::kTestFault) before it says hello (a worker that cannot start: the crash-loop
+  // path).
 };
 // Parses OUTRUN_TEST_FAULT's list into `faults`, the crash-on-source marker and the
 // crash-at-start path; false (with the offending name in *err) for a name it does not know.
@@ -66,16 +69,9 @@ struct WorkerOptions {
   protocol::StatusPage* page = nullptr;  // shared with the host; may be null (tests)
 };
 
-// Exit codes. The host reads them to tell causes apart.
-enum ExitCode : int {
-  kExitOk = 0,           // host closed the pipe or sent Shutdown
-  kExitUsage = 64,       // bad command line
-  kExitIo = 74,          // the pipe failed
-  kExitProtocol = 76,    // the host sent a frame that failed verification
-  kExitOrphan = 77,      // the host was already gone at start
-  kExitStatusPage = 78,  // the status page could not be mapped
-  kExitConfine = 79,     // it could not confine itself (rlimits, no_new_privs, seccomp)
-};
+// Exit codes: protocol::WorkerExit (the host reads them to tell causes apart).
+using protocol::exit_code;
+using protocol::WorkerExit;
 
 // Serves the host until it closes the pipe or sends Shutdown. Single-threaded: reads every
 // frame that has arrived, runs the evaluations in order, and answers with one write per batch

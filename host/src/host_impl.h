@@ -106,7 +106,9 @@ struct Host::Impl {
   Error spawn(detail::Shard& sh);
   void read_worker(detail::WorkerProcess* w);
   void process_frames(detail::WorkerProcess* w, std::string* violation);
-  void handle_results(detail::WorkerProcess* w, const wire::Results* results,
+  // The items of a Results frame (null: none).
+  void handle_results(detail::WorkerProcess* w,
+                      const flatbuffers::Vector<flatbuffers::Offset<wire::Result>>* items,
                       std::string* violation);
   void drain(detail::WorkerProcess* w);
   void stream_ended(detail::WorkerProcess* w);

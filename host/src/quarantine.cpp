@@ -8,6 +8,7 @@
 #include <cassert>
 
 #include "host_impl.h"
+#include "outrun/protocol/worker_exit.h"
 
 namespace outrun {
 
@@ -38,13 +39,6 @@ bool fault_signal(int sig) {
   }
 }
 
-// An error exit while a script runs is the script's doing (a sanitizer's report after a fault
-// exits 1), except the codes that name the host's side: its pipe failed (74), it sent a frame the
-// worker could not verify (76).
-bool script_exit_code(int64_t code) {
-  return code != 0 && code != 74 && code != 76;
-}
-
 // ScriptRecord::last_crash: the signal, or the exit code << 8.
 int32_t pack_exit(const WorkerProcess& w) {
   return w.term_signal != 0 ? w.term_signal : static_cast<int32_t>((w.exit_status & 0xff) << 8);
@@ -63,8 +57,9 @@ const ScriptRecord* Host::Impl::crash_suspect(Shard& sh, const WorkerProcess& w,
   assert(on_loop_thread());
   if (running == 0) return nullptr;  // between evaluations, or still starting
   // kCrash and kExit come from the exit status itself; a kill the host decided has its own cause.
-  const bool scripted = (cause == DeathCause::kCrash && fault_signal(w.term_signal)) ||
-                        (cause == DeathCause::kExit && script_exit_code(w.exit_status));
+  const bool scripted =
+      (cause == DeathCause::kCrash && fault_signal(w.term_signal)) ||
+      (cause == DeathCause::kExit && protocol::script_may_cause_exit(w.exit_status));
   if (!scripted) return nullptr;
   const uint32_t idx = static_cast<uint32_t>(running);
   if (idx >= sh.slots.size()) return nullptr;  // the page is the worker's: untrusted

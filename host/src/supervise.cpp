@@ -5,6 +5,7 @@
 #include <cassert>
 
 #include "host_impl.h"
+#include "outrun/protocol/messages.h"
 
 namespace outrun {
 
@@ -214,11 +215,9 @@ void Host::Impl::flush_forgets() {
     for (std::size_t k = 0; k < ids.size(); k += kMaxIdsPerFrame) {
       f.Clear();
       const std::size_t n = std::min(kMaxIdsPerFrame, ids.size() - k);
-      auto vec = f.CreateVector(ids.data() + k, n);
-      f.FinishSizePrefixed(
-          wire::CreateFrame(f, wire::Body::Forget, wire::CreateForget(f, vec).Union()));
       // Nobody else is writing when this returns true: write now so the builder can be reused.
-      if (sh.writer->enqueue({f.GetBufferPointer(), f.GetSize()})) sh.writer->write_pending();
+      if (sh.writer->enqueue(protocol::encode_forget(f, {ids.data() + k, n})))
+        sh.writer->write_pending();
     }
   }
   registry.recycle(all);
@@ -254,12 +253,11 @@ void Host::Impl::run_commands() {
     uv_timer_start(&w->linger, &Impl::on_restart_overdue,
                    static_cast<uint64_t>(opts.shutdown_timeout.count()), 0);
     flatbuffers::FlatBufferBuilder f(64);
-    f.FinishSizePrefixed(
-        wire::CreateFrame(f, wire::Body::Shutdown, wire::CreateShutdown(f).Union()));
+    const auto shutdown = protocol::encode_shutdown(f);
     std::shared_ptr<protocol::FrameWriter> writer;
     {
       std::lock_guard lock(sh.mu);
-      if (sh.writer && sh.writer->enqueue({f.GetBufferPointer(), f.GetSize()})) writer = sh.writer;
+      if (sh.writer && sh.writer->enqueue(shutdown)) writer = sh.writer;
       sh.writer.reset();  // nothing more goes to this worker
       set_state(sh, ShardState::kDown);
     }
@@ -277,7 +275,7 @@ void Host::Impl::begin_shutdown() {
   assert(on_loop_thread());
   shutdown_started = true;
   flatbuffers::FlatBufferBuilder f(64);
-  f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Shutdown, wire::CreateShutdown(f).Union()));
+  const auto shutdown = protocol::encode_shutdown(f);
   for (auto& shp : shards) {
     Shard& sh = *shp;
     uv_timer_stop(&sh.restart_timer);
@@ -287,7 +285,7 @@ void Host::Impl::begin_shutdown() {
     {
       std::lock_guard lock(sh.mu);
       set_state(sh, sh.worker ? ShardState::kStopping : ShardState::kStopped);
-      if (sh.writer && sh.writer->enqueue({f.GetBufferPointer(), f.GetSize()})) writer = sh.writer;
+      if (sh.writer && sh.writer->enqueue(shutdown)) writer = sh.writer;
       for (uint32_t idx : sh.waiting)
         end_slot(sh, idx,
                  Result{Status::cancelled, {}, "the host shut down before it ran", sh.index},
