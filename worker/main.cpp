@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
       spdlog::error(
           "usage: outrun-worker --fd N --host-pid PID [--memory-limit BYTES] (bad argument '{}')",
           a);
-      return kExitUsage;
+      return exit_code(WorkerExit::kUsage);
     }
     ++i;
   }
@@ -127,7 +127,8 @@ int main(int argc, char** argv) {
   // Die with the host. PDEATHSIG is armed only from here on, so check the host is still the
   // parent: if it died in between we were reparented and must not serve anybody.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (host_pid != 0 && static_cast<unsigned long long>(getppid()) != host_pid) return kExitOrphan;
+  if (host_pid != 0 && static_cast<unsigned long long>(getppid()) != host_pid)
+    return exit_code(WorkerExit::kOrphan);
   std::signal(SIGPIPE, SIG_IGN);
   // Nothing but stdio and the host's socket: fds the host process leaked without CLOEXEC are not
   // the worker's business.
@@ -146,12 +147,12 @@ int main(int argc, char** argv) {
                                                     outrun::protocol::kStatusPageSize);
     } catch (const std::exception& e) {
       spdlog::error("cannot map status page '{}': {}", page_name, e.what());
-      return kExitStatusPage;
+      return exit_code(WorkerExit::kStatusPage);
     }
     opts.page = static_cast<outrun::protocol::StatusPage*>(region->get_address());
     if (opts.page->magic.load() != outrun::protocol::kStatusPageMagic) {
       spdlog::error("status page '{}' has no valid header", page_name);
-      return kExitStatusPage;
+      return exit_code(WorkerExit::kStatusPage);
     }
     // Liveness comes from this thread, not from the serving loop: a worker blocked writing
     // results to a slow host is alive; a stopped (SIGSTOP) or frozen process is not.
@@ -188,7 +189,7 @@ int main(int argc, char** argv) {
   // From here on the heartbeat thread runs: leave with _exit, never through static destructors.
   if (!profile_file.empty() &&
       !start_profiler(profile_file + "." + std::to_string(getpid()) + ".prof"))
-    _exit(kExitUsage);
+    _exit(exit_code(WorkerExit::kUsage));
   ConfineOptions confine_options;
   confine_options.socket_fd = last_fd;
   confine_options.address_space_limit = static_cast<std::size_t>(address_space_limit);
@@ -196,7 +197,7 @@ int main(int argc, char** argv) {
   if (const std::string err = confine(confine_options); !err.empty()) {
     spdlog::error("cannot confine the worker: {}", err);
     std::fflush(stderr);
-    _exit(kExitConfine);
+    _exit(exit_code(WorkerExit::kConfine));
   }
 
   Worker worker(opts);

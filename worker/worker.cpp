@@ -10,6 +10,7 @@
 #include <lua.hpp>
 
 #include "lua_values.h"
+#include "outrun/protocol/messages.h"
 #include "wire_values.h"
 
 namespace outrun::worker {
@@ -97,41 +98,44 @@ bool Worker::write_all(const uint8_t* data, std::size_t size) {
 
 bool Worker::send_hello() {
   flatbuffers::FlatBufferBuilder fbb(128);
-  auto hello = wire::CreateHello(fbb, protocol::kProtocolVersion, static_cast<int32_t>(getpid()));
-  fbb.FinishSizePrefixed(wire::CreateFrame(fbb, wire::Body::Hello, hello.Union()));
-  return write_all(fbb.GetBufferPointer(), fbb.GetSize());
+  const auto hello = protocol::encode_hello(fbb, static_cast<int32_t>(getpid()));
+  return write_all(hello.data(), hello.size());
 }
 
 int Worker::run() {
-  if (!send_hello()) return kExitIo;
+  if (!send_hello()) return exit_code(WorkerExit::kIo);
   for (;;) {
     const long n = reader_.read_from(opts_.fd);
-    if (n == 0) return kExitOk;  // the host closed its end
+    if (n == 0) return exit_code(WorkerExit::kOk);  // the host closed its end
     if (n < 0) {
       spdlog::error("read from host failed: {}", std::strerror(static_cast<int>(-n)));
-      return kExitIo;
+      return exit_code(WorkerExit::kIo);
     }
     protocol::FrameView fv;
     while (reader_.next(fv)) {
       handle(fv.frame);
-      if (io_failed_) return kExitIo;
+      if (io_failed_) return exit_code(WorkerExit::kIo);
     }
     if (reader_.error() != protocol::FrameError::kNone) {
       spdlog::error("protocol violation from host: {}", protocol::to_string(reader_.error()));
       flush();
-      return kExitProtocol;
+      return exit_code(WorkerExit::kProtocol);
     }
-    if (!flush()) return kExitIo;
-    if (shutdown_) return kExitOk;
+    if (!flush()) return exit_code(WorkerExit::kIo);
+    if (shutdown_) return exit_code(WorkerExit::kOk);
     if (opts_.hooks && opts_.hooks->batch_done) [[unlikely]]
       opts_.hooks->batch_done(*this);
   }
 }
 
 void Worker::handle(const wire::Frame* frame) {
+  protocol::HostMessage m;
+  std::string why;
+  // Hello/Results are not for a worker; ignore rather than die (forward compatibility).
+  if (!protocol::decode_host_frame(frame, &m, &why)) return;
   switch (frame->body_type()) {
     case wire::Body::Evaluate: {
-      const auto* items = frame->body_as_Evaluate()->items();
+      const auto* items = std::get<protocol::EvaluateMsg>(m).items;
       if (!items) return;
       for (const wire::Evaluation* e : *items) {
         // One clock read per evaluation serves the batch-hold check, its start time (T counts
@@ -152,7 +156,7 @@ void Worker::handle(const wire::Frame* frame) {
       // The host freed these scripts: drop their states. Ids it does not hold are ignored (a
       // state never compiled here, or one already dropped); any id may come back later with
       // other source, always behind this frame.
-      const auto* ids = frame->body_as_Forget()->script_ids();
+      const auto* ids = std::get<protocol::ForgetMsg>(m).script_ids;
       if (!ids) return;
       for (const uint32_t id : *ids)
         if (id < scripts_.size() && scripts_[id]) drop_script(id);
@@ -160,7 +164,6 @@ void Worker::handle(const wire::Frame* frame) {
       return;
     }
     default:
-      // Hello/Results are not for a worker; ignore rather than die (forward compatibility).
       return;
   }
 }
@@ -169,23 +172,23 @@ Worker::Script* Worker::script_for(const wire::Evaluation* e) {
   const uint32_t id = e->script_id();
   if (id >= kMaxScriptId) return nullptr;
   if (id >= scripts_.size()) scripts_.resize(id + 1);
-  const auto* src = e->source();
-  const auto* sha = e->sha256();
-  if (src && sha && sha->size() == 32) {
-    if (scripts_[id] && std::memcmp(scripts_[id]->sha256.data(), sha->data(), 32) == 0)
+  protocol::ScriptSource src;
+  if (protocol::evaluation_source(e, &src)) {
+    if (scripts_[id] && std::memcmp(scripts_[id]->sha256.data(), src.sha256.data(), 32) == 0)
       return scripts_[id].get();
     if (scripts_[id]) drop_script(id);  // other source: its old state makes room for the new one
     auto s = std::make_unique<Script>();
     s->id = id;
-    std::memcpy(s->sha256.data(), sha->data(), 32);
+    std::memcpy(s->sha256.data(), src.sha256.data(), 32);
     std::string err;
     // Not linked yet: the budget's reclaim, which may run while it is built, cannot drop it.
     s->state = sandbox::ScriptState::create(opts_.memory_limit, &err, &budget_);
     if (!s->state) {
       s->compile_outcome = {wire::Status::MemoryLimit, err};
     } else {
-      const std::string name = e->chunk_name() ? "=" + e->chunk_name()->str() : "=script";
-      s->compile_outcome = s->state->compile(std::string_view(src->c_str(), src->size()), name);
+      const std::string name =
+          src.chunk_name ? "=" + std::string(*src.chunk_name) : std::string("=script");
+      s->compile_outcome = s->state->compile(src.source, name);
     }
     if (opts_.page) {
       bump(&opts_.page->compiles);
@@ -198,10 +201,8 @@ Worker::Script* Worker::script_for(const wire::Evaluation* e) {
 
 void Worker::add_result(uint64_t id, wire::Status status, flatbuffers::Offset<wire::Value> value,
                         std::string_view error) {
-  flatbuffers::Offset<flatbuffers::String> err;
-  if (!error.empty()) err = out_.CreateString(error.data(), error.size());
   if (results_.empty()) first_result_ns_ = now_ns_;
-  results_.push_back(wire::CreateResult(out_, id, status, value, err));
+  results_.push_back(protocol::build_result(out_, id, status, value, error));
 }
 
 void Worker::mark_running(uint64_t id) {
@@ -272,10 +273,8 @@ void Worker::evaluate(const wire::Evaluation* e) {
 
 bool Worker::flush() {
   if (results_.empty()) return true;
-  auto vec = out_.CreateVector(results_);
-  auto body = wire::CreateResults(out_, vec);
-  out_.FinishSizePrefixed(wire::CreateFrame(out_, wire::Body::Results, body.Union()));
-  const bool ok = write_all(out_.GetBufferPointer(), out_.GetSize());
+  const auto frame = protocol::finish_results(out_, results_);
+  const bool ok = write_all(frame.data(), frame.size());
   out_.Clear();
   results_.clear();
   return ok;

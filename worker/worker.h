@@ -14,6 +14,7 @@
 #include "hooks.h"
 #include "outrun/protocol/frame.h"
 #include "outrun/protocol/status_page.h"
+#include "outrun/protocol/worker_exit.h"
 #include "sandbox.h"
 
 namespace outrun::worker {
@@ -32,16 +33,9 @@ struct WorkerOptions {
   const Hooks* hooks = nullptr;          // a test build's (hooks.h); null in outrun-worker
 };
 
-// Exit codes. The host reads them to tell causes apart.
-enum ExitCode : int {
-  kExitOk = 0,           // host closed the pipe or sent Shutdown
-  kExitUsage = 64,       // bad command line
-  kExitIo = 74,          // the pipe failed
-  kExitProtocol = 76,    // the host sent a frame that failed verification
-  kExitOrphan = 77,      // the host was already gone at start
-  kExitStatusPage = 78,  // the status page could not be mapped
-  kExitConfine = 79,     // it could not confine itself (rlimits, no_new_privs, seccomp)
-};
+// Exit codes: protocol::WorkerExit (the host reads them to tell causes apart).
+using protocol::exit_code;
+using protocol::WorkerExit;
 
 // Serves the host until it closes the pipe or sends Shutdown. Single-threaded: reads every
 // frame that has arrived, runs the evaluations in order, and answers with one write per batch

@@ -24,6 +24,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "outrun/protocol/client_messages.h"
 #include "outrun/protocol/frame.h"
 #include "outrun/protocol/frame_writer.h"
 #include "outrun/spdlog_sink.h"
@@ -73,9 +74,9 @@ struct Conn : std::enable_shared_from_this<Conn> {
   protocol::FrameReader reader;
   bool hello = false;
   bool reading = true;
-  // An Evaluate frame whose items were handled up to paused_item when the client went over its
+  // The items of an Evaluate frame, handled up to paused_item when the client went over its
   // budget; the reader is not touched until it is finished (the frame stays valid).
-  const wire::Evaluate* paused_frame = nullptr;
+  const flatbuffers::Vector<flatbuffers::Offset<wire::Evaluation>>* paused_frame = nullptr;
   uint32_t paused_item = 0;
   std::size_t paused_budget = 0;  // what the rest of its inputs may decode to
   bool write_wait = false;        // polling for writability (the socket was full)
@@ -100,48 +101,20 @@ namespace {
 
 thread_local flatbuffers::FlatBufferBuilder t_fbb(4096);
 
-std::span<const uint8_t> frame_of(flatbuffers::FlatBufferBuilder& f, wire::Body type,
-                                  flatbuffers::Offset<void> body) {
-  f.FinishSizePrefixed(wire::CreateFrame(f, type, body));
-  return {f.GetBufferPointer(), f.GetSize()};
-}
-
-flatbuffers::Offset<wire::Result> encode_result(flatbuffers::FlatBufferBuilder& f, uint64_t id,
-                                                const Result& r) {
-  flatbuffers::Offset<wire::Value> v;
-  flatbuffers::Offset<flatbuffers::String> e;
-  if (r.status == Status::ok)
-    v = detail::encode_value(f, r.value);
-  else
-    e = f.CreateString(r.error);
-  wire::ResultBuilder b(f);
-  b.add_id(id);
-  b.add_status(static_cast<wire::Status>(r.status));
-  if (r.status == Status::ok)
-    b.add_value(v);
-  else
-    b.add_error(e);
-  return b.Finish();
-}
-
 void send_result(Conn& c, uint64_t id, const Result& r) {
   auto& f = t_fbb;
   f.Clear();
-  auto item = encode_result(f, id, r);
-  auto items = f.CreateVector(&item, 1);
-  c.writer.write(frame_of(f, wire::Body::Results, wire::CreateResults(f, items).Union()));
+  const bool ok = r.status == Status::ok;
+  const auto item = protocol::build_result(
+      f, id, static_cast<wire::Status>(r.status),
+      ok ? detail::encode_value(f, r.value) : flatbuffers::Offset<wire::Value>(),
+      ok ? std::string_view() : std::string_view(r.error));
+  c.writer.write(protocol::finish_results(f, {&item, 1}));
 }
 
 void reply_error_hello(int fd, const std::string& why) {
   flatbuffers::FlatBufferBuilder f(256);
-  auto e = f.CreateString(why);
-  auto v = f.CreateString(OUTRUN_VERSION);
-  wire::ServerHelloBuilder b(f);
-  b.add_protocol_version(protocol::kProtocolVersion);
-  b.add_server_version(v);
-  b.add_error(e);
-  auto body = b.Finish();
-  auto bytes = frame_of(f, wire::Body::ServerHello, body.Union());
+  auto bytes = protocol::encode_server_hello(f, OUTRUN_VERSION, 0, 0, why);
   (void)!::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
@@ -863,7 +836,7 @@ void Server::handle_frames(const std::shared_ptr<Conn>& c) {
   protocol::FrameView fv;
   while (!c->closing) {
     if (c->held.load(std::memory_order_relaxed)) return;  // maybe_resume() goes on
-    if (const wire::Evaluate* ev = c->paused_frame) {
+    if (const auto* ev = c->paused_frame) {
       c->paused_frame = nullptr;
       if (!evaluate_items(c, ev, c->paused_item)) return;  // over its budget again
       continue;
@@ -892,32 +865,29 @@ void Server::handle_frames(const std::shared_ptr<Conn>& c) {
 bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr) {
   const auto* frame = static_cast<const wire::Frame*>(frame_ptr);
   flatbuffers::FlatBufferBuilder& f = t_fbb;
+  protocol::ClientMessage msg;
+  std::string why;
+  if (!protocol::decode_client_frame(frame, &msg, &why)) return false;
   if (!c->hello) {
-    if (frame->body_type() != wire::Body::ClientHello) return false;
-    const auto* h = frame->body_as_ClientHello();
-    if (h->protocol_version() != protocol::kProtocolVersion) {
-      reply_error_hello(c->fd, "protocol version " + std::to_string(h->protocol_version()) +
+    const auto* h = std::get_if<protocol::ClientHelloMsg>(&msg);
+    if (!h) return false;
+    if (h->protocol_version != protocol::kProtocolVersion) {
+      reply_error_hello(c->fd, "protocol version " + std::to_string(h->protocol_version) +
                                    " not supported; outrund speaks " +
                                    std::to_string(protocol::kProtocolVersion));
       return false;
     }
     c->hello = true;
     pending_.erase(c->id);
-    if (h->client_name()) c->name = h->client_name()->str().substr(0, 64);
+    c->name = std::string(h->client_name.substr(0, 64));
     f.Clear();
-    auto v = f.CreateString(OUTRUN_VERSION);
-    wire::ServerHelloBuilder b(f);
-    b.add_protocol_version(protocol::kProtocolVersion);
-    b.add_shards(host_->shards());
-    b.add_server_version(v);
-    b.add_max_inflight(cfg_.max_inflight_per_client);
-    auto body = b.Finish();
-    c->writer.write(frame_of(f, wire::Body::ServerHello, body.Union()));
+    c->writer.write(protocol::encode_server_hello(f, OUTRUN_VERSION, host_->shards(),
+                                                  cfg_.max_inflight_per_client));
     return true;
   }
   switch (frame->body_type()) {
     case wire::Body::Register: {
-      const auto* r = frame->body_as_Register();
+      const auto& r = std::get<protocol::RegisterMsg>(msg);
       Script script;
       Error e;
       // A new record is charged to the peer's uid (D-quota); `admit` runs only for a new one.
@@ -927,11 +897,10 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
         if (!q) charge = bytes;
         return q;
       };
-      if (!r->key() || !r->source())
+      if (!r.key || !r.source)
         e = Error{Status::invalid_argument, "register needs a key and a source"};
       else
-        e = host_->register_script(r->key()->string_view(), r->source()->string_view(), &script,
-                                   admit);
+        e = host_->register_script(*r.key, *r.source, &script, admit);
       uint32_t handle = 0;
       if (!e) {
         const uint32_t id = script.id();
@@ -953,72 +922,57 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
         handle = handle_of(*slot);
       }
       f.Clear();
-      flatbuffers::Offset<flatbuffers::String> err;
-      flatbuffers::Offset<flatbuffers::Vector<uint8_t>> sha;
-      if (e)
-        err = f.CreateString(e.message);
-      else
-        sha = f.CreateVector(script.sha256().data(), 32);
-      wire::RegisteredBuilder b(f);
-      b.add_request_id(r->request_id());
-      b.add_status(static_cast<wire::Status>(e.status));
-      if (e) {
-        b.add_error(err);
-      } else {
-        b.add_handle(handle);
-        b.add_sha256(sha);
-        b.add_shard(static_cast<int>(script.shard()));
+      std::span<const uint8_t> sha;
+      int shard = 0;
+      if (!e) {
+        sha = script.sha256();
+        shard = static_cast<int>(script.shard());
       }
-      auto body = b.Finish();
-      c->writer.write(frame_of(f, wire::Body::Registered, body.Union()));
+      c->writer.write(protocol::encode_registered(
+          f, r.request_id, static_cast<wire::Status>(e.status), e.message, handle, sha, shard));
       return true;
     }
     case wire::Body::Evaluate:
-      evaluate_items(c, frame->body_as_Evaluate(), 0);
+      evaluate_items(c, std::get<protocol::EvaluateMsg>(msg).items, 0);
       return true;
     case wire::Body::Unregister: {
-      const auto* u = frame->body_as_Unregister();
+      const auto& u = std::get<protocol::UnregisterMsg>(msg);
       Error e;
-      if (!u->key()) {
+      if (!u.key) {
         e = Error{Status::invalid_argument, "unregister needs a key"};
       } else {
-        e = host_->unregister_script(u->key()->string_view());
+        e = host_->unregister_script(*u.key);
         if (!e) {
           // Every handle of the key this daemon gave out goes: the current one and those it
           // replaced. Their records are freed once their evaluations in flight end.
-          if (auto it = key_entries_.find(u->key()->string_view()); it != key_entries_.end()) {
+          if (auto it = key_entries_.find(*u.key); it != key_entries_.end()) {
             for (uint32_t id : it->second)
               if (scripts_[id]) drop_entry(*scripts_[id]);
             key_entries_.erase(it);
           }
           spdlog::info("client {} (pid {}): unregistered '{}'", c->id, c->pid,
-                       u->key()->string_view().substr(0, 256));
+                       u.key->substr(0, 256));
         }
       }
       f.Clear();
-      auto err = e ? f.CreateString(e.message) : flatbuffers::Offset<flatbuffers::String>();
-      wire::UnregisteredBuilder b(f);
-      b.add_request_id(u->request_id());
-      b.add_status(static_cast<wire::Status>(e.status));
-      if (e) b.add_error(err);
-      auto body = b.Finish();
-      c->writer.write(frame_of(f, wire::Body::Unregistered, body.Union()));
+      c->writer.write(protocol::encode_unregistered(
+          f, u.request_id, static_cast<wire::Status>(e.status), e.message));
       return true;
     }
     case wire::Body::Control: {
-      const auto* ctl = frame->body_as_Control();
+      const auto* ctl = &std::get<protocol::ControlMsg>(msg);
       Error e;
       std::string json;
-      const bool admin_command = ctl->command() == wire::ControlCommand::KillShard ||
-                                 ctl->command() == wire::ControlCommand::RestartShard;
+      const bool admin_command = ctl->command == wire::ControlCommand::KillShard ||
+                                 ctl->command == wire::ControlCommand::RestartShard;
       if (admin_command && !c->admin) {
         spdlog::warn("client {} (pid {} uid {}): {} refused: not an admin", c->id, c->pid, c->uid,
-                     wire::EnumNameControlCommand(ctl->command()));
+                     wire::EnumNameControlCommand(ctl->command));
         e = Error{Status::invalid_argument,
                   "permission denied: uid " + std::to_string(c->uid) +
                       " may evaluate but not administer outrund (daemon.admin_uids, admin_gids)"};
       } else
-        switch (ctl->command()) {
+        switch (ctl->command) {
           case wire::ControlCommand::Stats:
             json = stats_json(false);
             break;
@@ -1026,17 +980,15 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
             json = stats_json(true);
             break;
           case wire::ControlCommand::ListScripts:
-            e = scripts_json(ctl->after() ? ctl->after()->string_view() : std::string_view(),
-                             ctl->limit(), &json);
+            e = scripts_json(ctl->after, ctl->limit, &json);
             break;
           case wire::ControlCommand::KillShard:
-            e = host_->kill_shard(ctl->shard());
-            if (!e) spdlog::info("client {} (pid {}): kill shard {}", c->id, c->pid, ctl->shard());
+            e = host_->kill_shard(ctl->shard);
+            if (!e) spdlog::info("client {} (pid {}): kill shard {}", c->id, c->pid, ctl->shard);
             break;
           case wire::ControlCommand::RestartShard:
-            e = host_->restart_shard(ctl->shard());
-            if (!e)
-              spdlog::info("client {} (pid {}): restart shard {}", c->id, c->pid, ctl->shard());
+            e = host_->restart_shard(ctl->shard);
+            if (!e) spdlog::info("client {} (pid {}): restart shard {}", c->id, c->pid, ctl->shard);
             break;
           default:
             e = Error{Status::invalid_argument, "unknown control command"};
@@ -1052,15 +1004,8 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
         json.clear();
       }
       f.Clear();
-      auto err = e ? f.CreateString(e.message) : flatbuffers::Offset<flatbuffers::String>();
-      auto js = json.empty() ? flatbuffers::Offset<flatbuffers::String>() : f.CreateString(json);
-      wire::ControlReplyBuilder b(f);
-      b.add_request_id(ctl->request_id());
-      b.add_status(static_cast<wire::Status>(e.status));
-      if (e) b.add_error(err);
-      if (!json.empty()) b.add_json(js);
-      auto body = b.Finish();
-      c->writer.write(frame_of(f, wire::Body::ControlReply, body.Union()));
+      c->writer.write(protocol::encode_control_reply(
+          f, ctl->request_id, static_cast<wire::Status>(e.status), e.message, json));
       return true;
     }
     case wire::Body::DefineTags:
@@ -1071,7 +1016,7 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
     case wire::Body::ReadTags:
       return handle_tags_frame(c, frame);
     default:
-      return false;  // a second hello, or a frame only the daemon sends
+      return false;  // a second hello (decode_client_frame refused a frame only the daemon sends)
   }
 }
 
@@ -1079,9 +1024,9 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
 // Evaluations: admission, the per-shard windows, cancellation and the byte budget
 // (design/daemon.md "Scheduler").
 
-bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* evaluate, uint32_t start) {
-  const auto* ev = static_cast<const wire::Evaluate*>(evaluate);
-  const auto* items = ev->items();
+bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_ptr, uint32_t start) {
+  const auto* items =
+      static_cast<const flatbuffers::Vector<flatbuffers::Offset<wire::Evaluation>>*>(items_ptr);
   if (!items) return true;
   const uint64_t t0 = now_us();
   // What the inputs of this frame may decode to, shared subtrees counted per use: without it,
@@ -1138,7 +1083,7 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* evaluate
       // An answer is written now: not while the client is over its budget (a frame of a million
       // refused evaluations would otherwise queue a million answers).
       if (over_budget(*c)) {
-        c->paused_frame = ev;
+        c->paused_frame = items;
         c->paused_item = k;
         paused = true;
         break;
@@ -1604,14 +1549,12 @@ void write_changes(protocol::FrameWriter& w, const std::vector<ChangeRef>& items
   std::vector<flatbuffers::Offset<wire::TagValue>> offs;
   auto flush = [&] {
     if (offs.empty()) return;
-    auto v = f.CreateVector(offs);
-    auto body = wire::CreateTagChanges(f, v);
-    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::TagChanges, body.Union()));
-    if (f.GetSize() <= protocol::kMaxFrameSize)
-      w.write({f.GetBufferPointer(), f.GetSize()});
+    const auto frame = protocol::encode_tag_changes(f, offs);
+    if (frame.size() <= protocol::kMaxFrameSize)
+      w.write(frame);
     else
       spdlog::warn("a TagChanges frame of {} bytes was dropped (more than a frame holds)",
-                   f.GetSize());
+                   frame.size());
     offs.clear();
     f.Clear();
   };
@@ -1625,16 +1568,8 @@ void write_changes(protocol::FrameWriter& w, const std::vector<ChangeRef>& items
 void write_tags_reply(protocol::FrameWriter& w, uint64_t request_id, const Error& e,
                       const std::string& json) {
   flatbuffers::FlatBufferBuilder f(256 + json.size());
-  auto err = e ? f.CreateString(e.message) : flatbuffers::Offset<flatbuffers::String>();
-  auto js = json.empty() ? flatbuffers::Offset<flatbuffers::String>() : f.CreateString(json);
-  wire::TagsReplyBuilder b(f);
-  b.add_request_id(request_id);
-  b.add_status(static_cast<wire::Status>(e.status));
-  if (e) b.add_error(err);
-  if (!json.empty()) b.add_json(js);
-  auto body = b.Finish();
-  f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::TagsReply, body.Union()));
-  w.write({f.GetBufferPointer(), f.GetSize()});
+  w.write(protocol::encode_tags_reply(f, request_id, static_cast<wire::Status>(e.status), e.message,
+                                      json));
 }
 
 std::string dump_json(const nlohmann::ordered_json& j) {
@@ -1761,6 +1696,9 @@ std::string Server::tags_list_json() const {
 
 bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr) {
   const auto* frame = static_cast<const wire::Frame*>(frame_ptr);
+  protocol::ClientMessage msg;
+  std::string why;
+  if (!protocol::decode_client_frame(frame, &msg, &why)) return false;
   auto refuse_admin = [&](uint64_t rid, const char* what) {
     spdlog::warn("client {} (pid {} uid {}): {} refused: not an admin", c->id, c->pid, c->uid,
                  what);
@@ -1777,20 +1715,20 @@ bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame
   };
   switch (frame->body_type()) {
     case wire::Body::DefineTags: {
-      const auto* d = frame->body_as_DefineTags();
-      const uint64_t rid = d->request_id();
+      const auto* d = &std::get<protocol::DefineTagsMsg>(msg);
+      const uint64_t rid = d->request_id;
       if (!c->admin) {
         refuse_admin(rid, "DefineTags");
         return true;
       }
-      if (!d->toml()) {
+      if (!d->toml) {
         write_tags_reply(c->writer, rid, Error{Status::invalid_argument, "DefineTags needs toml"},
                          {});
         return true;
       }
-      spdlog::info("client {} (pid {}): define tags ({} bytes{})", c->id, c->pid, d->toml()->size(),
-                   d->replace_all() ? ", replace all" : "");
-      auto job = [this, c, rid, text = d->toml()->str(), replace = d->replace_all()] {
+      spdlog::info("client {} (pid {}): define tags ({} bytes{})", c->id, c->pid, d->toml->size(),
+                   d->replace_all ? ", replace all" : "");
+      auto job = [this, c, rid, text = std::string(*d->toml), replace = d->replace_all] {
         std::vector<tags::TagDefinition> defs;
         std::string why;
         if (!tags::file::parse_tags(text, "", &defs, &why)) {
@@ -1816,15 +1754,14 @@ bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame
       return true;
     }
     case wire::Body::RemoveTags: {
-      const auto* r = frame->body_as_RemoveTags();
-      const uint64_t rid = r->request_id();
+      const auto* r = &std::get<protocol::RemoveTagsMsg>(msg);
+      const uint64_t rid = r->request_id;
       if (!c->admin) {
         refuse_admin(rid, "RemoveTags");
         return true;
       }
       std::vector<std::string> ids;
-      std::string why;
-      if (!detail::decode_tag_ids(r->ids(), &ids, &why)) {
+      if (!detail::decode_tag_ids(r->ids, &ids, &why)) {
         write_tags_reply(c->writer, rid, Error{Status::invalid_argument, why}, {});
         return true;
       }
@@ -1869,7 +1806,7 @@ bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame
       return true;
     }
     case wire::Body::ListTags: {
-      const uint64_t rid = frame->body_as_ListTags()->request_id();
+      const uint64_t rid = std::get<protocol::ListTagsMsg>(msg).request_id;
       std::string json = tags_list_json();
       Error e;
       if (constexpr std::size_t kMaxDocument = protocol::kMaxFrameSize - 4096;
@@ -1882,11 +1819,11 @@ bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame
       return true;
     }
     case wire::Body::SourceUpdates: {
-      const auto* u = frame->body_as_SourceUpdates();
-      const uint64_t rid = u->request_id();
+      const auto* u = &std::get<protocol::SourceUpdatesMsg>(msg);
+      const uint64_t rid = u->request_id;
       Error e;
       std::vector<tags::SourceUpdate> updates;
-      if (const auto* items = u->updates()) {
+      if (const auto* items = u->updates) {
         if (items->size() > detail::kMaxUpdatesPerFrame) {
           e = Error{Status::invalid_argument, "more than " +
                                                   std::to_string(detail::kMaxUpdatesPerFrame) +
@@ -1894,7 +1831,6 @@ bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame
         } else {
           updates.reserve(items->size());
           std::size_t budget = protocol::kMaxFrameSize;
-          std::string why;
           for (const wire::TagValue* tv : *items) {
             tags::Change ch;
             if (!detail::decode_tag_entry(tv, &ch, &budget, &why)) {
@@ -1906,21 +1842,20 @@ bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame
         }
       }
       if (!e && !updates.empty())
-        e = u->time() == 0 ? tags_->update(updates) : tags_->update(updates, DateTime{u->time()});
+        e = u->time == 0 ? tags_->update(updates) : tags_->update(updates, DateTime{u->time});
       if (rid != 0 || e) write_tags_reply(c->writer, rid, e, {});
       return true;
     }
     case wire::Body::Subscribe: {
-      const auto* sb = frame->body_as_Subscribe();
-      const uint64_t rid = sb->request_id();
+      const auto* sb = &std::get<protocol::SubscribeMsg>(msg);
+      const uint64_t rid = sb->request_id;
       std::vector<std::string> ids;
-      std::string why;
       Error e;
-      if (!detail::decode_tag_ids(sb->ids(), &ids, &why)) {
+      if (!detail::decode_tag_ids(sb->ids, &ids, &why)) {
         e = Error{Status::invalid_argument, why};
       } else {
         std::lock_guard lock(sub_mu_);
-        if (sb->cancel()) {
+        if (sb->cancel) {
           if (ids.empty()) {
             c->sub_all = false;
             c->sub_ids.clear();
@@ -1947,12 +1882,11 @@ bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame
       return true;
     }
     case wire::Body::ReadTags: {
-      const auto* r = frame->body_as_ReadTags();
+      const auto* r = &std::get<protocol::ReadTagsMsg>(msg);
       std::vector<std::string> ids;
-      std::string why;
       Error e;
       std::vector<tags::DataValue> values;
-      if (!detail::decode_tag_ids(r->ids(), &ids, &why)) {
+      if (!detail::decode_tag_ids(r->ids, &ids, &why)) {
         e = Error{Status::invalid_argument, why};
       } else {
         values.resize(ids.size());
@@ -1964,29 +1898,14 @@ bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame
       if (!e)
         for (std::size_t i = 0; i < ids.size(); ++i)
           offs.push_back(detail::encode_tag_entry(f, ids[i], values[i]));
-      auto vec = e ? flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::TagValue>>>()
-                   : f.CreateVector(offs);
-      auto err = e ? f.CreateString(e.message) : flatbuffers::Offset<flatbuffers::String>();
-      wire::TagValuesBuilder b(f);
-      b.add_request_id(r->request_id());
-      b.add_status(static_cast<wire::Status>(e.status));
-      if (e)
-        b.add_error(err);
-      else
-        b.add_values(vec);
-      auto body = b.Finish();
-      f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::TagValues, body.Union()));
-      if (f.GetSize() > protocol::kMaxFrameSize) {
+      auto frame_bytes = protocol::encode_tag_values(
+          f, r->request_id, static_cast<wire::Status>(e.status), e.message, offs);
+      if (frame_bytes.size() > protocol::kMaxFrameSize) {
         f.Clear();
-        auto m = f.CreateString("the values are more than a frame holds");
-        wire::TagValuesBuilder b2(f);
-        b2.add_request_id(r->request_id());
-        b2.add_status(wire::Status::Unavailable);
-        b2.add_error(m);
-        auto body2 = b2.Finish();
-        f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::TagValues, body2.Union()));
+        frame_bytes = protocol::encode_tag_values(f, r->request_id, wire::Status::Unavailable,
+                                                  "the values are more than a frame holds", {});
       }
-      c->writer.write({f.GetBufferPointer(), f.GetSize()});
+      c->writer.write(frame_bytes);
       return true;
     }
     default:

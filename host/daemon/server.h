@@ -143,9 +143,10 @@ class Server {
   void handle_frames(const std::shared_ptr<Conn>& c);
   bool handle_frame(const std::shared_ptr<Conn>& c, const void* frame);       // false: violation
   bool handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame);  // false: violation
-  // Admits and queues the items of an Evaluate frame from `start`; false when it stopped because
-  // the client is over max_client_queued_bytes (the rest waits in Conn::paused_*).
-  bool evaluate_items(const std::shared_ptr<Conn>& c, const void* evaluate, uint32_t start);
+  // Admits and queues the items of an Evaluate frame (`items`: its Vector of Evaluation, or
+  // null) from `start`; false when it stopped because the client is over
+  // max_client_queued_bytes (the rest waits in Conn::paused_*).
+  bool evaluate_items(const std::shared_ptr<Conn>& c, const void* items, uint32_t start);
 
   // Scheduler (design/daemon.md "Scheduler"). Any thread: the loop after queueing, a shard's
   // dispatcher after a completion (`done`: only when the window is a quarter free).

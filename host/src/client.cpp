@@ -21,6 +21,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "outrun/protocol/client_messages.h"
 #include "outrun/protocol/frame.h"
 #include "tags_wire.h"
 #include "wire_codec.h"
@@ -160,114 +161,82 @@ struct Client::Impl {
   std::atomic<bool> closing{false};
 
   void handle(const wire::Frame* f) {
-    switch (f->body_type()) {
-      case wire::Body::Results: {
-        const auto* items = f->body_as_Results()->items();
-        if (!items) return;
-        for (const wire::Result* r : *items) {
-          Callback cb;
-          {
-            std::lock_guard lock(mu);
-            auto it = evals.find(r->id());
-            if (it == evals.end()) continue;
-            cb = std::move(it->second);
-            evals.erase(it);
-          }
-          Result out;
-          out.status = static_cast<Status>(r->status());
-          if (static_cast<int>(out.status) > static_cast<int>(Status::invalid_argument)) {
-            out = Result{Status::runtime_error, {}, "outrund sent an unknown status", -1};
-          } else if (out.status == Status::ok) {
-            if (r->value() && !detail::decode_value(r->value(), &out.value))
-              out = Result{Status::runtime_error, {}, "outrund sent an invalid value", -1};
-          } else if (r->error()) {
-            out.error = r->error()->str();
-          }
-          cb(std::move(out));
-        }
-        return;
-      }
-      case wire::Body::Registered: {
-        const auto* r = f->body_as_Registered();
-        Reply rep;
-        rep.status = static_cast<Status>(r->status());
-        if (r->error()) rep.error = r->error()->str();
-        rep.handle = r->handle();
-        rep.shard = r->shard();
-        if (r->sha256() && r->sha256()->size() == 32)
-          std::memcpy(rep.sha.data(), r->sha256()->data(), 32);
-        complete(r->request_id(), std::move(rep));
-        return;
-      }
-      case wire::Body::Unregistered: {
-        const auto* r = f->body_as_Unregistered();
-        Reply rep;
-        rep.status = static_cast<Status>(r->status());
-        if (r->error()) rep.error = r->error()->str();
-        complete(r->request_id(), std::move(rep));
-        return;
-      }
-      case wire::Body::TagsReply: {
-        const auto* r = f->body_as_TagsReply();
-        Reply rep;
-        rep.status = static_cast<Status>(r->status());
-        if (r->error()) rep.error = r->error()->str();
-        if (r->json()) rep.json = r->json()->str();
-        complete(r->request_id(), std::move(rep));
-        return;
-      }
-      case wire::Body::TagValues: {
-        const auto* r = f->body_as_TagValues();
-        Reply rep;
-        rep.status = static_cast<Status>(r->status());
-        if (r->error()) rep.error = r->error()->str();
-        if (r->values()) {
-          std::size_t budget = std::size_t{4} * protocol::kMaxFrameSize;
-          std::string why;
-          for (const wire::TagValue* tv : *r->values()) {
-            tags::Change ch;
-            if (!detail::decode_tag_entry(tv, &ch, &budget, &why)) {
-              rep = failed(Status::runtime_error, "outrund sent an invalid tag value: " + why);
-              break;
-            }
-            rep.values.push_back(std::move(ch));
-          }
-        }
-        complete(r->request_id(), std::move(rep));
-        return;
-      }
-      case wire::Body::TagChanges: {
-        const auto* items = f->body_as_TagChanges()->changes();
-        std::shared_ptr<ChangesCallback> cb;
+    protocol::DaemonMessage m;
+    std::string why;
+    if (!protocol::decode_daemon_frame(f, &m, &why)) return;  // not for a client: ignored
+    if (const auto* results = std::get_if<protocol::ResultsMsg>(&m)) {
+      if (!results->items) return;
+      protocol::ClientResult r;
+      for (const wire::Result* item : *results->items) {
+        Callback cb;
         {
-          std::lock_guard lock(submu);
-          cb = on_changes;
+          std::lock_guard lock(mu);
+          auto it = evals.find(item->id());
+          if (it == evals.end()) continue;
+          cb = std::move(it->second);
+          evals.erase(it);
         }
-        if (!items || !cb) return;
-        std::vector<tags::Change> out;
-        out.reserve(items->size());
+        protocol::decode_daemon_result(item, &r);
+        Result out;
+        out.status = static_cast<Status>(r.status);
+        if (out.status == Status::ok) {
+          if (r.value && !detail::decode_value(r.value, &out.value))
+            out = Result{Status::runtime_error, {}, "outrund sent an invalid value", -1};
+        } else {
+          out.error = std::move(r.error);
+        }
+        cb(std::move(out));
+      }
+    } else if (auto* reg = std::get_if<protocol::RegisteredMsg>(&m)) {
+      Reply rep;
+      rep.status = static_cast<Status>(reg->status);
+      rep.error = std::move(reg->error);
+      rep.handle = reg->handle;
+      rep.shard = reg->shard;
+      if (reg->sha256) rep.sha = *reg->sha256;
+      complete(reg->request_id, std::move(rep));
+    } else if (auto* reply = std::get_if<protocol::ReplyMsg>(&m)) {
+      // Unregistered, ControlReply, TagsReply.
+      Reply rep;
+      rep.status = static_cast<Status>(reply->status);
+      rep.error = std::move(reply->error);
+      rep.json = std::string(reply->json);
+      complete(reply->request_id, std::move(rep));
+    } else if (auto* tv = std::get_if<protocol::TagValuesMsg>(&m)) {
+      Reply rep;
+      rep.status = static_cast<Status>(tv->status);
+      rep.error = std::move(tv->error);
+      if (tv->values) {
         std::size_t budget = std::size_t{4} * protocol::kMaxFrameSize;
-        std::string why;
-        for (const wire::TagValue* tv : *items) {
+        for (const wire::TagValue* v : *tv->values) {
           tags::Change ch;
-          if (!detail::decode_tag_entry(tv, &ch, &budget, &why)) return;  // dropped
-          out.push_back(std::move(ch));
+          if (!detail::decode_tag_entry(v, &ch, &budget, &why)) {
+            rep = failed(Status::runtime_error, "outrund sent an invalid tag value: " + why);
+            break;
+          }
+          rep.values.push_back(std::move(ch));
         }
-        if (!out.empty()) (*cb)(out);
-        return;
       }
-      case wire::Body::ControlReply: {
-        const auto* r = f->body_as_ControlReply();
-        Reply rep;
-        rep.status = static_cast<Status>(r->status());
-        if (r->error()) rep.error = r->error()->str();
-        if (r->json()) rep.json = r->json()->str();
-        complete(r->request_id(), std::move(rep));
-        return;
+      complete(tv->request_id, std::move(rep));
+    } else if (const auto* changes = std::get_if<protocol::TagChangesMsg>(&m)) {
+      const auto* items = changes->changes;
+      std::shared_ptr<ChangesCallback> cb;
+      {
+        std::lock_guard lock(submu);
+        cb = on_changes;
       }
-      default:
-        return;
+      if (!items || !cb) return;
+      std::vector<tags::Change> out;
+      out.reserve(items->size());
+      std::size_t budget = std::size_t{4} * protocol::kMaxFrameSize;
+      for (const wire::TagValue* v : *items) {
+        tags::Change ch;
+        if (!detail::decode_tag_entry(v, &ch, &budget, &why)) return;  // dropped
+        out.push_back(std::move(ch));
+      }
+      if (!out.empty()) (*cb)(out);
     }
+    // A ServerHello after the connection's first frame is ignored.
   }
 
   void complete(uint64_t id, Reply&& r) {
@@ -280,7 +249,7 @@ struct Client::Impl {
     cv.notify_all();
   }
 
-  // Sends a request frame built by `build(request_id)` and waits for its reply.
+  // Sends the request frame `build(builder, request_id)` returns and waits for its reply.
   template <class Build>
   Reply request(Build&& build) {
     uint64_t id;
@@ -291,8 +260,7 @@ struct Client::Impl {
       replies.emplace(id, std::nullopt);
     }
     flatbuffers::FlatBufferBuilder f(1024);
-    build(f, id);
-    if (!send({f.GetBufferPointer(), f.GetSize()})) {
+    if (!send(build(f, id))) {
       std::lock_guard lock(mu);
       replies.erase(id);
       return failed(Status::unavailable, "cannot write to outrund");
@@ -308,10 +276,7 @@ struct Client::Impl {
   Reply control(wire::ControlCommand cmd, int shard, std::string_view after = {},
                 uint32_t limit = 0) {
     return request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
-      auto a = after.empty() ? flatbuffers::Offset<flatbuffers::String>()
-                             : f.CreateString(after.data(), after.size());
-      auto body = wire::CreateControl(f, id, cmd, shard, a, limit);
-      f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Control, body.Union()));
+      return protocol::encode_control(f, id, cmd, shard, after, limit);
     });
   }
 };
@@ -361,11 +326,8 @@ Error Client::connect(const ClientOptions& options, std::unique_ptr<Client>* out
 
   // Hello, then wait for the daemon's (with a receive timeout, cleared afterwards).
   flatbuffers::FlatBufferBuilder f(256);
-  auto name = f.CreateString(options.name);
-  auto hello = wire::CreateClientHello(f, protocol::kProtocolVersion, name);
-  f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::ClientHello, hello.Union()));
   // A daemon that refuses us may have closed before this send: its reason is still readable.
-  const bool sent = impl->send({f.GetBufferPointer(), f.GetSize()});
+  const bool sent = impl->send(protocol::encode_client_hello(f, options.name));
   timeval tv{};
   tv.tv_sec = options.reply_timeout.count() / 1000;
   tv.tv_usec = (options.reply_timeout.count() % 1000) * 1000;
@@ -385,16 +347,19 @@ Error Client::connect(const ClientOptions& options, std::unique_ptr<Client>* out
     else if (reader.error() != protocol::FrameError::kNone)
       return Error{Status::unavailable, "outrund sent a bad frame"};
   }
-  if (fv.frame->body_type() != wire::Body::ServerHello)
-    return Error{Status::unavailable, "outrund did not answer with its hello"};
-  const auto* sh = fv.frame->body_as_ServerHello();
-  if (sh->error())
-    return Error{Status::unavailable, "outrund refused the connection: " + sh->error()->str()};
+  protocol::DaemonMessage m;
+  std::string why;
+  const auto* sh = protocol::decode_daemon_frame(fv.frame, &m, &why)
+                       ? std::get_if<protocol::ServerHelloMsg>(&m)
+                       : nullptr;
+  if (!sh) return Error{Status::unavailable, "outrund did not answer with its hello"};
+  if (sh->error)
+    return Error{Status::unavailable, "outrund refused the connection: " + std::string(*sh->error)};
   if (!sent) return Error{Status::unavailable, "outrund at " + path + " closed the connection"};
-  if (sh->protocol_version() != protocol::kProtocolVersion)
+  if (sh->protocol_version != protocol::kProtocolVersion)
     return Error{Status::unavailable,
-                 "outrund speaks protocol " + std::to_string(sh->protocol_version())};
-  impl->shards = sh->shards();
+                 "outrund speaks protocol " + std::to_string(sh->protocol_version)};
+  impl->shards = sh->shards;
   if (reader.buffered() != 0)
     return Error{Status::unavailable, "outrund sent frames before its hello was answered"};
   tv = timeval{};
@@ -420,10 +385,7 @@ Error Client::register_script(std::string_view key, std::string_view source, Scr
   if (source.size() > kMaxSourceSize)
     return Error{Status::invalid_argument, "script source larger than 1 MiB"};
   Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
-    auto k = f.CreateString(key);
-    auto s = f.CreateString(source);
-    auto body = wire::CreateRegister(f, id, k, s);
-    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Register, body.Union()));
+    return protocol::encode_register(f, id, key, source);
   });
   if (r.status != Status::ok) return Error{r.status, r.error};
   Script dropped;  // released after the lock
@@ -463,9 +425,7 @@ Error Client::unregister_script(std::string_view key) {
     return Error{Status::invalid_argument,
                  "script key must be 1.." + std::to_string(kMaxKeySize) + " bytes"};
   Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
-    auto k = f.CreateString(key);
-    auto body = wire::CreateUnregister(f, id, k);
-    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Unregister, body.Union()));
+    return protocol::encode_unregister(f, id, key);
   });
   if (r.status != Status::ok) return Error{r.status, r.error};
   Script dropped;  // released after the lock
@@ -493,11 +453,8 @@ void Client::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
   auto add = [&](std::size_t i, uint64_t id, std::string* err) {
     detail::InputsOffset inputs;
     if (!detail::encode_inputs(f, requests[i].inputs, &inputs, err)) return false;
-    wire::EvaluationBuilder eb(f);
-    eb.add_id(id);
-    eb.add_script_id(requests[i].script.record()->id);
-    eb.add_inputs(inputs);
-    items.push_back(eb.Finish());
+    items.push_back(
+        protocol::build_evaluation(f, id, requests[i].script.record()->id, 0, inputs, nullptr));
     return true;
   };
   auto flush = [&] {
@@ -520,10 +477,7 @@ void Client::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
     if (dead) {
       for (auto& [id, i] : ids) failed.emplace_back(i, Result{Status::unavailable, {}, why, -1});
     } else {
-      auto vec = f.CreateVector(items);
-      auto body = wire::CreateEvaluate(f, vec);
-      f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Evaluate, body.Union()));
-      impl_->send({f.GetBufferPointer(), f.GetSize()});  // if it fails, the reader fails them
+      impl_->send(protocol::finish_evaluate(f, items));  // if it fails, the reader fails them
     }
     items.clear();
     in_frame.clear();
@@ -634,14 +588,6 @@ Error Client::restart_shard(int shard) {
 }
 
 namespace {
-using IdsOffset =
-    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>>;
-IdsOffset make_ids(flatbuffers::FlatBufferBuilder& f, const std::vector<std::string>& ids) {
-  std::vector<flatbuffers::Offset<flatbuffers::String>> v;
-  v.reserve(ids.size());
-  for (const auto& id : ids) v.push_back(f.CreateString(id));
-  return f.CreateVector(v);
-}
 Error check_ids(const std::vector<std::string>& ids) {
   if (ids.size() > detail::kMaxTagIdsPerFrame)
     return Error{Status::invalid_argument,
@@ -659,9 +605,7 @@ Error Client::define_tags(std::string_view toml, bool replace_all, std::string* 
   if (toml.size() > kMaxRequestFrame - 1024)
     return Error{Status::invalid_argument, "the tags text is larger than a frame holds"};
   Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
-    auto t = f.CreateString(toml);
-    auto body = wire::CreateDefineTags(f, id, t, replace_all);
-    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::DefineTags, body.Union()));
+    return protocol::encode_define_tags(f, id, toml, replace_all);
   });
   if (json) *json = r.json;
   return to_error(r);
@@ -670,17 +614,14 @@ Error Client::define_tags(std::string_view toml, bool replace_all, std::string* 
 Error Client::remove_tags(const std::vector<std::string>& ids) {
   if (Error e = check_ids(ids)) return e;
   Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
-    auto v = make_ids(f, ids);
-    auto body = wire::CreateRemoveTags(f, id, v);
-    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::RemoveTags, body.Union()));
+    return protocol::encode_remove_tags(f, id, ids);
   });
   return to_error(r);
 }
 
 Error Client::list_tags_json(std::string* out) {
   Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
-    auto body = wire::CreateListTags(f, id);
-    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::ListTags, body.Union()));
+    return protocol::encode_list_tags(f, id);
   });
   *out = r.json;
   return to_error(r);
@@ -696,15 +637,13 @@ Error Client::update_sources(const std::vector<tags::SourceUpdate>& updates, Dat
     std::vector<flatbuffers::Offset<wire::TagValue>> v;
     v.reserve(updates.size());
     for (const auto& u : updates) v.push_back(detail::encode_tag_entry(f, u.tag, u.value));
-    auto vec = f.CreateVector(v);
-    auto body = wire::CreateSourceUpdates(f, id, time.ticks, vec);
-    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::SourceUpdates, body.Union()));
-    if (f.GetSize() > kMaxRequestFrame) {
+    auto frame = protocol::encode_source_updates(f, id, time.ticks, v);
+    if (frame.size() > kMaxRequestFrame) {
       too_big = true;
       f.Clear();  // an empty frame instead: answered, then refused here
-      auto b = wire::CreateSourceUpdates(f, id, 0);
-      f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::SourceUpdates, b.Union()));
+      frame = protocol::encode_source_updates(f, id, 0, {});
     }
+    return frame;
   });
   if (too_big) return Error{Status::invalid_argument, "the updates are larger than a frame holds"};
   return to_error(r);
@@ -714,9 +653,7 @@ Error Client::read_tags(const std::vector<std::string>& ids, std::vector<tags::C
   out->clear();
   if (Error e = check_ids(ids)) return e;
   Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
-    auto v = make_ids(f, ids);
-    auto body = wire::CreateReadTags(f, id, v);
-    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::ReadTags, body.Union()));
+    return protocol::encode_read_tags(f, id, ids);
   });
   if (r.status == Status::ok) *out = std::move(r.values);
   return to_error(r);
@@ -729,9 +666,7 @@ Error Client::subscribe(const std::vector<std::string>& ids, ChangesCallback on_
     impl_->on_changes = std::make_shared<ChangesCallback>(std::move(on_changes));
   }
   Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
-    auto v = make_ids(f, ids);
-    auto body = wire::CreateSubscribe(f, id, v, false);
-    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Subscribe, body.Union()));
+    return protocol::encode_subscribe(f, id, ids, false);
   });
   return to_error(r);
 }
@@ -739,9 +674,7 @@ Error Client::subscribe(const std::vector<std::string>& ids, ChangesCallback on_
 Error Client::unsubscribe(const std::vector<std::string>& ids) {
   if (Error e = check_ids(ids)) return e;
   Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
-    auto v = make_ids(f, ids);
-    auto body = wire::CreateSubscribe(f, id, v, true);
-    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Subscribe, body.Union()));
+    return protocol::encode_subscribe(f, id, ids, true);
   });
   return to_error(r);
 }

@@ -108,7 +108,9 @@ struct Host::Impl final : detail::WorkerEvents {
   void on_worker_linger_expired(detail::WorkerProcess* w) override;
   void on_worker_freed(detail::WorkerProcess* w) override;
   void process_frames(detail::WorkerProcess* w, std::string* violation) REQUIRES(loop_role);
-  void handle_results(detail::WorkerProcess* w, const wire::Results* results,
+  // The items of a Results frame (null: none).
+  void handle_results(detail::WorkerProcess* w,
+                      const flatbuffers::Vector<flatbuffers::Offset<wire::Result>>* items,
                       std::string* violation) REQUIRES(loop_role);
   void drain(detail::WorkerProcess* w) REQUIRES(loop_role);
   void stream_ended(detail::WorkerProcess* w) REQUIRES(loop_role);

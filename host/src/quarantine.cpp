@@ -7,6 +7,7 @@
 #include <cassert>
 
 #include "host_impl.h"
+#include "outrun/protocol/worker_exit.h"
 
 namespace outrun {
 
@@ -37,13 +38,6 @@ bool fault_signal(int sig) {
   }
 }
 
-// An error exit while a script runs is the script's doing (a sanitizer's report after a fault
-// exits 1), except the codes that name the host's side: its pipe failed (74), it sent a frame the
-// worker could not verify (76).
-bool script_exit_code(int64_t code) {
-  return code != 0 && code != 74 && code != 76;
-}
-
 // ScriptRecord::last_crash: the signal, or the exit code << 8.
 int32_t pack_exit(const WorkerProcess& w) {
   const auto& x = w.exit_status();
@@ -65,7 +59,7 @@ const ScriptRecord* Host::Impl::crash_suspect(Shard& sh, const WorkerProcess& w,
   // kCrash and kExit come from the exit status itself; a kill the host decided has its own cause.
   const auto& x = w.exit_status();
   const bool scripted = x && ((cause == DeathCause::kCrash && fault_signal(x->signal)) ||
-                              (cause == DeathCause::kExit && script_exit_code(x->code)));
+                              (cause == DeathCause::kExit && protocol::script_may_cause_exit(x->code)));
   if (!scripted) return nullptr;
   const Slot* slot = sh.table.sent(running);  // the page is the worker's: untrusted
   return slot ? slot->script.record() : nullptr;

@@ -2,12 +2,16 @@
 
 #include <algorithm>
 
+#include "outrun/protocol/worker_exit.h"
+
 namespace outrun::detail {
 
 bool RestartPolicy::fatal_exit(int64_t code) {
-  // 64: the worker rejected its command line (EX_USAGE); 79: it could not confine itself
-  // (rlimits, no_new_privs, seccomp). Neither changes by starting it again.
-  return code == 64 || code == 79;
+  // It rejected its command line, or could not confine itself (rlimits, no_new_privs, seccomp).
+  // Neither changes by starting it again.
+  using protocol::WorkerExit;
+  return code == protocol::exit_code(WorkerExit::kUsage) ||
+         code == protocol::exit_code(WorkerExit::kConfine);
 }
 
 RestartDecision RestartPolicy::on_death(const Death& d, Clock::time_point now) {

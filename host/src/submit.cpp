@@ -2,6 +2,7 @@
 #include <cassert>
 
 #include "host_impl.h"
+#include "outrun/protocol/messages.h"
 
 namespace outrun {
 
@@ -35,34 +36,20 @@ flatbuffers::Offset<wire::Evaluation> Host::Impl::build_evaluation(flatbuffers::
   const Slot& slot = sh.table[idx];
   const detail::ScriptRecord* r = slot.script.record();
   if (r->id >= sh.known.size()) sh.known.resize(std::max<std::size_t>(r->id + 1, sh.known.size() * 2), 0);
-  flatbuffers::Offset<flatbuffers::Vector<uint8_t>> sha;
-  flatbuffers::Offset<flatbuffers::String> src, name;
-  if (!sh.known[r->id]) {
+  protocol::ScriptSource source;
+  const bool with_source = !sh.known[r->id];
+  if (with_source) {
     sh.known[r->id] = 1;
-    sha = f.CreateVector(r->sha256.data(), r->sha256.size());
-    src = f.CreateString(r->source);
-    name = f.CreateString(r->chunk_name);
+    source = {r->sha256, r->source, r->chunk_name};
   }
-  wire::EvaluationBuilder eb(f);
-  eb.add_id(detail::SlotTable::id_of(slot, idx));
-  eb.add_script_id(r->id);
-  eb.add_timeout_us(timeout_us);
-  eb.add_inputs(inputs);
-  if (!src.IsNull()) {
-    eb.add_sha256(sha);
-    eb.add_source(src);
-    eb.add_chunk_name(name);
-  }
-  return eb.Finish();
+  return protocol::build_evaluation(f, detail::SlotTable::id_of(slot, idx), r->id, timeout_us, inputs,
+                                    with_source ? &source : nullptr);
 }
 
 std::span<const uint8_t> Host::Impl::finish_evaluate(flatbuffers::FlatBufferBuilder& f,
                                                      const flatbuffers::Offset<wire::Evaluation>* items,
                                                      std::size_t n) {
-  auto vec = f.CreateVector(items, n);
-  auto body = wire::CreateEvaluate(f, vec);
-  f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Evaluate, body.Union()));
-  return {f.GetBufferPointer(), f.GetSize()};
+  return protocol::finish_evaluate(f, {items, n});
 }
 
 void Host::Impl::deliver_now(Shard& sh, Completion&& done, Result&& r) {

@@ -5,6 +5,7 @@
 #include <cassert>
 
 #include "host_impl.h"
+#include "outrun/protocol/messages.h"
 
 namespace outrun {
 
@@ -187,11 +188,9 @@ void Host::Impl::flush_forgets() {
     for (std::size_t k = 0; k < ids.size(); k += kMaxIdsPerFrame) {
       f.Clear();
       const std::size_t n = std::min(kMaxIdsPerFrame, ids.size() - k);
-      auto vec = f.CreateVector(ids.data() + k, n);
-      f.FinishSizePrefixed(
-          wire::CreateFrame(f, wire::Body::Forget, wire::CreateForget(f, vec).Union()));
       // Nobody else is writing when this returns true: write now so the builder can be reused.
-      if (sh.writer->enqueue({f.GetBufferPointer(), f.GetSize()})) sh.writer->write_pending();
+      if (sh.writer->enqueue(protocol::encode_forget(f, {ids.data() + k, n})))
+        sh.writer->write_pending();
     }
   }
   registry.recycle(all);
@@ -231,12 +230,11 @@ void Host::Impl::run_commands() {
     // successor must not wait forever.
     w->request_restart(static_cast<uint64_t>(opts.shutdown_timeout.count()));
     flatbuffers::FlatBufferBuilder f(64);
-    f.FinishSizePrefixed(
-        wire::CreateFrame(f, wire::Body::Shutdown, wire::CreateShutdown(f).Union()));
+    const auto shutdown = protocol::encode_shutdown(f);
     std::shared_ptr<protocol::FrameWriter> writer;
     {
       MutexLock lock(sh.mu);
-      if (sh.writer && sh.writer->enqueue({f.GetBufferPointer(), f.GetSize()})) writer = sh.writer;
+      if (sh.writer && sh.writer->enqueue(shutdown)) writer = sh.writer;
       sh.writer.reset();  // nothing more goes to this worker
       set_state(sh, ShardState::kDown);
     }
@@ -247,7 +245,7 @@ void Host::Impl::run_commands() {
 void Host::Impl::begin_shutdown() {
   shutdown_started = true;
   flatbuffers::FlatBufferBuilder f(64);
-  f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Shutdown, wire::CreateShutdown(f).Union()));
+  const auto shutdown = protocol::encode_shutdown(f);
   for (auto& shp : shards) {
     Shard& sh = *shp;
     uv_timer_stop(&sh.restart_timer);
@@ -257,7 +255,7 @@ void Host::Impl::begin_shutdown() {
     {
       MutexLock lock(sh.mu);
       set_state(sh, sh.worker ? ShardState::kStopping : ShardState::kStopped);
-      if (sh.writer && sh.writer->enqueue({f.GetBufferPointer(), f.GetSize()})) writer = sh.writer;
+      if (sh.writer && sh.writer->enqueue(shutdown)) writer = sh.writer;
       for (uint32_t idx : sh.table.take_waiting())
         sh.table.end(idx,
                      Result{Status::cancelled, {}, "the host shut down before it ran", sh.index},

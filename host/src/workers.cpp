@@ -10,6 +10,8 @@
 #include <random>
 
 #include "host_impl.h"
+#include "outrun/protocol/messages.h"
+#include "outrun/protocol/worker_exit.h"
 
 namespace outrun {
 
@@ -29,22 +31,7 @@ std::string describe_exit(int64_t status, int signal) {
            " (Bad system call): it made a system call its seccomp filter forbids";
   if (signal != 0)
     return "was killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
-  switch (status) {
-    case 0:
-      return "exited";
-    case 74:
-      return "exited: its pipe to the host failed (code 74)";
-    case 76:
-      return "exited: the host sent a frame it could not verify (code 76)";
-    case 77:
-      return "exited: the host was gone at start (code 77)";
-    case 78:
-      return "exited: it could not map its status page (code 78)";
-    case 79:
-      return "exited: it could not confine itself (rlimits, no_new_privs, seccomp) (code 79)";
-    default:
-      return "exited with code " + std::to_string(status);
-  }
+  return protocol::describe_worker_exit(status);
 }
 
 Error Host::Impl::spawn(Shard& sh) {
@@ -171,14 +158,12 @@ void Host::Impl::process_frames(WorkerProcess* w, std::string* violation) {
   protocol::FrameView fv;
   while (violation->empty() && w->reader().next(fv)) {
     sh.frames.fetch_add(1, std::memory_order_relaxed);
+    protocol::WorkerMessage m;
+    if (!protocol::decode_worker_frame(fv.frame, &m, violation)) break;
     switch (fv.frame->body_type()) {
       case wire::Body::Hello: {
-        const auto* h = fv.frame->body_as_Hello();
         if (w->greeted()) {
           *violation = "sent a second hello";
-        } else if (h->protocol_version() != protocol::kProtocolVersion) {
-          *violation = "speaks protocol version " + std::to_string(h->protocol_version()) +
-                       ", host speaks " + std::to_string(protocol::kProtocolVersion);
         } else {
           w->greet();
           MutexLock lock(start_mu);
@@ -191,10 +176,10 @@ void Host::Impl::process_frames(WorkerProcess* w, std::string* violation) {
         if (!w->greeted())
           *violation = "sent results before its hello";
         else
-          handle_results(w, fv.frame->body_as_Results(), violation);
+          handle_results(w, std::get<protocol::ResultsMsg>(m).items, violation);
         break;
       default:
-        *violation = "sent an unexpected frame type";
+        break;  // decode_worker_frame took it for a violation
     }
   }
   if (violation->empty() && w->reader().error() != protocol::FrameError::kNone)
@@ -202,20 +187,20 @@ void Host::Impl::process_frames(WorkerProcess* w, std::string* violation) {
   if (!sh.to_dispatch.empty()) sh.dispatcher->post(sh.to_dispatch);
 }
 
-void Host::Impl::handle_results(WorkerProcess* w, const wire::Results* results,
+void Host::Impl::handle_results(WorkerProcess* w,
+                                const flatbuffers::Vector<flatbuffers::Offset<wire::Result>>* items,
                                 std::string* violation) {
   Shard& sh = w->shard();
-  const auto* items = results->items();
   if (!items) return;
   // Check and release the slots under the lock; decode and deliver after it.
-  thread_local std::vector<std::pair<Completion, const wire::Result*>> done;
+  thread_local std::vector<std::pair<Completion, protocol::ResultView>> done;
   thread_local Ended ended;
   done.clear();
   std::vector<uint32_t> resend, promoted;
   {
     MutexLock lock(sh.mu);
-    for (const wire::Result* r : *items) {
-      const uint64_t id = r->id();
+    for (const wire::Result* item : *items) {
+      const uint64_t id = item->id();
       const uint32_t idx = static_cast<uint32_t>(id);
       Slot* found = sh.table.sent(id);
       if (!found) {
@@ -223,7 +208,9 @@ void Host::Impl::handle_results(WorkerProcess* w, const wire::Results* results,
         break;
       }
       Slot& slot = *found;
-      if (r->status() == wire::Status::NeedSource) {
+      protocol::ResultView r;
+      if (!protocol::decode_worker_result(item, &r, violation)) break;
+      if (r.status == wire::Status::NeedSource) {
         if (slot.source_resent) {
           *violation = "asked twice for the source of evaluation " + std::to_string(id);
           break;
@@ -234,13 +221,6 @@ void Host::Impl::handle_results(WorkerProcess* w, const wire::Results* results,
         slot.place = SlotPlace::kWaiting;
         resend.push_back(idx);
         continue;
-      }
-      if (r->status() > wire::Status::InvalidArgument || r->status() == wire::Status::Killed ||
-          r->status() == wire::Status::Busy || r->status() == wire::Status::WorkerLost ||
-          r->status() == wire::Status::Unavailable || r->status() == wire::Status::Cancelled) {
-        *violation = "sent a status only the host may give (" +
-                     std::to_string(static_cast<int>(r->status())) + ")";
-        break;
       }
       // Release the slot (and the key's flight) now: a caller that awaited this result and
       // submits again must never be refused by its own finished evaluation.
@@ -258,16 +238,16 @@ void Host::Impl::handle_results(WorkerProcess* w, const wire::Results* results,
   }
   for (auto& [completion, r] : done) {
     Result res;
-    res.status = static_cast<Status>(r->status());
+    res.status = static_cast<Status>(r.status);
     res.shard = sh.index;
     if (res.status == Status::ok) {
-      if (!detail::decode_value(r->value(), &res.value)) {
+      if (!detail::decode_value(r.value, &res.value)) {
         res.status = Status::worker_lost;
         res.error = "its worker sent an invalid value";
         if (violation->empty()) *violation = "sent an invalid value";
       }
-    } else if (const auto* e = r->error()) {
-      res.error = e->str();
+    } else {
+      res.error = r.error;
     }
     deliver_from_loop(sh, std::move(completion), std::move(res));
   }

@@ -27,6 +27,7 @@
 
 #include "daemon_support.h"
 #include "outrun/client.h"
+#include "outrun/protocol/client_messages.h"
 #include "outrun/protocol/frame.h"
 
 namespace {
@@ -48,9 +49,8 @@ int raw_connect(const std::string& path) {
 
 std::vector<uint8_t> hello_frame() {
   flatbuffers::FlatBufferBuilder f;
-  auto h = wire::CreateClientHello(f, outrun::protocol::kProtocolVersion, f.CreateString("test"));
-  f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::ClientHello, h.Union()));
-  return {f.GetBufferPointer(), f.GetBufferPointer() + f.GetSize()};
+  const auto frame = outrun::protocol::encode_client_hello(f, "test");
+  return {frame.begin(), frame.end()};
 }
 
 // Reads until the daemon closes the connection; true if it did (within the receive timeout).
@@ -164,9 +164,8 @@ TEST_CASE(
     auto h = hello_frame();
     REQUIRE(write(fd, h.data(), h.size()) == static_cast<ssize_t>(h.size()));
     flatbuffers::FlatBufferBuilder f;
-    f.FinishSizePrefixed(
-        wire::CreateFrame(f, wire::Body::Shutdown, wire::CreateShutdown(f).Union()));
-    REQUIRE(write(fd, f.GetBufferPointer(), f.GetSize()) == static_cast<ssize_t>(f.GetSize()));
+    const auto frame = outrun::protocol::encode_shutdown(f);
+    REQUIRE(write(fd, frame.data(), frame.size()) == static_cast<ssize_t>(frame.size()));
     CHECK(closed_by_peer(fd));
     close(fd);
   }
@@ -503,10 +502,10 @@ TEST_CASE(
     std::vector<flatbuffers::Offset<wire::Input>> ins;
     for (int i = 0; i < inputs; ++i)
       ins.push_back(wire::CreateInput(f, f.CreateString("i" + std::to_string(i)), value));
-    auto ev = wire::CreateEvaluation(f, id, s.id(), 0, 0, 0, 0, f.CreateVector(ins));
-    auto body = wire::CreateEvaluate(f, f.CreateVector(&ev, 1));
-    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Evaluate, body.Union()));
-    REQUIRE(write(fd, f.GetBufferPointer(), f.GetSize()) == static_cast<ssize_t>(f.GetSize()));
+    auto ev =
+        outrun::protocol::build_evaluation(f, id, s.id(), 0, f.CreateVector(ins), nullptr);
+    const auto frame = outrun::protocol::finish_evaluate(f, {&ev, 1});
+    REQUIRE(write(fd, frame.data(), frame.size()) == static_cast<ssize_t>(frame.size()));
   };
   evaluate(1, 2100);
   evaluate(2, 3);  // a next frame has its own budget
@@ -634,10 +633,9 @@ double register_many(const Daemon& d, int n, KeyFn key, const std::string& sourc
     std::vector<uint8_t> buf;
     for (int i = 0; i < n; ++i) {
       f.Clear();
-      auto body = wire::CreateRegister(f, static_cast<uint64_t>(i), f.CreateString(key(i)),
-                                       f.CreateString(source));
-      f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Register, body.Union()));
-      buf.insert(buf.end(), f.GetBufferPointer(), f.GetBufferPointer() + f.GetSize());
+      const auto frame =
+          outrun::protocol::encode_register(f, static_cast<uint64_t>(i), key(i), source);
+      buf.insert(buf.end(), frame.begin(), frame.end());
       if (buf.size() > (64 << 10) || i + 1 == n) {
         for (std::size_t off = 0; off < buf.size();) {
           const ssize_t w = write(rc.fd, buf.data() + off, buf.size() - off);
@@ -675,10 +673,10 @@ struct ListPage {
 ListPage list_page(RawClient& rc, const std::string* after, uint32_t limit) {
   flatbuffers::FlatBufferBuilder f;
   const uint64_t id = rc.next_id++;
-  auto a = after ? f.CreateString(*after) : flatbuffers::Offset<flatbuffers::String>();
-  auto body = wire::CreateControl(f, id, wire::ControlCommand::ListScripts, 0, a, limit);
-  f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Control, body.Union()));
-  rc.send({f.GetBufferPointer(), f.GetBufferPointer() + f.GetSize()});
+  // An empty cursor is not written: the same frame as no cursor at all.
+  const auto frame = outrun::protocol::encode_control(f, id, wire::ControlCommand::ListScripts, 0,
+                                                      after ? *after : std::string(), limit);
+  rc.send({frame.begin(), frame.end()});
   const auto fv = rc.next();
   REQUIRE(fv.frame->body_type() == wire::Body::ControlReply);
   const auto* r = fv.frame->body_as_ControlReply();

@@ -27,6 +27,7 @@
 
 #include "daemon_support.h"
 #include "outrun/client.h"
+#include "outrun/protocol/client_messages.h"
 #include "outrun/protocol/frame.h"
 
 namespace {
@@ -104,9 +105,8 @@ struct RawClient {
     fd = raw_connect(path);
     REQUIRE(fd >= 0);
     flatbuffers::FlatBufferBuilder f;
-    auto h = wire::CreateClientHello(f, outrun::protocol::kProtocolVersion, f.CreateString("raw"));
-    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::ClientHello, h.Union()));
-    send_all(f.GetBufferPointer(), f.GetSize());
+    const auto hello = outrun::protocol::encode_client_hello(f, "raw");
+    send_all(hello.data(), hello.size());
     REQUIRE(next()->body_type() == wire::Body::ServerHello);
   }
   ~RawClient() {
@@ -134,9 +134,8 @@ struct RawClient {
   }
   uint32_t register_script(const std::string& key, const std::string& source) {
     flatbuffers::FlatBufferBuilder f;
-    auto r = wire::CreateRegister(f, 1, f.CreateString(key), f.CreateString(source));
-    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Register, r.Union()));
-    send_all(f.GetBufferPointer(), f.GetSize());
+    const auto frame = outrun::protocol::encode_register(f, 1, key, source);
+    send_all(frame.data(), frame.size());
     const wire::Frame* fr = next();
     REQUIRE(fr->body_type() == wire::Body::Registered);
     REQUIRE(fr->body_as_Registered()->status() == wire::Status::Ok);
@@ -149,10 +148,10 @@ std::vector<uint8_t> evaluate_frame(uint32_t handle, std::size_t n) {
   flatbuffers::FlatBufferBuilder f(n * 32 + 1024);
   std::vector<flatbuffers::Offset<wire::Evaluation>> items;
   items.reserve(n);
-  for (std::size_t i = 0; i < n; ++i) items.push_back(wire::CreateEvaluation(f, i + 1, handle));
-  auto body = wire::CreateEvaluate(f, f.CreateVector(items));
-  f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::Evaluate, body.Union()));
-  return {f.GetBufferPointer(), f.GetBufferPointer() + f.GetSize()};
+  for (std::size_t i = 0; i < n; ++i)
+    items.push_back(outrun::protocol::build_evaluation(f, i + 1, handle, 0, {}, nullptr));
+  const auto frame = outrun::protocol::finish_evaluate(f, items);
+  return {frame.begin(), frame.end()};
 }
 
 // Sends `frame` again and again without reading, until the daemon has taken nothing for

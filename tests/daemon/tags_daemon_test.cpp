@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "daemon_support.h"
+#include "outrun/protocol/client_messages.h"
 #include "outrun/protocol/frame.h"
 #include "outrun/protocol/outrun_generated.h"
 #include "outrun/tags.h"
@@ -342,8 +343,7 @@ TEST_CASE("outrund tags: malformed or wrong-direction tags frames disconnect onl
   REQUIRE(!c->define_tags(kTags, false));
   REQUIRE(!c->subscribe({"f"}, std::ref(col)));
   auto hello = [](flatbuffers::FlatBufferBuilder& f) {
-    auto h = wire::CreateClientHello(f, outrun::protocol::kProtocolVersion, f.CreateString("t"));
-    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::ClientHello, h.Union()));
+    outrun::protocol::encode_client_hello(f, "t");
   };
   // A client sending TagChanges (daemon -> client only).
   {
@@ -353,8 +353,7 @@ TEST_CASE("outrund tags: malformed or wrong-direction tags frames disconnect onl
     send_frame(fd, f);
     f.Clear();
     auto tv = wire::CreateTagValue(f, f.CreateString("f"));
-    auto body = wire::CreateTagChanges(f, f.CreateVector(&tv, 1));
-    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::TagChanges, body.Union()));
+    outrun::protocol::encode_tag_changes(f, {&tv, 1});
     send_frame(fd, f);
     CHECK(closed_by_peer(fd));
     close(fd);
@@ -369,8 +368,7 @@ TEST_CASE("outrund tags: malformed or wrong-direction tags frames disconnect onl
     // Built by hand: TagValueBuilder::Finish asserts the required field in debug builds.
     const auto start = f.StartTable();
     const flatbuffers::Offset<wire::TagValue> tv(f.EndTable(start));
-    auto body = wire::CreateSourceUpdates(f, 1, 0, f.CreateVector(&tv, 1));
-    f.FinishSizePrefixed(wire::CreateFrame(f, wire::Body::SourceUpdates, body.Union()));
+    outrun::protocol::encode_source_updates(f, 1, 0, {&tv, 1});
     send_frame(fd, f);
     CHECK(closed_by_peer(fd));
     close(fd);

@@ -404,8 +404,8 @@ daemon::DaemonConfig config(const std::string& socket) {
 using Frames = std::vector<ByteVec>;
 
 ByteVec finish(flatbuffers::FlatBufferBuilder& f, wire::Body type, flatbuffers::Offset<void> body) {
-  f.FinishSizePrefixed(wire::CreateFrame(f, type, body));
-  return ByteVec(f.GetBufferPointer(), f.GetBufferPointer() + f.GetSize());
+  const auto frame = protocol::finish_frame(f, type, body);
+  return ByteVec(frame.begin(), frame.end());
 }
 
 // One client: connects, writes `stream` while reading, waits for the answers (or for the daemon

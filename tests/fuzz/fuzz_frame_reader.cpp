@@ -40,9 +40,8 @@ struct Pipe {
 
 ByteVec shutdown_frame() {
   flatbuffers::FlatBufferBuilder fbb(64);
-  fbb.FinishSizePrefixed(
-      wire::CreateFrame(fbb, wire::Body::Shutdown, wire::CreateShutdown(fbb).Union()));
-  return ByteVec(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+  const auto frame = protocol::encode_shutdown(fbb);
+  return ByteVec(frame.begin(), frame.end());
 }
 
 }  // namespace

@@ -7,9 +7,10 @@
 // a hello handshake and a kill/restart (tens of ms), and the outcome would depend on timing
 // (batching, restarts), which libFuzzer cannot reproduce. The untrusted bytes meet the host in
 // exactly three places, all driven here with the host's own code: FrameReader::read_from/next
-// (framing and verification), the frame-type and status rules (a few comparisons, mirrored below
-// from workers.cpp), and detail::decode_value. The id bookkeeping behind them (slots) is covered
-// by tests/host/supervision_test.cpp with real workers, including a worker writing garbage.
+// (framing and verification), the frame-type and status rules (protocol::decode_worker_frame and
+// decode_worker_result, which workers.cpp calls; the hello and id rules around them are mirrored
+// below), and detail::decode_value. The id bookkeeping behind them (slots) is covered by
+// tests/host/supervision_test.cpp with real workers, including a worker writing garbage.
 //
 // Input: stream bytes from the front; from the back, the evaluations in flight (ids as the host
 // makes them: generation << 32 | slot) and the cut schedule.
@@ -32,42 +33,35 @@ struct HostSide {
   std::set<uint64_t> source_resent;
 
   std::string frame(const wire::Frame* f) {
-    switch (f->body_type()) {
-      case wire::Body::Hello:
-        if (hello) return "second hello";
-        if (f->body_as_Hello()->protocol_version() != protocol::kProtocolVersion)
-          return "wrong version";
-        hello = true;
-        return "";
-      case wire::Body::Results: {
-        if (!hello) return "results before hello";
-        const auto* items = f->body_as_Results()->items();
-        if (!items) return "";
-        for (const wire::Result* r : *items) {
-          if (!in_flight.count(r->id())) return "not in flight";
-          if (r->status() == wire::Status::NeedSource) {
-            if (!source_resent.insert(r->id()).second) return "second NeedSource";
-            continue;  // re-sent: stays in flight
-          }
-          const auto s = r->status();
-          if (s > wire::Status::InvalidArgument || s == wire::Status::Killed ||
-              s == wire::Status::Busy || s == wire::Status::WorkerLost ||
-              s == wire::Status::Unavailable || s == wire::Status::Cancelled)
-            return "host-only status";
-          in_flight.erase(r->id());
-          if (s == wire::Status::Ok) {
-            check_decode(r->value());
-            Value v;
-            if (!detail::decode_value(r->value(), &v)) return "invalid value";
-          } else if (const auto* e = r->error()) {
-            (void)e->str();
-          }
-        }
-        return "";
-      }
-      default:
-        return "unexpected frame type";
+    protocol::WorkerMessage m;
+    std::string why;
+    if (!protocol::decode_worker_frame(f, &m, &why)) return why;  // a type or version
+    if (std::holds_alternative<protocol::HelloMsg>(m)) {
+      if (hello) return "second hello";
+      hello = true;
+      return "";
     }
+    if (!hello) return "results before hello";
+    const auto* items = std::get<protocol::ResultsMsg>(m).items;
+    if (!items) return "";
+    for (const wire::Result* item : *items) {
+      if (!in_flight.count(item->id())) return "not in flight";
+      protocol::ResultView r;
+      if (!protocol::decode_worker_result(item, &r, &why)) return why;  // a host-only status
+      if (r.status == wire::Status::NeedSource) {
+        if (!source_resent.insert(r.id).second) return "second NeedSource";
+        continue;  // re-sent: stays in flight
+      }
+      in_flight.erase(r.id);
+      if (r.status == wire::Status::Ok) {
+        check_decode(r.value);
+        Value v;
+        if (!detail::decode_value(r.value, &v)) return "invalid value";
+      } else {
+        (void)std::string(r.error);
+      }
+    }
+    return "";
   }
 };
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "outrun/protocol/frame.h"
+#include "outrun/protocol/messages.h"
 #include "outrun/protocol/outrun_generated.h"
 
 // A failed invariant is a crash: libFuzzer saves the input and stops.

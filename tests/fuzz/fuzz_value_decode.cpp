@@ -148,9 +148,7 @@ void built_values(FuzzedDataProvider& in) {
   const auto inputs_vec = fbb.CreateVector(inputs);
   const auto source = fbb.CreateString("return inputs");
   const auto eval = wire::CreateEvaluation(fbb, 1, 0, 0, source, 0, 1000, inputs_vec);
-  const auto body = wire::CreateEvaluate(fbb, fbb.CreateVector(&eval, 1));
-  fbb.FinishSizePrefixed(wire::CreateFrame(fbb, wire::Body::Evaluate, body.Union()));
-  Aligned frame_bytes(std::span<const uint8_t>(fbb.GetBufferPointer(), fbb.GetSize()));
+  Aligned frame_bytes(protocol::finish_evaluate(fbb, {&eval, 1}));
   // The production verifier (4,000,000 tables) is what frames get; shared subtrees make a
   // program that passes it costly, so they are bounded by the fuzz limit first.
   flatbuffers::Verifier::Options opts;

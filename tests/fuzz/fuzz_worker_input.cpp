@@ -169,8 +169,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ::close(sv[0]);
   ::close(sv[1]);
 
-  FUZZ_CHECK(
-      rc == (model.error == protocol::FrameError::kNone ? worker::kExitOk : worker::kExitProtocol));
+  FUZZ_CHECK(rc == protocol::exit_code(model.error == protocol::FrameError::kNone
+                                           ? protocol::WorkerExit::kOk
+                                           : protocol::WorkerExit::kProtocol));
 
   protocol::FrameReader reader;
   reader.append(answer);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "outrun/protocol/frame.h"
+#include "outrun/protocol/messages.h"
 #include "outrun/protocol/wire_value.h"
 #include "outrun/value.h"
 #include "wire_codec.h"
@@ -44,8 +45,8 @@ void write_seed(const std::string& target, const std::string& name, const ByteVe
 
 ByteVec finish(flatbuffers::FlatBufferBuilder& fbb, wire::Body type,
                flatbuffers::Offset<void> body) {
-  fbb.FinishSizePrefixed(wire::CreateFrame(fbb, type, body));
-  return ByteVec(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+  const auto frame = protocol::finish_frame(fbb, type, body);
+  return ByteVec(frame.begin(), frame.end());
 }
 
 ByteVec cat(std::initializer_list<ByteVec> parts) {

@@ -468,6 +468,8 @@ TEST_CASE("Supervision: a worker that writes garbage is killed for it and nothin
       {"bad-length", Status::worker_lost, "exceeds the maximum frame size", 1},
       {"bad-flatbuffer", Status::worker_lost, "failed verification", 1},
       {"bad-status", Status::worker_lost, "a status only the host may give", 1},
+      // A status no build knows: the same violation (worker -> host, design/protocol.md).
+      {"unknown-status", Status::worker_lost, "sent an unknown status (200)", 1},
       {"unknown-id", Status::worker_lost, "answered an evaluation it was not running", 1},
       // The first answer is delivered; the second is the violation.
       {"duplicate", Status::runtime_error, "answered an evaluation it was not running", 1},

@@ -1,7 +1,7 @@
 // Tests of the framing layer's read side: FrameReader reassembly, error detection, alignment,
 // buffer capacity, and verify_frame.
 //
-// Every test feeds real frames built with FlatBufferBuilder::FinishSizePrefixed (the producer
+// Every test feeds real frames built with protocol::finish_frame and the encoders (the producer
 // the reader has to agree with), and checks the frames that come out byte for byte against the
 // frames that went in, so a reader that drops, duplicates, reorders or cuts a frame fails.
 #include <doctest/doctest.h>
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "outrun/protocol/frame.h"
+#include "outrun/protocol/messages.h"
 
 namespace outrun::protocol {
 namespace {
@@ -48,11 +49,9 @@ Bytes results_frame(uint64_t id, std::size_t size, Payload kind = Payload::kStri
     for (std::size_t i = 0; i < size; ++i) p[i] = payload_byte(id, i);
     value = wire::CreateValue(fbb, wire::ValueKind::Bytes, false, 0, 0.0, 0, vec);
   }
-  const auto result = wire::CreateResult(fbb, id, wire::Status::Ok, value);
-  const auto items = fbb.CreateVector(&result, 1);
-  const auto results = wire::CreateResults(fbb, items);
-  fbb.FinishSizePrefixed(wire::CreateFrame(fbb, wire::Body::Results, results.Union()));
-  return Bytes(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+  const auto result = build_result(fbb, id, wire::Status::Ok, value, {});
+  const auto frame = finish_results(fbb, {&result, 1});
+  return Bytes(frame.begin(), frame.end());
 }
 
 // The smallest real frame: a Shutdown body is an empty table. It has no 8-byte field, so
@@ -60,16 +59,14 @@ Bytes results_frame(uint64_t id, std::size_t size, Payload kind = Payload::kStri
 // frame on the stream misaligned in the reader's buffer.
 Bytes shutdown_frame() {
   flatbuffers::FlatBufferBuilder fbb;
-  const auto body = wire::CreateShutdown(fbb);
-  fbb.FinishSizePrefixed(wire::CreateFrame(fbb, wire::Body::Shutdown, body.Union()));
-  return Bytes(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+  const auto frame = encode_shutdown(fbb);
+  return Bytes(frame.begin(), frame.end());
 }
 
 Bytes hello_frame(int32_t pid) {
   flatbuffers::FlatBufferBuilder fbb;
-  const auto body = wire::CreateHello(fbb, kProtocolVersion, pid);
-  fbb.FinishSizePrefixed(wire::CreateFrame(fbb, wire::Body::Hello, body.Union()));
-  return Bytes(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+  const auto frame = encode_hello(fbb, pid);
+  return Bytes(frame.begin(), frame.end());
 }
 
 void store_le32(uint8_t* p, uint32_t v) {
@@ -585,8 +582,8 @@ TEST_CASE("FrameReader: structurally corrupted frames are malformed") {
     wire::FrameBuilder fb(fbb);
     fb.add_body_type(wire::Body::Shutdown);
     // Bypass FrameBuilder::Finish, which would assert on the missing required field.
-    fbb.FinishSizePrefixed(flatbuffers::Offset<wire::Frame>(fbb.EndTable(fb.start_)));
-    expect_malformed(Bytes(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()));
+    const auto frame = finish_frame(fbb, flatbuffers::Offset<wire::Frame>(fbb.EndTable(fb.start_)));
+    expect_malformed(Bytes(frame.begin(), frame.end()));
   }
 }
 
@@ -715,10 +712,9 @@ TEST_CASE("FrameReader: Value nesting is bounded by kVerifierMaxDepth") {
       const auto items = fbb.CreateVector(&v, 1);
       v = wire::CreateValue(fbb, wire::ValueKind::Array, false, 0, 0.0, 0, 0, items);
     }
-    const auto result = wire::CreateResult(fbb, 1, wire::Status::Ok, v);
-    const auto results = wire::CreateResults(fbb, fbb.CreateVector(&result, 1));
-    fbb.FinishSizePrefixed(wire::CreateFrame(fbb, wire::Body::Results, results.Union()));
-    return Bytes(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+    const auto result = build_result(fbb, 1, wire::Status::Ok, v, {});
+    const auto frame = finish_results(fbb, {&result, 1});
+    return Bytes(frame.begin(), frame.end());
   };
   const int deepest = static_cast<int>(kVerifierMaxDepth) - 3;
   {

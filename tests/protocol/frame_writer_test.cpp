@@ -26,6 +26,7 @@
 
 #include "outrun/protocol/frame.h"
 #include "outrun/protocol/frame_writer.h"
+#include "outrun/protocol/messages.h"
 
 namespace outrun::protocol {
 namespace {
@@ -45,10 +46,9 @@ Bytes results_frame(uint64_t id, std::size_t size) {
   for (std::size_t i = 0; i < size; ++i) s[i] = static_cast<char>(payload_byte(id, i));
   const auto str = fbb.CreateString(s);
   const auto value = wire::CreateValue(fbb, wire::ValueKind::String, false, 0, 0.0, str);
-  const auto result = wire::CreateResult(fbb, id, wire::Status::Ok, value);
-  const auto results = wire::CreateResults(fbb, fbb.CreateVector(&result, 1));
-  fbb.FinishSizePrefixed(wire::CreateFrame(fbb, wire::Body::Results, results.Union()));
-  return Bytes(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+  const auto result = protocol::build_result(fbb, id, wire::Status::Ok, value, {});
+  const auto frame = protocol::finish_results(fbb, {&result, 1});
+  return Bytes(frame.begin(), frame.end());
 }
 
 // The id of a frame built by results_frame(), after checking that its payload is the one that

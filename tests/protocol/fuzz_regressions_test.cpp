@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "outrun/protocol/frame.h"
+#include "outrun/protocol/messages.h"
 
 namespace outrun::protocol {
 namespace {
@@ -109,12 +110,10 @@ TEST_CASE("fuzz regression: a huge timeout_us is no limit, not an overflow") {
                           : wire::CreateEvaluation(fbb, i + 1, 0, 0, 0, 0, timeouts[i]);
     items.push_back(e);
   }
-  const auto body = wire::CreateEvaluate(fbb, fbb.CreateVector(items));
-  fbb.FinishSizePrefixed(wire::CreateFrame(fbb, wire::Body::Evaluate, body.Union()));
+  protocol::finish_evaluate(fbb, items);
   w.send(fbb);
   flatbuffers::FlatBufferBuilder bye(64);
-  bye.FinishSizePrefixed(
-      wire::CreateFrame(bye, wire::Body::Shutdown, wire::CreateShutdown(bye).Union()));
+  protocol::encode_shutdown(bye);
   w.send(bye);
 
   std::size_t answered = 0;

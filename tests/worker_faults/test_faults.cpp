@@ -16,7 +16,8 @@
 //   names to the host, then stop serving until it is killed: "bad-length" (a size prefix past the
 //   frame limit), "bad-flatbuffer" (a well-sized frame that fails verification), "unknown-id" (a
 //   result for an evaluation it was never sent), "duplicate" (two answers to it, the first a
-//   RuntimeError), "bad-status" (a status only the host may give). The host must take each for a
+//   RuntimeError), "bad-status" (a status only the host may give), "unknown-status" (a status no
+//   build of outrun knows). The host must take each for a
 //   protocol violation.
 // - "crash-on-source=MARKER": an evaluation that carries a source containing MARKER makes the
 //   worker raise SIGSEGV as it starts running it (the evaluation is on the status page), like an
@@ -42,6 +43,7 @@
 #include <string_view>
 
 #include "hooks.h"
+#include "outrun/protocol/worker_exit.h"
 #include "worker.h"
 
 namespace outrun::worker {
@@ -143,7 +145,7 @@ void attempt_escape(const wire::Evaluation* e) {
       continue;
     }
     std::fflush(stderr);
-    _exit(70);
+    _exit(protocol::exit_code(protocol::WorkerExit::kTestFault));
   }
 }
 
@@ -152,7 +154,9 @@ void attempt_escape(const wire::Evaluation* e) {
 // for a kind it does not know (false: `e` is evaluated as usual).
 bool write_garbage(Worker& w, const wire::Evaluation* e, std::string_view what) {
   const bool raw = what == "bad-length" || what == "bad-flatbuffer";
-  if (!raw && what != "unknown-id" && what != "bad-status" && what != "duplicate") return false;
+  if (!raw && what != "unknown-id" && what != "bad-status" && what != "unknown-status" &&
+      what != "duplicate")
+    return false;
   w.flush();  // what came before is delivered; the stream breaks after it
   w.mark_running(e->id());
   spdlog::warn("test fault: writing '{}' to the host", what);
@@ -167,6 +171,8 @@ bool write_garbage(Worker& w, const wire::Evaluation* e, std::string_view what) 
       w.answer(e->id() + (uint64_t{1} << 40), wire::Status::Ok, {});
     } else if (what == "bad-status") {
       w.answer(e->id(), wire::Status::Cancelled, {});
+    } else if (what == "unknown-status") {
+      w.answer(e->id(), static_cast<wire::Status>(200), {});
     } else {
       w.answer(e->id(), wire::Status::RuntimeError, "test fault: the first of two answers");
       w.answer(e->id(), wire::Status::RuntimeError, "test fault: the first of two answers");
@@ -216,13 +222,13 @@ const Hooks* start_hooks() {
   if (!parse(fault, &crash_at_start, &err)) {
     spdlog::error("OUTRUN_TEST_FAULT: {}", err);
     std::fflush(stderr);
-    _exit(kExitUsage);
+    _exit(protocol::exit_code(protocol::WorkerExit::kUsage));
   }
   spdlog::warn("test faults '{}' are enabled", fault);
   if (!crash_at_start.empty() && ::access(crash_at_start.c_str(), F_OK) == 0) {
     spdlog::warn("test fault: '{}' exists, so this worker dies at start", crash_at_start);
     std::fflush(stderr);
-    _exit(70);
+    _exit(protocol::exit_code(protocol::WorkerExit::kTestFault));
   }
   return g_faults != 0 ? &kHooks : nullptr;
 }

@@ -1,0 +1,121 @@
+// The frame bodies of a worker pipe (host <-> worker): one encoder and one decoder per message.
+// The client <-> daemon bodies are in client_messages.h; the rules in design/protocol.md.
+//
+// Encoders build into the caller's builder and return the finished frame (length prefix
+// included), valid until the builder is cleared or reused. They never clear it: it is empty, or
+// holds only this frame's children, built before (inputs, values, the Evaluations or Results of
+// a batch). finish_frame() is the one place in outrun where a frame is finished.
+//
+// Decoders take a verified frame (FrameReader::next, verify_frame) and give a typed view whose
+// pointers and string_views point into that frame; false, with a reason, for a body that is not
+// one of the direction's or breaks its rules.
+#pragma once
+
+#include <flatbuffers/flatbuffers.h>
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include "outrun/protocol/frame.h"
+
+namespace outrun::protocol {
+
+// ---- Frames
+
+// Finishes `body`, of type `type`, as a whole frame (size prefix, root table Frame).
+std::span<const uint8_t> finish_frame(flatbuffers::FlatBufferBuilder& fbb, wire::Body type,
+                                      flatbuffers::Offset<void> body);
+// Finishes a Frame table the caller built itself: tests build malformed ones (no body).
+std::span<const uint8_t> finish_frame(flatbuffers::FlatBufferBuilder& fbb,
+                                      flatbuffers::Offset<wire::Frame> frame);
+
+// ---- Statuses a worker sends
+
+// Worker -> host: Ok, CompileError, RuntimeError, Timeout, MemoryLimit, InvalidArgument and
+// NeedSource. Any other status is a protocol violation, the worker is killed: one only the host
+// gives (Killed, Busy, WorkerLost, Unavailable, Cancelled: *why "sent a status only the host may
+// give (N)") or one this build does not know ("sent an unknown status (N)"). Host and worker are
+// built together, so neither is a version difference: it is a broken or subverted worker.
+bool check_worker_status(wire::Status status, std::string* why);
+
+// ---- Host -> worker
+
+// The script an Evaluation carries the first time it goes to a worker.
+struct ScriptSource {
+  std::span<const uint8_t> sha256;  // 32 bytes
+  std::string_view source;
+  std::optional<std::string_view> chunk_name;  // the script key; absent: none was sent
+};
+
+// One Evaluation. `inputs` was built before (null: none); `source` only when the worker may
+// lack the script. `timeout_us` 0 is not written (a client's evaluations carry none).
+flatbuffers::Offset<wire::Evaluation> build_evaluation(
+    flatbuffers::FlatBufferBuilder& fbb, uint64_t id, uint32_t script_id, uint64_t timeout_us,
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::Input>>> inputs,
+    const ScriptSource* source);
+// Evaluate { items }: the evaluations built in `fbb` before, in order. Also client -> daemon.
+std::span<const uint8_t> finish_evaluate(
+    flatbuffers::FlatBufferBuilder& fbb,
+    std::span<const flatbuffers::Offset<wire::Evaluation>> items);
+std::span<const uint8_t> encode_shutdown(flatbuffers::FlatBufferBuilder& fbb);
+std::span<const uint8_t> encode_forget(flatbuffers::FlatBufferBuilder& fbb,
+                                       std::span<const uint32_t> script_ids);
+
+// An Evaluation's source: true (and *out) when it carries a source with a 32-byte SHA-256;
+// false when it names its script by id only (a source without a valid SHA-256 counts as none).
+bool evaluation_source(const wire::Evaluation* e, ScriptSource* out);
+
+struct EvaluateMsg {
+  // The evaluations, in order; null when the frame has none.
+  const flatbuffers::Vector<flatbuffers::Offset<wire::Evaluation>>* items = nullptr;
+};
+struct ShutdownMsg {};
+struct ForgetMsg {
+  const flatbuffers::Vector<uint32_t>* script_ids = nullptr;  // null: none
+};
+using HostMessage = std::variant<EvaluateMsg, ShutdownMsg, ForgetMsg>;
+// A frame from the host. false for a body the host does not send (Hello, Results, a client's
+// frame): the worker ignores it.
+bool decode_host_frame(const wire::Frame* frame, HostMessage* out, std::string* why);
+
+// ---- Worker -> host
+
+std::span<const uint8_t> encode_hello(flatbuffers::FlatBufferBuilder& fbb, int32_t pid,
+                                      uint16_t protocol_version = kProtocolVersion);
+// One Result: `value` (built before) with Ok, `error` (written when not empty) otherwise.
+flatbuffers::Offset<wire::Result> build_result(flatbuffers::FlatBufferBuilder& fbb, uint64_t id,
+                                               wire::Status status,
+                                               flatbuffers::Offset<wire::Value> value,
+                                               std::string_view error);
+// Results { items }: the results built in `fbb` before, in order. Also daemon -> client.
+std::span<const uint8_t> finish_results(flatbuffers::FlatBufferBuilder& fbb,
+                                        std::span<const flatbuffers::Offset<wire::Result>> items);
+
+struct HelloMsg {
+  uint16_t protocol_version = 0;
+  int32_t pid = 0;
+};
+struct ResultsMsg {
+  const flatbuffers::Vector<flatbuffers::Offset<wire::Result>>* items = nullptr;  // null: none
+};
+using WorkerMessage = std::variant<HelloMsg, ResultsMsg>;
+// A frame from a worker. false (a protocol violation) for a body a worker does not send ("an
+// unexpected frame type") and for a Hello of another protocol version ("speaks protocol
+// version N, host speaks M"). Whether a Hello comes first and once is the caller's to check.
+bool decode_worker_frame(const wire::Frame* frame, WorkerMessage* out, std::string* why);
+
+// One Result as its receiver sees it.
+struct ResultView {
+  uint64_t id = 0;
+  wire::Status status = wire::Status::Ok;
+  const wire::Value* value = nullptr;  // Ok: the value (null: Nil)
+  std::string_view error;              // otherwise: the message (may be empty)
+};
+// A Result from a worker, its status checked by check_worker_status (false: a violation).
+bool decode_worker_result(const wire::Result* r, ResultView* out, std::string* why);
+
+}  // namespace outrun::protocol
