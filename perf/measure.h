@@ -11,11 +11,11 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "histogram.h"
+#include "outrun/thread_annotations.h"
 
 namespace outrun::perf {
 
@@ -93,7 +93,7 @@ class Paced {
     const int64_t now = mono_ns();
     if (!correct) wrong_.fetch_add(1, std::memory_order_relaxed);
     if (i >= first_measured_) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       hist_.record(now - intended(i));
     }
     done_.fetch_add(1, std::memory_order_release);
@@ -118,7 +118,11 @@ class Paced {
     return true;
   }
 
-  const Histogram& histogram() const { return hist_; }
+  // A copy: after a run that did not drain, completions may still be recording.
+  Histogram histogram() const {
+    MutexLock lock(mu_);
+    return hist_;
+  }
   int64_t wrong() const { return wrong_.load(); }
   int64_t done() const { return done_.load(); }
 
@@ -127,8 +131,8 @@ class Paced {
   int64_t first_measured_;
   int64_t total_;
   std::atomic<int64_t> t0_{0};  // set by run(), read by completing threads
-  std::mutex mu_;
-  Histogram hist_;
+  mutable Mutex mu_;
+  Histogram hist_ GUARDED_BY(mu_);
   std::atomic<int64_t> done_{0};
   std::atomic<int64_t> wrong_{0};
 };

@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
   std::string page_name;
   std::string profile_file;
   unsigned long long address_space_limit = 0;
-  for (int i = 1; i < argc; ++i) {
+  for (int i = 1; i < argc; i += 2) {  // --option value
     const char* a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
     unsigned long long n = 0;
@@ -120,7 +120,6 @@ int main(int argc, char** argv) {
           a);
       return kExitUsage;
     }
-    ++i;
   }
 
   // Die with the host. PDEATHSIG is armed only from here on, so check the host is still the

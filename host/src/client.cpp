@@ -11,16 +11,15 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
 #include <unordered_map>
 
 #include "outrun/protocol/frame.h"
+#include "outrun/thread_annotations.h"
 #include "tags_wire.h"
 #include "wire_codec.h"
 
@@ -60,29 +59,30 @@ struct Client::Impl {
   std::atomic<bool> alive{true};
 
   // Writing: one sender at a time; frames appended meanwhile go out with its next send.
-  std::mutex wmu;
-  std::vector<uint8_t> wpending;
-  bool wbusy = false;
+  Mutex wmu;
+  std::vector<uint8_t> wpending GUARDED_BY(wmu);
+  bool wbusy GUARDED_BY(wmu) = false;
 
   // Completions.
-  std::mutex mu;
-  std::condition_variable cv;
-  std::unordered_map<uint64_t, Callback> evals;                // by evaluation id
-  std::unordered_map<uint64_t, std::optional<Reply>> replies;  // by request id, waiting
-  uint64_t next_eval = 1;
-  uint64_t next_request = 1;
-  bool dead = false;  // reader ended: nothing more will complete
-  std::string dead_reason;
+  Mutex mu;
+  CondVar cv;  // a reply arrived, or the reader ended
+  std::unordered_map<uint64_t, Callback> evals GUARDED_BY(mu);  // by evaluation id
+  // By request id, waiting.
+  std::unordered_map<uint64_t, std::optional<Reply>> replies GUARDED_BY(mu);
+  uint64_t next_eval GUARDED_BY(mu) = 1;
+  uint64_t next_request GUARDED_BY(mu) = 1;
+  bool dead GUARDED_BY(mu) = false;  // reader ended: nothing more will complete
+  std::string dead_reason GUARDED_BY(mu);
 
   // Scripts by daemon handle, and each key's latest handle. The records are this client's own
   // (no registry): freed with the last handle.
-  std::mutex smu;
-  std::unordered_map<uint32_t, Script> by_handle;
-  std::unordered_map<std::string, uint32_t> by_key;
+  Mutex smu;
+  std::unordered_map<uint32_t, Script> by_handle GUARDED_BY(smu);
+  std::unordered_map<std::string, uint32_t> by_key GUARDED_BY(smu);
 
   // Tags subscription callback (reader thread).
-  std::mutex submu;
-  std::shared_ptr<ChangesCallback> on_changes;
+  Mutex submu;
+  std::shared_ptr<ChangesCallback> on_changes GUARDED_BY(submu);
 
   ~Impl() {
     if (fd >= 0) {
@@ -93,10 +93,10 @@ struct Client::Impl {
   }
 
   // Sends `bytes` (blocking); merges with frames other threads queued meanwhile.
-  bool send(std::span<const uint8_t> bytes) {
+  bool send(std::span<const uint8_t> bytes) EXCLUDES(wmu) {
     std::vector<uint8_t> mine;
     {
-      std::lock_guard lock(wmu);
+      MutexLock lock(wmu);
       wpending.insert(wpending.end(), bytes.begin(), bytes.end());
       if (wbusy) return true;
       wbusy = true;
@@ -115,7 +115,7 @@ struct Client::Impl {
           ok = false;
       }
       mine.clear();
-      std::lock_guard lock(wmu);
+      MutexLock lock(wmu);
       if (!ok) wpending.clear();
       if (wpending.empty()) {
         wbusy = false;
@@ -125,10 +125,10 @@ struct Client::Impl {
     }
   }
 
-  void fail_all(Status st, const std::string& why) {
+  void fail_all(Status st, const std::string& why) EXCLUDES(mu) {
     std::unordered_map<uint64_t, Callback> e;
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       dead = true;
       dead_reason = why;
       e.swap(evals);
@@ -158,7 +158,7 @@ struct Client::Impl {
   }
   std::atomic<bool> closing{false};
 
-  void handle(const wire::Frame* f) {
+  void handle(const wire::Frame* f) EXCLUDES(mu, submu) {
     switch (f->body_type()) {
       case wire::Body::Results: {
         const auto* items = f->body_as_Results()->items();
@@ -166,7 +166,7 @@ struct Client::Impl {
         for (const wire::Result* r : *items) {
           Callback cb;
           {
-            std::lock_guard lock(mu);
+            MutexLock lock(mu);
             auto it = evals.find(r->id());
             if (it == evals.end()) continue;
             cb = std::move(it->second);
@@ -239,7 +239,7 @@ struct Client::Impl {
         const auto* items = f->body_as_TagChanges()->changes();
         std::shared_ptr<ChangesCallback> cb;
         {
-          std::lock_guard lock(submu);
+          MutexLock lock(submu);
           cb = on_changes;
         }
         if (!items || !cb) return;
@@ -269,9 +269,9 @@ struct Client::Impl {
     }
   }
 
-  void complete(uint64_t id, Reply&& r) {
+  void complete(uint64_t id, Reply&& r) EXCLUDES(mu) {
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       auto it = replies.find(id);
       if (it == replies.end()) return;
       it->second = std::move(r);
@@ -281,10 +281,10 @@ struct Client::Impl {
 
   // Sends a request frame built by `build(request_id)` and waits for its reply.
   template <class Build>
-  Reply request(Build&& build) {
+  Reply request(Build&& build) EXCLUDES(mu) {
     uint64_t id;
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       if (dead) return failed(Status::unavailable, dead_reason);
       id = next_request++;
       replies.emplace(id, std::nullopt);
@@ -292,12 +292,13 @@ struct Client::Impl {
     flatbuffers::FlatBufferBuilder f(1024);
     build(f, id);
     if (!send({f.GetBufferPointer(), f.GetSize()})) {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       replies.erase(id);
       return failed(Status::unavailable, "cannot write to outrund");
     }
-    std::unique_lock lock(mu);
-    const bool got = cv.wait_for(lock, reply_timeout, [&] { return replies[id].has_value(); });
+    MutexLock lock(mu);
+    const bool got =
+        cv.wait_for(mu, reply_timeout, [&]() REQUIRES(mu) { return replies[id].has_value(); });
     Reply r = got ? std::move(*replies[id])
                   : failed(Status::unavailable, "outrund did not answer in time");
     replies.erase(id);
@@ -426,7 +427,7 @@ Error Client::register_script(std::string_view key, std::string_view source, Scr
   });
   if (r.status != Status::ok) return Error{r.status, r.error};
   Script dropped;  // released after the lock
-  std::lock_guard lock(impl_->smu);
+  MutexLock lock(impl_->smu);
   auto it = impl_->by_handle.find(r.handle);
   if (it != impl_->by_handle.end() && it->second.sha256() == r.sha && it->second.key() == key) {
     *out = it->second;
@@ -468,7 +469,7 @@ Error Client::unregister_script(std::string_view key) {
   });
   if (r.status != Status::ok) return Error{r.status, r.error};
   Script dropped;  // released after the lock
-  std::lock_guard lock(impl_->smu);
+  MutexLock lock(impl_->smu);
   if (auto k = impl_->by_key.find(std::string(key)); k != impl_->by_key.end()) {
     if (auto h = impl_->by_handle.find(k->second); h != impl_->by_handle.end()) {
       const_cast<detail::ScriptRecord*>(h->second.record())->unregistered.store(true);
@@ -504,7 +505,7 @@ void Client::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
     bool dead;
     std::string why;
     {
-      std::lock_guard lock(impl_->mu);
+      MutexLock lock(impl_->mu);
       dead = impl_->dead;
       why = impl_->dead_reason;
       if (!dead)
@@ -545,7 +546,7 @@ void Client::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
     }
     uint64_t id;
     {
-      std::lock_guard lock(impl_->mu);
+      MutexLock lock(impl_->mu);
       id = impl_->next_eval++;
     }
     std::string err;
@@ -724,7 +725,7 @@ Error Client::read_tags(const std::vector<std::string>& ids, std::vector<tags::C
 Error Client::subscribe(const std::vector<std::string>& ids, ChangesCallback on_changes) {
   if (Error e = check_ids(ids)) return e;
   {
-    std::lock_guard lock(impl_->submu);
+    MutexLock lock(impl_->submu);
     impl_->on_changes = std::make_shared<ChangesCallback>(std::move(on_changes));
   }
   Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {

@@ -16,7 +16,9 @@ using nlohmann::json;
 // `expect_rc`.
 json drill(const std::string& args, int expect_rc = 0) {
   const std::string cmd = std::string(OUTRUN_TEST_CLI) + " " + args + " --json";
-  const auto [rc, out] = run_command(cmd);
+  // Not a structured binding: clang 14 cannot capture one (INFO captures `out`).
+  const auto [rc, out_] = run_command(cmd);
+  const std::string& out = out_;
   INFO(cmd);
   INFO(out);
   REQUIRE(rc == expect_rc);
