@@ -10,17 +10,18 @@ FrameWriter::FrameWriter(int fd, std::function<void()> on_blocked)
 
 FrameWriter::State FrameWriter::write(std::span<const uint8_t> frames) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (closed_) return State::kClosed;
     pending_.insert(pending_.end(), frames.begin(), frames.end());
     if (busy_) return State::kWritten;
     busy_ = true;
   }
+  pass_.acquire();  // this thread set busy_
   return run_passes();
 }
 
 bool FrameWriter::enqueue(std::span<const uint8_t> frames) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (closed_) return false;
   pending_.insert(pending_.end(), frames.begin(), frames.end());
   if (busy_) return false;
@@ -28,7 +29,10 @@ bool FrameWriter::enqueue(std::span<const uint8_t> frames) {
   return true;
 }
 
-FrameWriter::State FrameWriter::write_pending() { return run_passes(); }
+FrameWriter::State FrameWriter::write_pending() {
+  pass_.acquire();  // enqueue() returned true: this thread set busy_
+  return run_passes();
+}
 
 FrameWriter::Io FrameWriter::send_inflight() {
   while (offset_ < inflight_.size()) {
@@ -52,11 +56,12 @@ FrameWriter::Io FrameWriter::send_inflight() {
 FrameWriter::State FrameWriter::run_passes() {
   for (;;) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (closed_) {
         busy_ = false;
         inflight_.clear();
         offset_ = 0;
+        pass_.release();
         return State::kClosed;
       }
       if (offset_ >= inflight_.size()) {
@@ -64,6 +69,7 @@ FrameWriter::State FrameWriter::run_passes() {
         offset_ = 0;
         if (pending_.empty()) {
           busy_ = false;
+          pass_.release();
           return State::kWritten;
         }
         inflight_.swap(pending_);
@@ -74,21 +80,23 @@ FrameWriter::State FrameWriter::run_passes() {
         break;
       case Io::kAgain: {
         {
-          std::lock_guard lock(mu_);
+          MutexLock lock(mu_);
           loop_owned_ = true;  // busy_ stays set: producers only append from now on
         }
+        pass_.release();  // handed to the loop: flush_from_loop() takes it
         if (on_blocked_) on_blocked_();
         return State::kHandedOff;
       }
       case Io::kClosed: {
         {
-          std::lock_guard lock(mu_);
+          MutexLock lock(mu_);
           closed_ = true;
           busy_ = false;
           pending_.clear();
           inflight_.clear();
           offset_ = 0;
         }
+        pass_.release();
         if (on_blocked_) on_blocked_();  // the loop must learn that the stream failed
         return State::kClosed;
       }
@@ -98,29 +106,34 @@ FrameWriter::State FrameWriter::run_passes() {
 
 FrameWriter::Flush FrameWriter::flush_from_loop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (closed_) return Flush::kClosed;
     if (!loop_owned_) return Flush::kDone;
   }
+  pass_.acquire();  // run_passes() handed it over (loop_owned_ stays set until kDone)
   for (;;) {
     switch (send_inflight()) {
-      case Io::kAgain: return Flush::kMore;
+      case Io::kAgain:
+        pass_.release();
+        return Flush::kMore;
       case Io::kClosed: {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         closed_ = true;
         busy_ = loop_owned_ = false;
         pending_.clear();
         inflight_.clear();
         offset_ = 0;
+        pass_.release();
         return Flush::kClosed;
       }
       case Io::kAll: break;
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     inflight_.clear();
     offset_ = 0;
     if (pending_.empty()) {
       busy_ = loop_owned_ = false;
+      pass_.release();
       return Flush::kDone;
     }
     inflight_.swap(pending_);
@@ -128,17 +141,19 @@ FrameWriter::Flush FrameWriter::flush_from_loop() {
 }
 
 std::size_t FrameWriter::queued_bytes() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return pending_.size();
 }
 
 void FrameWriter::close() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   closed_ = true;
   pending_.clear();
-  if (!busy_) {
+  if (!busy_) {  // no pass can start while mu_ is held: take it for the clear
+    pass_.acquire();
     inflight_.clear();
     offset_ = 0;
+    pass_.release();
   }
 }
 

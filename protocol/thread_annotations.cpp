@@ -6,7 +6,8 @@
 namespace outrun {
 
 void thread_role_violation() {
-  std::fputs("outrun: internal error: loop-only code ran on another thread\n", stderr);
+  std::fputs("outrun: internal error: code bound to one thread (a ThreadRole) ran on another\n",
+             stderr);
   std::abort();
 }
 

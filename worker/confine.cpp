@@ -138,7 +138,7 @@ std::string install_filter(const ConfineOptions& o) {
                             SCMP_A2(SCMP_CMP_MASKED_EQ, PROT_EXEC, PROT_EXEC));
     if (rc == 0)
       rc = seccomp_rule_add(f, SCMP_ACT_KILL_PROCESS, SCMP_SYS(tgkill), 1,
-                            SCMP_A0(SCMP_CMP_NE, static_cast<scmp_datum_t>(getpid())));
+                            SCMP_A0(SCMP_CMP_NE, static_cast<scmp_datum_t>(getpid()), 0));
   }
   if (o.profiling)
     for (int sc : kAllowedProfiling)
@@ -153,7 +153,7 @@ std::string install_filter(const ConfineOptions& o) {
   // abort() raises SIGABRT at itself; no other process may be signalled.
   if (rc == 0)
     rc = seccomp_rule_add(f, SCMP_ACT_ALLOW, SCMP_SYS(tgkill), 1,
-                          SCMP_A0(SCMP_CMP_EQ, static_cast<scmp_datum_t>(getpid())));
+                          SCMP_A0(SCMP_CMP_EQ, static_cast<scmp_datum_t>(getpid()), 0));
   if (rc != 0) return errno_text("building the seccomp filter", -rc);
   rc = seccomp_load(f);
   if (rc != 0) return errno_text("loading the seccomp filter", -rc);

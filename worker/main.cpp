@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
   std::string page_name;
   std::string profile_file;
   unsigned long long address_space_limit = 0;
-  for (int i = 1; i < argc; ++i) {
+  for (int i = 1; i < argc; i += 2) {  // --option value
     const char* a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
     unsigned long long n = 0;
@@ -121,7 +121,6 @@ int main(int argc, char** argv) {
           a);
       return exit_code(WorkerExit::kUsage);
     }
-    ++i;
   }
 
   // Die with the host. PDEATHSIG is armed only from here on, so check the host is still the

@@ -71,23 +71,27 @@ struct Conn : std::enable_shared_from_this<Conn> {
 
   // Loop thread only.
   uv_poll_t poll{};
-  protocol::FrameReader reader;
-  bool hello = false;
-  bool reading = true;
+  protocol::FrameReader reader GUARDED_BY(loop_thread);
+  bool hello GUARDED_BY(loop_thread) = false;
+  bool reading GUARDED_BY(loop_thread) = true;
   // The items of an Evaluate frame, handled up to paused_item when the client went over its
   // budget; the reader is not touched until it is finished (the frame stays valid).
-  const flatbuffers::Vector<flatbuffers::Offset<wire::Evaluation>>* paused_frame = nullptr;
-  uint32_t paused_item = 0;
-  std::size_t paused_budget = 0;  // what the rest of its inputs may decode to
-  bool write_wait = false;        // polling for writability (the socket was full)
-  bool closing = false;
-  int events = 0;
-  uid_t uid = 0;
-  gid_t gid = 0;
-  pid_t pid = 0;
-  bool admin = false;  // may send KillShard/RestartShard (daemon.admin_uids, admin_gids)
-  std::chrono::steady_clock::time_point accepted;
-  std::string name;
+  const flatbuffers::Vector<flatbuffers::Offset<wire::Evaluation>>* paused_frame
+      GUARDED_BY(loop_thread) = nullptr;
+  uint32_t paused_item GUARDED_BY(loop_thread) = 0;
+  // What the rest of its inputs may decode to.
+  std::size_t paused_budget GUARDED_BY(loop_thread) = 0;
+  // Polling for writability (the socket was full).
+  bool write_wait GUARDED_BY(loop_thread) = false;
+  bool closing GUARDED_BY(loop_thread) = false;
+  int events GUARDED_BY(loop_thread) = 0;
+  uid_t uid GUARDED_BY(loop_thread) = 0;
+  gid_t gid GUARDED_BY(loop_thread) = 0;
+  pid_t pid GUARDED_BY(loop_thread) = 0;
+  // May send KillShard/RestartShard (daemon.admin_uids, admin_gids).
+  bool admin GUARDED_BY(loop_thread) = false;
+  std::chrono::steady_clock::time_point accepted GUARDED_BY(loop_thread);
+  std::string name GUARDED_BY(loop_thread);
 
   // Tags subscription (design/daemon.md "Subscribers"), guarded by Server::sub_mu_.
   bool gone = false;  // closed: never subscribed again
@@ -354,6 +358,8 @@ sigset_t stop_signals() {
 }  // namespace
 
 int Server::run() {
+  loop_thread.bind_to_current_thread();  // this thread runs the loop
+  loop_thread.assert_here();
   reopen_logs();
   const sigset_t stop = stop_signals();
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
@@ -378,7 +384,7 @@ int Server::run() {
   init_scheduler();
   auto stop_tags = [this] {
     {
-      std::lock_guard lock(tq_mu_);
+      MutexLock lock(tq_mu_);
       tq_stop_ = true;
     }
     tq_cv_.notify_all();
@@ -427,7 +433,7 @@ int Server::run() {
   uv_async_init(&loop_, &async_, &Server::on_async);
   async_.data = this;
   {
-    std::lock_guard lock(wake_mu_);
+    MutexLock lock(wake_mu_);
     wake_open_ = true;
   }
   for (auto [h, sig] : {std::pair{&sigterm_, SIGTERM}, {&sigint_, SIGINT}, {&sighup_, SIGHUP}}) {
@@ -467,13 +473,13 @@ int Server::run() {
 }
 
 void Server::wake() {
-  std::lock_guard lock(wake_mu_);
+  MutexLock lock(wake_mu_);
   if (wake_open_) uv_async_send(&async_);
 }
 
 void Server::want_write(const std::shared_ptr<Conn>& c) {
   {
-    std::lock_guard lock(wake_mu_);
+    MutexLock lock(wake_mu_);
     if (!wake_open_) return;
     want_write_.push_back(c);
   }
@@ -482,9 +488,10 @@ void Server::want_write(const std::shared_ptr<Conn>& c) {
 
 void Server::on_async(uv_async_t* h) {
   auto* s = static_cast<Server*>(h->data);
+  loop_thread.assert_here();
   std::vector<std::shared_ptr<Conn>> v;
   {
-    std::lock_guard lock(s->wake_mu_);
+    MutexLock lock(s->wake_mu_);
     v.swap(s->want_write_);
   }
   for (auto& c : v) {
@@ -500,6 +507,7 @@ void Server::on_async(uv_async_t* h) {
 
 void Server::on_signal(uv_signal_t* h, int sig) {
   auto* s = static_cast<Server*>(h->data);
+  loop_thread.assert_here();
   if (sig == SIGHUP) {
     spdlog::info("SIGHUP: reopening logs");
     s->reopen_logs();
@@ -532,11 +540,12 @@ void Server::begin_drain() {
 
 void Server::on_drain_timer(uv_timer_t* h) {
   auto* s = static_cast<Server*>(h->data);
+  loop_thread.assert_here();
   bool pending_writes = false;
   for (auto& [p, c] : s->conns_) pending_writes |= c->write_wait;
   {
     // A writer that handed off but whose wake-up the loop has not run yet.
-    std::lock_guard lock(s->wake_mu_);
+    MutexLock lock(s->wake_mu_);
     pending_writes |= !s->want_write_.empty();
   }
   const bool idle = s->counters_.inflight.load() == 0 && !pending_writes;
@@ -571,7 +580,7 @@ void Server::finish() {
   for (auto& [p, c] : conns_) all.push_back(p);
   for (Conn* c : all) close_conn(c, "daemon stopping");
   {
-    std::lock_guard lock(wake_mu_);
+    MutexLock lock(wake_mu_);
     wake_open_ = false;
     want_write_.clear();
     uv_close(reinterpret_cast<uv_handle_t*>(&async_), nullptr);
@@ -580,6 +589,7 @@ void Server::finish() {
 
 void Server::on_listen(uv_poll_t* h, int status, int) {
   auto* s = static_cast<Server*>(h->data);
+  loop_thread.assert_here();
   if (status < 0) {
     spdlog::error("listening socket: {}", uv_strerror(status));
     return;
@@ -674,6 +684,7 @@ void Server::pause_accepting(int err) {
 
 void Server::on_accept_pause(uv_timer_t* h) {
   auto* s = static_cast<Server*>(h->data);
+  loop_thread.assert_here();
   s->accept_paused_ = false;
   if (!s->listening_) return;
   uv_poll_start(&s->listen_poll_, UV_READABLE, &Server::on_listen);
@@ -684,6 +695,7 @@ void Server::on_accept_pause(uv_timer_t* h) {
 // is in accept order).
 void Server::on_hello_timer(uv_timer_t* h) {
   auto* s = static_cast<Server*>(h->data);
+  loop_thread.assert_here();
   const auto now = std::chrono::steady_clock::now();
   while (!s->pending_.empty()) {
     Conn* c = s->pending_.begin()->second;
@@ -766,6 +778,7 @@ void Server::update_poll(Conn* c) {
 }
 
 void Server::on_conn(uv_poll_t* h, int status, int events) {
+  loop_thread.assert_here();
   auto* c = static_cast<Conn*>(h->data);
   c->server->conn_event(c, status, events);
 }
@@ -816,7 +829,7 @@ void Server::close_conn(Conn* c, const char* why) {
   c->writer.close();
   cancel_queued(c);
   {
-    std::lock_guard lock(sub_mu_);
+    MutexLock lock(sub_mu_);
     c->gone = true;
     subscribers_.erase(c);
     c->sub_latest.clear();
@@ -893,6 +906,7 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
       // A new record is charged to the peer's uid (D-quota); `admit` runs only for a new one.
       std::size_t charge = 0;
       auto admit = [&](std::size_t bytes) {
+        loop_thread.assert_here();  // called by register_script below, on this thread
         Error q = quota_.admit(c->uid, bytes);
         if (!q) charge = bytes;
         return q;
@@ -1106,7 +1120,7 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_pt
       if (add.empty()) continue;
       {
         ShardSched& sh = sched_[s];
-        std::lock_guard lock(sh.mu);
+        MutexLock lock(sh.mu);
         ConnShard& cs = c->sched[s];
         for (Queued& q : add) cs.q.push_back(std::move(q));
         sh.queued += add.size();
@@ -1127,8 +1141,10 @@ void Server::init_scheduler() {
   const int n = host_->shards();
   sched_ = std::make_unique<ShardSched[]>(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) {
-    sched_[i].window = kWindowMin;
-    sched_[i].service_us = kWindowTargetUs / kWindowMin;
+    ShardSched& sh = sched_[i];
+    MutexLock lock(sh.mu);  // no other thread has it yet: for the analysis
+    sh.window = kWindowMin;
+    sh.service_us = kWindowTargetUs / kWindowMin;
   }
   admit_.resize(static_cast<std::size_t>(n));
 }
@@ -1170,7 +1186,7 @@ void Server::refill(int s, const Done* done) {
   std::vector<Request> batch;
   std::vector<std::shared_ptr<Conn>> newly_held;  // allocates only when one is
   {
-    std::lock_guard lock(sh.mu);
+    MutexLock lock(sh.mu);
     if (done) {
       --sh.used;
       if (done->ran) {
@@ -1286,7 +1302,7 @@ void Server::maybe_resume(Conn* c) {
     bool any = false;
     {
       ShardSched& sh = sched_[s];
-      std::lock_guard lock(sh.mu);
+      MutexLock lock(sh.mu);
       ConnShard& cs = c->sched[s];
       if (!cs.in_ring && !cs.q.empty()) {
         cs.in_ring = true;
@@ -1310,7 +1326,7 @@ void Server::cancel_queued(Conn* c) {
     std::deque<Queued> gone;
     {
       ShardSched& sh = sched_[s];
-      std::lock_guard lock(sh.mu);
+      MutexLock lock(sh.mu);
       ConnShard& cs = c->sched[s];
       if (cs.in_ring) {
         sh.ring.erase(std::find(sh.ring.begin(), sh.ring.end(), c));
@@ -1385,7 +1401,7 @@ std::string Server::stats_json(bool shards_only) const {
     json window;
     {
       ShardSched& sh = sched_[i];
-      std::lock_guard lock(sh.mu);
+      MutexLock lock(sh.mu);
       window = json{{"size", sh.window},
                     {"used", sh.used},
                     {"service_us", static_cast<uint64_t>(sh.service_us)},
@@ -1582,7 +1598,7 @@ constexpr std::size_t kMaxSubscribedIds = 1u << 20;
 }  // namespace
 
 void Server::on_tag_changes(const std::vector<tags::Change>& changes) {
-  std::lock_guard lock(sub_mu_);
+  MutexLock lock(sub_mu_);
   std::vector<ChangeRef> mine;
   for (auto& [p, c] : subscribers_) {
     mine.clear();
@@ -1616,18 +1632,18 @@ void flush_latest(Conn& c, std::size_t budget) {
 }  // namespace
 
 void Server::flush_subscriber(Conn* c) {
-  std::lock_guard lock(sub_mu_);
+  MutexLock lock(sub_mu_);
   flush_latest(*c, cfg_.max_subscriber_bytes);
 }
 
 void Server::flush_subscribers() {
-  std::lock_guard lock(sub_mu_);
+  MutexLock lock(sub_mu_);
   for (auto& [p, c] : subscribers_) flush_latest(*c, cfg_.max_subscriber_bytes);
 }
 
 bool Server::post_tags_job(std::function<void()> job) {
   {
-    std::lock_guard lock(tq_mu_);
+    MutexLock lock(tq_mu_);
     if (tq_stop_ || tq_.size() >= kMaxTagsJobs) return false;
     tq_.push_back(std::move(job));
   }
@@ -1639,8 +1655,8 @@ void Server::tags_thread_main() {
   for (;;) {
     std::function<void()> job;
     {
-      std::unique_lock lock(tq_mu_);
-      tq_cv_.wait(lock, [&] { return tq_stop_ || !tq_.empty(); });
+      MutexLock lock(tq_mu_);
+      tq_cv_.wait(tq_mu_, [&]() REQUIRES(tq_mu_) { return tq_stop_ || !tq_.empty(); });
       if (tq_stop_) return;  // what is left is for connections that are closed by now
       job = std::move(tq_.front());
       tq_.pop_front();
@@ -1699,7 +1715,7 @@ bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame
   protocol::ClientMessage msg;
   std::string why;
   if (!protocol::decode_client_frame(frame, &msg, &why)) return false;
-  auto refuse_admin = [&](uint64_t rid, const char* what) {
+  auto refuse_admin = [&](uint64_t rid, const char* what) REQUIRES(loop_thread) {
     spdlog::warn("client {} (pid {} uid {}): {} refused: not an admin", c->id, c->pid, c->uid,
                  what);
     write_tags_reply(c->writer, rid,
@@ -1854,7 +1870,7 @@ bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame
       if (!detail::decode_tag_ids(sb->ids, &ids, &why)) {
         e = Error{Status::invalid_argument, why};
       } else {
-        std::lock_guard lock(sub_mu_);
+        MutexLock lock(sub_mu_);
         if (sb->cancel) {
           if (ids.empty()) {
             c->sub_all = false;

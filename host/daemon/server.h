@@ -6,13 +6,11 @@
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -23,11 +21,19 @@
 #include "latency_histogram.h"
 #include "outrun/host.h"
 #include "outrun/tags.h"
+#include "outrun/thread_annotations.h"
 #include "registry_quota.h"
 
 namespace outrun::daemon {
 
 struct Conn;
+
+// outrund's loop thread (the thread in Server::run(), or the fuzz target's): it alone touches
+// the state marked GUARDED_BY(loop_thread) (connections, the script table, the quotas, the
+// listening socket); functions that need it are REQUIRES(loop_thread), and the entry points
+// libuv calls assert it (a thread-id check in every build). One per process: one Server at a
+// time.
+inline ThreadRole loop_thread;
 
 inline constexpr int kStatusCount = 11;  // outrun::Status values
 
@@ -71,14 +77,17 @@ inline constexpr uint32_t kWindowMax = 1024;
 inline constexpr uint32_t kQuantum = 16;  // evaluations a client may take per turn
 
 struct ShardSched {
-  std::mutex mu;  // guards everything below and every Conn's ConnShard of this shard
+  // Guards everything below and every Conn's ConnShard of this shard (Conn::sched[shard]: not
+  // annotated, an array indexed by shard).
+  Mutex mu;
   // Clients with queued evaluations for this shard that may be fed (not held), in turn order.
-  std::deque<Conn*> ring;
-  uint32_t used = 0;                        // submitted to the Host, not completed
-  uint32_t window = 8;                      // W, from service_us
-  double service_us = kWindowTargetUs / 8;  // smoothed service time per evaluation
-  uint64_t last_done_us = 0;  // the last completion (service = done - max(sent, this))
-  uint64_t queued = 0;        // in the clients' queues
+  std::deque<Conn*> ring GUARDED_BY(mu);
+  uint32_t used GUARDED_BY(mu) = 0;                        // submitted to the Host, not completed
+  uint32_t window GUARDED_BY(mu) = 8;                      // W, from service_us
+  double service_us GUARDED_BY(mu) = kWindowTargetUs / 8;  // smoothed time per evaluation
+  // The last completion (service = done - max(sent, this)).
+  uint64_t last_done_us GUARDED_BY(mu) = 0;
+  uint64_t queued GUARDED_BY(mu) = 0;  // in the clients' queues
 };
 
 struct Counters {
@@ -98,7 +107,7 @@ class Server {
   int run();
 
   // Internal, used by connections.
-  void want_write(const std::shared_ptr<Conn>& c);
+  void want_write(const std::shared_ptr<Conn>& c) EXCLUDES(wake_mu_);
   Counters& counters() { return counters_; }
 
   // Scheduler. A submitted run of evaluations (one Host call), what its callbacks need.
@@ -132,59 +141,65 @@ class Server {
   // After a burst, once nothing is in flight: gives the loop thread's free heap memory back to
   // the system (mi_collect), at most once per hello-timer tick and once per burst (design/daemon.md
   // "Memory after a burst").
-  void maybe_trim();
+  void maybe_trim() REQUIRES(loop_thread);
   static void on_accept_pause(uv_timer_t* h);
 
   bool open_socket(std::string* err);
   bool check_fd_limit(std::string* err);
-  void pause_accepting(int err);
-  void accept_all();
-  void conn_event(Conn* c, int status, int events);
-  void handle_frames(const std::shared_ptr<Conn>& c);
-  bool handle_frame(const std::shared_ptr<Conn>& c, const void* frame);       // false: violation
-  bool handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame);  // false: violation
+  void pause_accepting(int err) REQUIRES(loop_thread);
+  void accept_all() REQUIRES(loop_thread);
+  void conn_event(Conn* c, int status, int events) REQUIRES(loop_thread);
+  void handle_frames(const std::shared_ptr<Conn>& c) REQUIRES(loop_thread);
+  // False: a violation.
+  bool handle_frame(const std::shared_ptr<Conn>& c, const void* frame) REQUIRES(loop_thread);
+  bool handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame) REQUIRES(loop_thread);
   // Admits and queues the items of an Evaluate frame (`items`: its Vector of Evaluation, or
   // null) from `start`; false when it stopped because the client is over
   // max_client_queued_bytes (the rest waits in Conn::paused_*).
-  bool evaluate_items(const std::shared_ptr<Conn>& c, const void* items, uint32_t start);
+  bool evaluate_items(const std::shared_ptr<Conn>& c, const void* items, uint32_t start)
+      REQUIRES(loop_thread);
 
   // Scheduler (design/daemon.md "Scheduler"). Any thread: the loop after queueing, a shard's
   // dispatcher after a completion (`done`: only when the window is a quarter free).
-  void init_scheduler();
+  void init_scheduler() REQUIRES(loop_thread);
   void refill(int shard, const Done* done);
   void complete(const Run& run, std::size_t i, Result&& r);
   // Over budget (any thread): stop feeding and reading the client until it drains.
   bool over_budget(Conn& c);
-  void hold(Conn* c);           // loop thread
-  void maybe_resume(Conn* c);   // loop thread: resumes a held client below half the budget
-  void cancel_queued(Conn* c);  // loop thread, at close: what waits in the daemon ends cancelled
-  void disconnect_over_limit(Conn* c);  // loop thread: past kHardLimitFactor × the budget
+  void hold(Conn* c) REQUIRES(loop_thread);
+  // Resumes a held client below half the budget.
+  void maybe_resume(Conn* c) REQUIRES(loop_thread);
+  // At close: what waits in the daemon ends cancelled.
+  void cancel_queued(Conn* c) REQUIRES(loop_thread);
+  // Past kHardLimitFactor × the budget.
+  void disconnect_over_limit(Conn* c) REQUIRES(loop_thread);
 
   // Tags (design/daemon.md "Tags"). on_tag_changes runs on the thread that completed a wave.
-  void on_tag_changes(const std::vector<tags::Change>& changes);
+  void on_tag_changes(const std::vector<tags::Change>& changes) EXCLUDES(sub_mu_);
   // Sends the latest values kept for a subscriber that went over its budget, once its queue is
   // below it. Any thread; takes sub_mu_.
-  void flush_subscriber(Conn* c);
-  void flush_subscribers();
+  void flush_subscriber(Conn* c) EXCLUDES(sub_mu_);
+  void flush_subscribers() EXCLUDES(sub_mu_);
   // Runs `job` on the tags thread (define/remove/reload: they wait for waves to finish). False
   // when the queue is full.
-  bool post_tags_job(std::function<void()> job);
-  void tags_thread_main();
+  bool post_tags_job(std::function<void()> job) EXCLUDES(tq_mu_);
+  void tags_thread_main() EXCLUDES(tq_mu_);
   void reload_tags();
   std::string tags_list_json() const;
-  void close_conn(Conn* c, const char* why);
-  void update_poll(Conn* c);
-  void begin_drain();
-  void finish();
-  void wake();
+  void close_conn(Conn* c, const char* why) REQUIRES(loop_thread);
+  void update_poll(Conn* c) REQUIRES(loop_thread);
+  void begin_drain() REQUIRES(loop_thread);
+  void finish() REQUIRES(loop_thread);
+  void wake() EXCLUDES(wake_mu_);
   void reopen_logs();
 
-  std::string stats_json(bool shards_only) const;
+  std::string stats_json(bool shards_only) const REQUIRES(loop_thread);
   // One ListScripts page (design/protocol.md "Paged ListScripts"): `after` is the cursor of the
   // previous page ("" the first), `limit` 0 the default.
-  Error scripts_json(std::string_view after, uint32_t limit, std::string* out) const;
+  Error scripts_json(std::string_view after, uint32_t limit, std::string* out) const
+      REQUIRES(loop_thread);
   // Drops the daemon's handle of an entry (unregister) and its quota charge.
-  void drop_entry(ScriptEntry& e);
+  void drop_entry(ScriptEntry& e) REQUIRES(loop_thread);
   static uint32_t handle_of(const ScriptEntry& e) {
     return e.gen << kHandleIdBits | e.script.id();
   }
@@ -200,59 +215,62 @@ class Server {
   // failing with EMFILE/ENFILE stops the listening poll for a pause (accept_pause_timer_), so
   // the loop does not spin on a socket that stays readable. Both exist once run() made them.
   uv_timer_t hello_timer_{}, accept_pause_timer_{};
-  bool timers_ = false;
-  uint64_t trimmed_at_ = 0;  // evaluations ended (all statuses) at the last collect
-  uint64_t trims_ = 0;
-  bool accept_paused_ = false;
-  std::chrono::steady_clock::time_point last_accept_warning_{};
-  uint64_t accept_failures_ = 0;  // EMFILE/ENFILE since the last warning
+  bool timers_ GUARDED_BY(loop_thread) = false;
+  uint64_t trimmed_at_ GUARDED_BY(loop_thread) = 0;  // evaluations ended at the last collect
+  uint64_t trims_ GUARDED_BY(loop_thread) = 0;
+  bool accept_paused_ GUARDED_BY(loop_thread) = false;
+  std::chrono::steady_clock::time_point last_accept_warning_ GUARDED_BY(loop_thread){};
+  uint64_t accept_failures_ GUARDED_BY(loop_thread) = 0;  // EMFILE/ENFILE since the last warning
   int listen_fd_ = -1;
-  bool listening_ = false;
-  bool draining_ = false;
-  bool finished_ = false;
-  std::chrono::steady_clock::time_point started_, drain_deadline_;
+  bool listening_ GUARDED_BY(loop_thread) = false;
+  bool draining_ GUARDED_BY(loop_thread) = false;
+  bool finished_ GUARDED_BY(loop_thread) = false;
+  std::chrono::steady_clock::time_point started_ GUARDED_BY(loop_thread);
+  std::chrono::steady_clock::time_point drain_deadline_ GUARDED_BY(loop_thread);
 
-  std::mutex wake_mu_;  // guards wake_open_, want_write_
-  bool wake_open_ = false;
-  std::vector<std::shared_ptr<Conn>> want_write_;
+  Mutex wake_mu_;
+  bool wake_open_ GUARDED_BY(wake_mu_) = false;  // async_ may be sent on
+  std::vector<std::shared_ptr<Conn>> want_write_ GUARDED_BY(wake_mu_);
 
   // Loop thread only.
-  std::unordered_map<Conn*, std::shared_ptr<Conn>> conns_;
-  std::map<uint64_t, Conn*> pending_;  // connections before their hello, by id (accept order)
-  uint64_t next_conn_id_ = 1;
-  uint64_t clients_total_ = 0, clients_refused_ = 0, violations_ = 0;
+  std::unordered_map<Conn*, std::shared_ptr<Conn>> conns_ GUARDED_BY(loop_thread);
+  // Connections before their hello, by id (accept order).
+  std::map<uint64_t, Conn*> pending_ GUARDED_BY(loop_thread);
+  uint64_t next_conn_id_ GUARDED_BY(loop_thread) = 1;
+  uint64_t clients_total_ GUARDED_BY(loop_thread) = 0, clients_refused_ GUARDED_BY(loop_thread) = 0;
+  uint64_t violations_ GUARDED_BY(loop_thread) = 0;
   // Index = Host record id; grows on the loop thread only. Evaluations in flight share the
   // entry, so an index given to a new record never mixes their counts.
-  std::vector<std::shared_ptr<ScriptEntry>> scripts_;
+  std::vector<std::shared_ptr<ScriptEntry>> scripts_ GUARDED_BY(loop_thread);
   // Record ids of the entries of each key registered here: the current one and those it
   // replaced (still valid handles), all dropped when the key is unregistered. Ordered: a
   // ListScripts page starts at a key (lower_bound), so a page costs O(log n + its size).
-  std::map<std::string, std::vector<uint32_t>, std::less<>> key_entries_;
-  std::size_t live_scripts_ = 0;  // entries with a script
-  RegistryQuota quota_;           // by peer uid (design/daemon.md "Registry quotas")
+  std::map<std::string, std::vector<uint32_t>, std::less<>> key_entries_ GUARDED_BY(loop_thread);
+  std::size_t live_scripts_ GUARDED_BY(loop_thread) = 0;  // entries with a script
+  RegistryQuota quota_ GUARDED_BY(loop_thread);  // by peer uid (design/daemon.md "Registry quotas")
 
   Counters counters_;
 
   // Scheduler: one per shard (made with the Host), and the loop's scratch for one frame's
   // admitted evaluations per shard (kept for its capacity).
   std::unique_ptr<ShardSched[]> sched_;
-  std::vector<std::vector<Queued>> admit_;
+  std::vector<std::vector<Queued>> admit_ GUARDED_BY(loop_thread);
   std::atomic<uint64_t> queued_peak_bytes_{0};  // largest writer queue seen at a check
   std::atomic<uint64_t> over_limit_{0};         // disconnected past the hard limit
   std::atomic<uint64_t> held_total_{0};         // clients held (loop or dispatcher)
-  std::chrono::steady_clock::time_point last_limit_warning_{};
-  uint64_t limit_warnings_skipped_ = 0;
+  std::chrono::steady_clock::time_point last_limit_warning_ GUARDED_BY(loop_thread){};
+  uint64_t limit_warnings_skipped_ GUARDED_BY(loop_thread) = 0;
 
   // Tags: the engine over host_ (made after it, destroyed before it), its subscribers (guarded
   // by sub_mu_, with each Conn's subscription) and the thread that runs define/remove/reload.
   std::unique_ptr<tags::Engine> tags_;
-  std::mutex sub_mu_;
-  std::unordered_map<Conn*, std::shared_ptr<Conn>> subscribers_;
+  Mutex sub_mu_;
+  std::unordered_map<Conn*, std::shared_ptr<Conn>> subscribers_ GUARDED_BY(sub_mu_);
   std::thread tags_thread_;
-  std::mutex tq_mu_;
-  std::condition_variable tq_cv_;
-  std::deque<std::function<void()>> tq_;
-  bool tq_stop_ = false;
+  Mutex tq_mu_;
+  CondVar tq_cv_;  // a job, or tq_stop_
+  std::deque<std::function<void()>> tq_ GUARDED_BY(tq_mu_);
+  bool tq_stop_ GUARDED_BY(tq_mu_) = false;
 };
 
 }  // namespace outrun::daemon

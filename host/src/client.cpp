@@ -12,10 +12,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
@@ -23,6 +21,7 @@
 
 #include "outrun/protocol/client_messages.h"
 #include "outrun/protocol/frame.h"
+#include "outrun/thread_annotations.h"
 #include "tags_wire.h"
 #include "wire_codec.h"
 
@@ -62,29 +61,30 @@ struct Client::Impl {
   std::atomic<bool> alive{true};
 
   // Writing: one sender at a time; frames appended meanwhile go out with its next send.
-  std::mutex wmu;
-  std::vector<uint8_t> wpending;
-  bool wbusy = false;
+  Mutex wmu;
+  std::vector<uint8_t> wpending GUARDED_BY(wmu);
+  bool wbusy GUARDED_BY(wmu) = false;
 
   // Completions.
-  std::mutex mu;
-  std::condition_variable cv;
-  std::unordered_map<uint64_t, Callback> evals;                // by evaluation id
-  std::unordered_map<uint64_t, std::optional<Reply>> replies;  // by request id, waiting
-  uint64_t next_eval = 1;
-  uint64_t next_request = 1;
-  bool dead = false;  // reader ended: nothing more will complete
-  std::string dead_reason;
+  Mutex mu;
+  CondVar cv;  // a reply arrived, or the reader ended
+  std::unordered_map<uint64_t, Callback> evals GUARDED_BY(mu);  // by evaluation id
+  // By request id, waiting.
+  std::unordered_map<uint64_t, std::optional<Reply>> replies GUARDED_BY(mu);
+  uint64_t next_eval GUARDED_BY(mu) = 1;
+  uint64_t next_request GUARDED_BY(mu) = 1;
+  bool dead GUARDED_BY(mu) = false;  // reader ended: nothing more will complete
+  std::string dead_reason GUARDED_BY(mu);
 
   // Scripts by daemon handle, and each key's latest handle. The records are this client's own
   // (no registry): freed with the last handle.
-  std::mutex smu;
-  std::unordered_map<uint32_t, Script> by_handle;
-  std::unordered_map<std::string, uint32_t> by_key;
+  Mutex smu;
+  std::unordered_map<uint32_t, Script> by_handle GUARDED_BY(smu);
+  std::unordered_map<std::string, uint32_t> by_key GUARDED_BY(smu);
 
   // Tags subscription callback (reader thread).
-  std::mutex submu;
-  std::shared_ptr<ChangesCallback> on_changes;
+  Mutex submu;
+  std::shared_ptr<ChangesCallback> on_changes GUARDED_BY(submu);
 
   ~Impl() {
     if (fd >= 0) {
@@ -95,10 +95,10 @@ struct Client::Impl {
   }
 
   // Sends `bytes` (blocking); merges with frames other threads queued meanwhile.
-  bool send(std::span<const uint8_t> bytes) {
+  bool send(std::span<const uint8_t> bytes) EXCLUDES(wmu) {
     std::vector<uint8_t> mine;
     {
-      std::lock_guard lock(wmu);
+      MutexLock lock(wmu);
       wpending.insert(wpending.end(), bytes.begin(), bytes.end());
       if (wbusy) return true;
       wbusy = true;
@@ -117,7 +117,7 @@ struct Client::Impl {
           ok = false;
       }
       mine.clear();
-      std::lock_guard lock(wmu);
+      MutexLock lock(wmu);
       if (!ok) wpending.clear();
       if (wpending.empty()) {
         wbusy = false;
@@ -127,10 +127,10 @@ struct Client::Impl {
     }
   }
 
-  void fail_all(Status st, const std::string& why) {
+  void fail_all(Status st, const std::string& why) EXCLUDES(mu) {
     std::unordered_map<uint64_t, Callback> e;
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       dead = true;
       dead_reason = why;
       e.swap(evals);
@@ -160,7 +160,7 @@ struct Client::Impl {
   }
   std::atomic<bool> closing{false};
 
-  void handle(const wire::Frame* f) {
+  void handle(const wire::Frame* f) EXCLUDES(mu, submu) {
     protocol::DaemonMessage m;
     std::string why;
     if (!protocol::decode_daemon_frame(f, &m, &why)) return;  // not for a client: ignored
@@ -170,7 +170,7 @@ struct Client::Impl {
       for (const wire::Result* item : *results->items) {
         Callback cb;
         {
-          std::lock_guard lock(mu);
+          MutexLock lock(mu);
           auto it = evals.find(item->id());
           if (it == evals.end()) continue;
           cb = std::move(it->second);
@@ -222,7 +222,7 @@ struct Client::Impl {
       const auto* items = changes->changes;
       std::shared_ptr<ChangesCallback> cb;
       {
-        std::lock_guard lock(submu);
+        MutexLock lock(submu);
         cb = on_changes;
       }
       if (!items || !cb) return;
@@ -239,9 +239,9 @@ struct Client::Impl {
     // A ServerHello after the connection's first frame is ignored.
   }
 
-  void complete(uint64_t id, Reply&& r) {
+  void complete(uint64_t id, Reply&& r) EXCLUDES(mu) {
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       auto it = replies.find(id);
       if (it == replies.end()) return;
       it->second = std::move(r);
@@ -251,22 +251,23 @@ struct Client::Impl {
 
   // Sends the request frame `build(builder, request_id)` returns and waits for its reply.
   template <class Build>
-  Reply request(Build&& build) {
+  Reply request(Build&& build) EXCLUDES(mu) {
     uint64_t id;
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       if (dead) return failed(Status::unavailable, dead_reason);
       id = next_request++;
       replies.emplace(id, std::nullopt);
     }
     flatbuffers::FlatBufferBuilder f(1024);
     if (!send(build(f, id))) {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       replies.erase(id);
       return failed(Status::unavailable, "cannot write to outrund");
     }
-    std::unique_lock lock(mu);
-    const bool got = cv.wait_for(lock, reply_timeout, [&] { return replies[id].has_value(); });
+    MutexLock lock(mu);
+    const bool got =
+        cv.wait_for(mu, reply_timeout, [&]() REQUIRES(mu) { return replies[id].has_value(); });
     Reply r = got ? std::move(*replies[id])
                   : failed(Status::unavailable, "outrund did not answer in time");
     replies.erase(id);
@@ -389,7 +390,7 @@ Error Client::register_script(std::string_view key, std::string_view source, Scr
   });
   if (r.status != Status::ok) return Error{r.status, r.error};
   Script dropped;  // released after the lock
-  std::lock_guard lock(impl_->smu);
+  MutexLock lock(impl_->smu);
   auto it = impl_->by_handle.find(r.handle);
   if (it != impl_->by_handle.end() && it->second.sha256() == r.sha && it->second.key() == key) {
     *out = it->second;
@@ -429,7 +430,7 @@ Error Client::unregister_script(std::string_view key) {
   });
   if (r.status != Status::ok) return Error{r.status, r.error};
   Script dropped;  // released after the lock
-  std::lock_guard lock(impl_->smu);
+  MutexLock lock(impl_->smu);
   if (auto k = impl_->by_key.find(std::string(key)); k != impl_->by_key.end()) {
     if (auto h = impl_->by_handle.find(k->second); h != impl_->by_handle.end()) {
       const_cast<detail::ScriptRecord*>(h->second.record())->unregistered.store(true);
@@ -462,7 +463,7 @@ void Client::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
     bool dead;
     std::string why;
     {
-      std::lock_guard lock(impl_->mu);
+      MutexLock lock(impl_->mu);
       dead = impl_->dead;
       why = impl_->dead_reason;
       if (!dead)
@@ -500,7 +501,7 @@ void Client::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
     }
     uint64_t id;
     {
-      std::lock_guard lock(impl_->mu);
+      MutexLock lock(impl_->mu);
       id = impl_->next_eval++;
     }
     std::string err;
@@ -662,7 +663,7 @@ Error Client::read_tags(const std::vector<std::string>& ids, std::vector<tags::C
 Error Client::subscribe(const std::vector<std::string>& ids, ChangesCallback on_changes) {
   if (Error e = check_ids(ids)) return e;
   {
-    std::lock_guard lock(impl_->submu);
+    MutexLock lock(impl_->submu);
     impl_->on_changes = std::make_shared<ChangesCallback>(std::move(on_changes));
   }
   Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {

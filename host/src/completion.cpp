@@ -26,7 +26,7 @@ Dispatcher::~Dispatcher() { stop_and_join(); }
 
 void Dispatcher::stop_and_join() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
   cv_.notify_one();
@@ -37,7 +37,7 @@ void Dispatcher::post(std::vector<Delivery>& batch) {
   if (batch.empty()) return;
   bool was_empty;
   {
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     if (exited_) {
       lock.unlock();
       for (auto& d : batch) d.done.deliver(std::move(d.result), log_);
@@ -59,7 +59,7 @@ void Dispatcher::post(std::vector<Delivery>& batch) {
 void Dispatcher::post(Delivery&& d) {
   bool was_empty;
   {
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     if (exited_) {
       lock.unlock();
       d.done.deliver(std::move(d.result), log_);
@@ -75,8 +75,8 @@ void Dispatcher::run() {
   std::vector<Delivery> local;
   for (;;) {
     {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return !queue_.empty() || stop_; });
+      MutexLock lock(mu_);
+      cv_.wait(mu_, [&]() REQUIRES(mu_) { return !queue_.empty() || stop_; });
       if (queue_.empty()) {  // stop_ and nothing left; decided under the lock, so no post is lost
         exited_ = true;
         return;

@@ -1,16 +1,15 @@
 // How an evaluation reports its result, and the dispatcher threads that run callbacks.
 #pragma once
 
-#include <condition_variable>
 #include <future>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <variant>
 #include <vector>
 
 #include "log.h"
 #include "outrun/runner.h"
+#include "outrun/thread_annotations.h"
 
 namespace outrun::detail {
 
@@ -52,22 +51,22 @@ class Dispatcher {
 
   // Runs what is queued, then joins. Deliveries posted after that run inline on the poster's
   // thread (during ~Host, a callback of one shard may submit to another whose thread is gone).
-  void stop_and_join();
+  void stop_and_join() EXCLUDES(mu_);
   Dispatcher(const Dispatcher&) = delete;
   Dispatcher& operator=(const Dispatcher&) = delete;
 
   // Moves every delivery out of `batch` (leaving it empty) and wakes the thread at most once.
-  void post(std::vector<Delivery>& batch);
-  void post(Delivery&& d);
+  void post(std::vector<Delivery>& batch) EXCLUDES(mu_);
+  void post(Delivery&& d) EXCLUDES(mu_);
 
  private:
-  void run();
+  void run() EXCLUDES(mu_);
   const Log& log_;  // the host's, which outlives its dispatchers
-  std::mutex mu_;  // guards queue_, stop_, exited_
-  std::condition_variable cv_;
-  std::vector<Delivery> queue_;
-  bool stop_ = false;
-  bool exited_ = false;  // run() returned: post() delivers inline
+  Mutex mu_;
+  CondVar cv_;  // queue_ became non-empty, or stop_
+  std::vector<Delivery> queue_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
+  bool exited_ GUARDED_BY(mu_) = false;  // run() returned: post() delivers inline
   std::thread thread_;
 };
 

@@ -112,7 +112,7 @@ Error Host::Impl::start() {
   });
   MutexLock lock(start_mu);
   const bool ready =
-      start_cv.wait_until(lock, std::chrono::steady_clock::now() + opts.start_timeout,
+      start_cv.wait_until(start_mu, std::chrono::steady_clock::now() + opts.start_timeout,
                           [&]() REQUIRES(start_mu) {
                             return hellos >= opts.shards || !start_error.empty();
                           });

@@ -2,9 +2,9 @@
 #include "outrun/in_process.h"
 
 #include <lua.hpp>
-#include <mutex>
 
 #include "lua_values.h"
+#include "outrun/thread_annotations.h"
 #include "sandbox.h"
 #include "script_registry.h"
 #include "value_builder.h"
@@ -63,10 +63,10 @@ bool push_inputs(lua_State* L, const void* p) {
 
 // One registered script's engine: compiled on first use, serialised by its mutex.
 struct Engine {
-  std::mutex mu;  // guards everything below: a lua_State is single-threaded
-  std::unique_ptr<sandbox::ScriptState> state;
-  sandbox::Outcome compile_outcome;
-  bool tried = false;
+  Mutex mu;  // a lua_State is single-threaded
+  std::unique_ptr<sandbox::ScriptState> state GUARDED_BY(mu);
+  sandbox::Outcome compile_outcome GUARDED_BY(mu);
+  bool tried GUARDED_BY(mu) = false;
 };
 
 }  // namespace
@@ -102,7 +102,7 @@ Result InProcess::run(const Script& script, const Inputs& inputs) {
   if (r->unregistered.load(std::memory_order_relaxed)) [[unlikely]]
     return {Status::invalid_argument, {}, "script '" + r->key + "' was unregistered", -1};
   auto* e = static_cast<Engine*>(r->engine);
-  std::lock_guard lock(e->mu);
+  MutexLock lock(e->mu);
   if (!e->tried) {
     e->tried = true;
     std::string err;

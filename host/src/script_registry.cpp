@@ -24,8 +24,11 @@ void release_script_record(const ScriptRecord* rec) {
   if (rec->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   auto* r = const_cast<ScriptRecord*>(rec);  // the last reference: nobody else can see it
   if (std::shared_ptr<RegistryShared> shared = std::move(r->registry)) {
-    std::lock_guard lock(shared->mu);
-    if (shared->reg) shared->reg->freed(r);
+    MutexLock lock(shared->mu);
+    if (ScriptRegistry* reg = shared->reg) {
+      reg->shared_->mu.assert_held();  // reg->shared_ is `shared`
+      reg->freed(r);
+    }
   }
   if (r->free_engine) r->free_engine(r->engine);
   delete r;
@@ -38,13 +41,14 @@ ScriptRegistry::ScriptRegistry(const void* owner, uint32_t shards, std::size_t m
       max_bytes_(max_bytes),
       deferred_ids_(deferred_ids),
       shared_(std::make_shared<RegistryShared>()) {
+  MutexLock lock(shared_->mu);  // nobody else can see it yet: for the analysis
   shared_->reg = this;
 }
 
 ScriptRegistry::~ScriptRegistry() {
   std::unordered_map<std::string, Script> held;
   {
-    std::lock_guard lock(shared_->mu);
+    MutexLock lock(shared_->mu);
     shared_->reg = nullptr;  // records still held by handles are deleted without accounting
     held.swap(by_key_);
   }
@@ -74,7 +78,7 @@ Error ScriptRegistry::add(std::string_view key, std::string_view source, Script*
   sha256(source, &digest);  // once per registration, outside the lock
   Script result, replaced;  // dropped after the lock: the last reference takes it
   {
-    std::lock_guard lock(shared_->mu);
+    MutexLock lock(shared_->mu);
     auto it = by_key_.find(std::string(key));
     if (it != by_key_.end() && it->second.record()->sha256 == digest) {
       result = it->second;
@@ -133,7 +137,7 @@ Error ScriptRegistry::add(std::string_view key, std::string_view source, Script*
 Error ScriptRegistry::remove(std::string_view key) {
   Script gone;  // dropped after the lock
   {
-    std::lock_guard lock(shared_->mu);
+    MutexLock lock(shared_->mu);
     auto it = by_key_.find(std::string(key));
     if (it == by_key_.end())
       return {Status::invalid_argument, "no script is registered under '" + std::string(key) + "'"};
@@ -145,33 +149,33 @@ Error ScriptRegistry::remove(std::string_view key) {
 }
 
 RegistryStats ScriptRegistry::stats() const {
-  std::lock_guard lock(shared_->mu);
+  MutexLock lock(shared_->mu);
   return {records_, bytes_};
 }
 
 std::size_t ScriptRegistry::size() const {
-  std::lock_guard lock(shared_->mu);
+  MutexLock lock(shared_->mu);
   return records_;
 }
 
 uint32_t ScriptRegistry::keys() const {
-  std::lock_guard lock(shared_->mu);
+  MutexLock lock(shared_->mu);
   return next_key_id_ - static_cast<uint32_t>(free_key_ids_.size());
 }
 
 void ScriptRegistry::set_on_retire(std::function<void()> f) {
-  std::lock_guard lock(shared_->mu);
+  MutexLock lock(shared_->mu);
   on_retire_ = std::move(f);
 }
 
 void ScriptRegistry::take_retired(std::vector<std::pair<uint32_t, uint32_t>>* out) {
-  std::lock_guard lock(shared_->mu);
+  MutexLock lock(shared_->mu);
   out->swap(retired_);
   retired_.clear();
 }
 
 void ScriptRegistry::recycle(const std::vector<uint32_t>& ids) {
-  std::lock_guard lock(shared_->mu);
+  MutexLock lock(shared_->mu);
   free_ids_.insert(free_ids_.end(), ids.begin(), ids.end());
 }
 

@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "outrun/runner.h"
+#include "outrun/thread_annotations.h"
 #include "script_record.h"
 
 namespace outrun::detail {
@@ -28,8 +28,8 @@ class ScriptRegistry;
 // Shared by a registry and its records, so that a handle that outlives its runner can still be
 // dropped: the record is then deleted without any accounting.
 struct RegistryShared {
-  std::mutex mu;                  // guards everything in the ScriptRegistry that `reg` points to
-  ScriptRegistry* reg = nullptr;  // null once the registry is gone
+  Mutex mu;  // guards `reg` and everything in the ScriptRegistry that it points to
+  ScriptRegistry* reg GUARDED_BY(mu) = nullptr;  // null once the registry is gone
 };
 
 class ScriptRegistry {
@@ -50,42 +50,44 @@ class ScriptRegistry {
   // registration's, and once it returned none the record is made. Not called when the key
   // already holds this source.
   Error add(std::string_view key, std::string_view source, Script* out,
-            const std::function<void(ScriptRecord&)>& on_new = {}, const AdmitFn& admit = {});
+            const std::function<void(ScriptRecord&)>& on_new = {}, const AdmitFn& admit = {})
+      EXCLUDES(shared_->mu);
   // Thread-safe. Removes `key`: its record is marked unregistered and the registry's reference
   // dropped. Unknown key: invalid_argument.
-  Error remove(std::string_view key);
-  RegistryStats stats() const;
-  std::size_t size() const;  // records alive
-  uint32_t keys() const;     // key ids in use
+  Error remove(std::string_view key) EXCLUDES(shared_->mu);
+  RegistryStats stats() const EXCLUDES(shared_->mu);
+  std::size_t size() const EXCLUDES(shared_->mu);  // records alive
+  uint32_t keys() const EXCLUDES(shared_->mu);     // key ids in use
 
   // deferred_ids: runs under the registry's lock when a freed id waits for recycle() (Host: wakes
   // the loop). Cleared before the runner's state goes.
-  void set_on_retire(std::function<void()> f);
+  void set_on_retire(std::function<void()> f) EXCLUDES(shared_->mu);
   // deferred_ids: (shard, id) of the records freed since the last call.
-  void take_retired(std::vector<std::pair<uint32_t, uint32_t>>* out);
+  void take_retired(std::vector<std::pair<uint32_t, uint32_t>>* out) EXCLUDES(shared_->mu);
   // deferred_ids: these ids may be given to new records now.
-  void recycle(const std::vector<uint32_t>& ids);
+  void recycle(const std::vector<uint32_t>& ids) EXCLUDES(shared_->mu);
 
  private:
   friend void release_script_record(const ScriptRecord* rec);
-  void freed(ScriptRecord* r);  // shared_->mu held; the record is deleted by the caller
+  void freed(ScriptRecord* r) REQUIRES(shared_->mu);  // the record is deleted by the caller
 
   const void* owner_;
   const uint32_t shards_;
   const std::size_t max_bytes_;
   const bool deferred_ids_;
-  std::shared_ptr<RegistryShared> shared_;
-  // Guarded by shared_->mu:
-  std::size_t bytes_ = 0;    // what live records cost
-  std::size_t records_ = 0;  // live records
-  uint32_t next_id_ = 0;
-  std::vector<uint32_t> free_ids_;
-  std::vector<std::pair<uint32_t, uint32_t>> retired_;  // (shard, id), deferred_ids only
-  uint32_t next_key_id_ = 0;
-  std::vector<uint32_t> free_key_ids_;
-  std::vector<uint32_t> key_refs_;                  // by key id: live records with it
-  std::unordered_map<std::string, Script> by_key_;  // the registry's reference to each key's record
-  std::function<void()> on_retire_;
+  const std::shared_ptr<RegistryShared> shared_;
+  std::size_t bytes_ GUARDED_BY(shared_->mu) = 0;    // what live records cost
+  std::size_t records_ GUARDED_BY(shared_->mu) = 0;  // live records
+  uint32_t next_id_ GUARDED_BY(shared_->mu) = 0;
+  std::vector<uint32_t> free_ids_ GUARDED_BY(shared_->mu);
+  // (shard, id), deferred_ids only
+  std::vector<std::pair<uint32_t, uint32_t>> retired_ GUARDED_BY(shared_->mu);
+  uint32_t next_key_id_ GUARDED_BY(shared_->mu) = 0;
+  std::vector<uint32_t> free_key_ids_ GUARDED_BY(shared_->mu);
+  std::vector<uint32_t> key_refs_ GUARDED_BY(shared_->mu);  // by key id: live records with it
+  // The registry's reference to each key's record.
+  std::unordered_map<std::string, Script> by_key_ GUARDED_BY(shared_->mu);
+  std::function<void()> on_retire_ GUARDED_BY(shared_->mu);
 };
 
 }  // namespace outrun::detail

@@ -8,16 +8,15 @@
 // InProcess chain of tags does not recurse.
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <queue>
 #include <set>
 #include <thread>
 #include <unordered_map>
 
 #include "outrun/tags.h"
+#include "outrun/thread_annotations.h"
 #include "prelude.h"
 
 namespace outrun::tags {
@@ -181,25 +180,27 @@ struct Engine::Impl {
   Runner& runner;
   TagsOptions opts;
 
-  mutable std::mutex mu;
-  std::condition_variable cv;  // waves ending, evaluations completing, timers
-  std::vector<std::unique_ptr<Node>> nodes;
-  std::vector<uint32_t> free_nodes;
-  std::unordered_map<std::string, uint32_t, StringHash, std::equal_to<>> by_id;
-  std::vector<uint32_t> topo_order;  // virtual tags
-  std::vector<Component> comps;
-  std::size_t sources = 0;
-  uint64_t next_wave = 1;
-  int paused = 0;
-  std::size_t in_flight = 0;
-  bool closing = false;
-  EngineCounters counters;
-  DateTime manual_clock;
-  bool manual_clock_set = false;
+  // Guards everything below (the nodes and components they point to with it) but the timer
+  // thread's handle and apply_mu.
+  mutable Mutex mu;
+  CondVar cv;  // waves ending, evaluations completing, timers
+  std::vector<std::unique_ptr<Node>> nodes GUARDED_BY(mu);
+  std::vector<uint32_t> free_nodes GUARDED_BY(mu);
+  std::unordered_map<std::string, uint32_t, StringHash, std::equal_to<>> by_id GUARDED_BY(mu);
+  std::vector<uint32_t> topo_order GUARDED_BY(mu);  // virtual tags
+  std::vector<Component> comps GUARDED_BY(mu);
+  std::size_t sources GUARDED_BY(mu) = 0;
+  uint64_t next_wave GUARDED_BY(mu) = 1;
+  int paused GUARDED_BY(mu) = 0;
+  std::size_t in_flight GUARDED_BY(mu) = 0;
+  bool closing GUARDED_BY(mu) = false;
+  EngineCounters counters GUARDED_BY(mu);
+  DateTime manual_clock GUARDED_BY(mu);
+  bool manual_clock_set GUARDED_BY(mu) = false;
 
   // Deliveries: in wave order, one at a time.
-  std::deque<std::vector<Change>> deliveries;
-  bool delivering = false;
+  std::deque<std::vector<Change>> deliveries GUARDED_BY(mu);
+  bool delivering GUARDED_BY(mu) = false;
 
   // Timers: retries, and periodic tags in real time.
   struct Timer {
@@ -209,22 +210,22 @@ struct Engine::Impl {
     bool periodic;
     bool operator>(const Timer& o) const { return at > o.at; }
   };
-  std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers;
+  std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers GUARDED_BY(mu);
   std::thread timer_thread;
 
-  std::mutex apply_mu;  // one apply/remove at a time
+  Mutex apply_mu;  // one apply/remove at a time; taken before mu
 
-  DateTime now() const {
+  DateTime now() const REQUIRES(mu) {
     if (manual_clock_set) return manual_clock;
     return opts.clock ? opts.clock() : system_now();
   }
 
-  Node* find(std::string_view id) const {
+  Node* find(std::string_view id) const REQUIRES(mu) {
     auto it = by_id.find(id);
     return it == by_id.end() ? nullptr : nodes[it->second].get();
   }
 
-  uint32_t new_node(const std::string& id) {
+  uint32_t new_node(const std::string& id) REQUIRES(mu) {
     uint32_t idx;
     if (!free_nodes.empty()) {
       idx = free_nodes.back();
@@ -242,7 +243,7 @@ struct Engine::Impl {
     return idx;
   }
 
-  void free_node(uint32_t idx) {
+  void free_node(uint32_t idx) REQUIRES(mu) {
     Node& n = *nodes[idx];
     by_id.erase(n.id);
     n.alive = false;
@@ -256,7 +257,7 @@ struct Engine::Impl {
   // ---- graph ----
 
   // Recomputes dependents, topological order and components. Called with no wave running.
-  void rebuild() {
+  void rebuild() REQUIRES(mu) {
     for (auto& np : nodes) {
       if (!np->alive) continue;
       np->dependents.clear();
@@ -381,7 +382,7 @@ struct Engine::Impl {
   }
 
   // Whether a change of input `from` (node index) triggers tag `t`; notes the trigger time.
-  void consider_trigger(Node& t, uint32_t from) {
+  void consider_trigger(Node& t, uint32_t from) REQUIRES(mu) {
     if (t.def.trigger.kind != TriggerKind::on_change) return;
     const Node& src = *nodes[from];
     for (std::size_t i = 0; i < t.input_nodes.size(); ++i) {
@@ -393,7 +394,7 @@ struct Engine::Impl {
     }
   }
 
-  bool any_input_set(const Node& t) const {
+  bool any_input_set(const Node& t) const REQUIRES(mu) {
     if (t.input_nodes.empty()) return true;
     for (uint32_t in : t.input_nodes) {
       const DataValue& v = nodes[in]->value;
@@ -403,14 +404,14 @@ struct Engine::Impl {
   }
 
   // Components with something pending, to be started (duplicates and stale entries are fine).
-  std::vector<int> pending_comps;
-  void mark_pending(int ci) {
+  std::vector<int> pending_comps GUARDED_BY(mu);
+  void mark_pending(int ci) REQUIRES(mu) {
     Component& c = comps[ci];
     if (!c.pending) pending_comps.push_back(ci);
     c.pending = true;
   }
 
-  void start_waves(std::vector<Dispatch>* out) {
+  void start_waves(std::vector<Dispatch>* out) REQUIRES(mu) {
     if (paused > 0) return;
     // start_wave may mark components pending again: take the list, keep both buffers' capacity.
     todo_comps.clear();
@@ -420,9 +421,9 @@ struct Engine::Impl {
       if (startable) start_wave(c, out);
     }
   }
-  std::vector<int> todo_comps;  // scratch of start_waves
+  std::vector<int> todo_comps GUARDED_BY(mu);  // scratch of start_waves
 
-  void start_wave(int ci, std::vector<Dispatch>* out) {
+  void start_wave(int ci, std::vector<Dispatch>* out) REQUIRES(mu) {
     Component& c = comps[ci];
     c.running = true;
     c.pending = false;
@@ -504,14 +505,14 @@ struct Engine::Impl {
     for (uint32_t t : ready) process(t, out);
   }
 
-  void process(uint32_t idx, std::vector<Dispatch>* out) {
+  void process(uint32_t idx, std::vector<Dispatch>* out) REQUIRES(mu) {
     Node& t = *nodes[idx];
     if (t.triggered) submit(idx, out, false);
     else finish(idx, false, out);
   }
 
   // A tag of the running wave is done; `changed`: its output changed.
-  void finish(uint32_t idx, bool changed, std::vector<Dispatch>* out) {
+  void finish(uint32_t idx, bool changed, std::vector<Dispatch>* out) REQUIRES(mu) {
     Node& t = *nodes[idx];
     Component& c = comps[t.component];
     for (uint32_t d : t.dependents) {
@@ -523,7 +524,7 @@ struct Engine::Impl {
     if (--c.remaining == 0) end_wave(t.component, out);
   }
 
-  void end_wave(int ci, std::vector<Dispatch>* out) {
+  void end_wave(int ci, std::vector<Dispatch>* out) REQUIRES(mu) {
     Component& c = comps[ci];
     c.running = false;
     if (!c.changes.empty()) {
@@ -557,7 +558,7 @@ struct Engine::Impl {
   }
 
   // Builds the evaluation of `t` (mode: "" run, "c" check, "x" export).
-  Inputs build_inputs(Node& t, std::string_view mode, DateTime time) {
+  Inputs build_inputs(Node& t, std::string_view mode, DateTime time) REQUIRES(mu) {
     Inputs in;
     in.reserve(t.input_nodes.size() + 1);
     Map st, tm;
@@ -594,7 +595,7 @@ struct Engine::Impl {
     return in;
   }
 
-  void submit(uint32_t idx, std::vector<Dispatch>* out, bool with_state) {
+  void submit(uint32_t idx, std::vector<Dispatch>* out, bool with_state) REQUIRES(mu) {
     Node& t = *nodes[idx];
     Component& c = comps[t.component];
     if (with_state && t.kept_state_present) {
@@ -617,10 +618,10 @@ struct Engine::Impl {
                     }});
   }
 
-  void on_result(uint32_t idx, uint32_t gen, Result r) {
+  void on_result(uint32_t idx, uint32_t gen, Result r) EXCLUDES(mu) {
     std::vector<Dispatch> out;
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       Node& t = *nodes[idx];
       if (t.alive && t.generation == gen) {  // always: removal waits for waves
         t.in_flight = false;
@@ -631,12 +632,12 @@ struct Engine::Impl {
     run_dispatches(std::move(out));
     deliver();
     // Last: the destructor waits for this count, and nothing below touches the engine.
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     --in_flight;
     cv.notify_all();
   }
 
-  void complete(uint32_t idx, DateTime time, Result r, std::vector<Dispatch>* out) {
+  void complete(uint32_t idx, DateTime time, Result r, std::vector<Dispatch>* out) REQUIRES(mu) {
     Node& t = *nodes[idx];
     t.has_import = false;
     t.counters.last_duration =
@@ -712,7 +713,7 @@ struct Engine::Impl {
     finish(idx, changed, out);
   }
 
-  DateTime source_time_for(const Node& t, DateTime time) const {
+  DateTime source_time_for(const Node& t, DateTime time) const REQUIRES(mu) {
     switch (t.def.timestamps) {
       case TimestampPolicy::evaluation_time: return time;
       case TimestampPolicy::triggering_input:
@@ -733,7 +734,7 @@ struct Engine::Impl {
     return time;
   }
 
-  void result_to_datavalue(Node& t, const Value& result, DataValue* dv) {
+  void result_to_datavalue(Node& t, const Value& result, DataValue* dv) REQUIRES(mu) {
     const bool w = wrapped(result);
     const Value* v = w ? map_get(result, "\0v"sv) : &result;
     const Value* s = w ? map_get(result, "\0s"sv) : nullptr;
@@ -803,22 +804,22 @@ struct Engine::Impl {
 
   // ---- timers ----
 
-  void schedule_retry(uint32_t idx) {
+  void schedule_retry(uint32_t idx) REQUIRES(mu) {
     Node& t = *nodes[idx];
     timers.push({Clock::now() + opts.retry_delay, idx, t.generation, false});
     cv.notify_all();
   }
 
-  void timer_loop() {
-    std::unique_lock lock(mu);
+  void timer_loop() EXCLUDES(mu) {
+    MutexLock lock(mu);
     while (!closing) {
       if (timers.empty()) {
-        cv.wait(lock);
+        cv.wait(mu);
         continue;
       }
       const Timer top = timers.top();
       if (Clock::now() < top.at) {
-        cv.wait_until(lock, top.at);
+        cv.wait_until(mu, top.at);
         continue;
       }
       timers.pop();
@@ -844,7 +845,7 @@ struct Engine::Impl {
     }
   }
 
-  void add_root(Node& t) {
+  void add_root(Node& t) REQUIRES(mu) {
     mark_pending(t.component);
     Component& c = comps[t.component];
     if (t.pending_root) {
@@ -859,8 +860,8 @@ struct Engine::Impl {
 
   // ---- deliveries ----
 
-  void deliver() {
-    std::unique_lock lock(mu);
+  void deliver() EXCLUDES(mu) {
+    MutexLock lock(mu);
     if (delivering) return;
     delivering = true;
     while (!deliveries.empty()) {
@@ -874,14 +875,14 @@ struct Engine::Impl {
     cv.notify_all();
   }
 
-  bool idle_locked() const {
+  bool idle_locked() const REQUIRES(mu) {
     if (delivering || !deliveries.empty()) return false;
     for (const auto& c : comps)
       if (c.running || (c.pending && paused == 0)) return false;
     return true;
   }
 
-  bool no_wave_running_locked() const {
+  bool no_wave_running_locked() const REQUIRES(mu) {
     for (const auto& c : comps)
       if (c.running) return false;
     return in_flight == 0;
@@ -969,15 +970,15 @@ Engine::~Engine() {
   Impl& m = *impl_;
   std::vector<std::string> keys;
   {
-    std::lock_guard lock(m.mu);
+    MutexLock lock(m.mu);
     m.closing = true;
     m.cv.notify_all();
   }
   if (m.timer_thread.joinable()) m.timer_thread.join();
   {
-    std::unique_lock lock(m.mu);
+    MutexLock lock(m.mu);
     // Every evaluation ends exactly once (the runner's promise), and the callbacks point here.
-    m.cv.wait(lock, [&] { return m.in_flight == 0 && !m.delivering; });
+    m.cv.wait(m.mu, [&]() REQUIRES(m.mu) { return m.in_flight == 0 && !m.delivering; });
     for (auto& n : m.nodes)
       if (n->alive && n->is_virtual) keys.push_back(n->key);
   }
@@ -986,7 +987,7 @@ Engine::~Engine() {
 
 Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
   Impl& m = *impl_;
-  std::lock_guard apply_lock(m.apply_mu);
+  MutexLock apply_lock(m.apply_mu);
   std::set<std::string> ids;
   for (const auto& d : defs) {
     if (auto err = validate(d)) return err;
@@ -1005,7 +1006,7 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
   std::vector<Plan> plans;
   std::vector<std::string> removed;
   {
-    std::lock_guard lock(m.mu);
+    MutexLock lock(m.mu);
     if (m.closing) return {Status::unavailable, "the tags engine is closing"};
     std::map<std::string, const TagDefinition*> proposed;
     if (!replace_all)
@@ -1048,9 +1049,10 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
   }
   // Pause: no wave may run while states move and the graph changes.
   {
-    std::unique_lock lock(m.mu);
+    MutexLock lock(m.mu);
     ++m.paused;
-    if (!m.cv.wait_for(lock, m.opts.wait_timeout, [&] { return m.no_wave_running_locked(); })) {
+    if (!m.cv.wait_for(m.mu, m.opts.wait_timeout,
+                       [&]() REQUIRES(m.mu) { return m.no_wave_running_locked(); })) {
       --m.paused;
       std::vector<Dispatch> out;
       m.start_waves(&out);
@@ -1059,7 +1061,7 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
       return {Status::unavailable, "evaluations still running after wait_timeout; nothing changed"};
     }
   }
-  auto unpause = [&](std::vector<Dispatch>* out) {
+  auto unpause = [&](std::vector<Dispatch>* out) REQUIRES(m.mu) {
     --m.paused;
     m.start_waves(out);
   };
@@ -1076,7 +1078,7 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
         p.has_state = true;
       }
     if (!p.has_state) {
-      std::lock_guard lock(m.mu);
+      MutexLock lock(m.mu);
       if (Node* n = m.find(p.def->id); n && n->kept_state_present) {
         p.state = n->kept_state;
         p.has_state = true;
@@ -1101,7 +1103,7 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
   }
   std::vector<Dispatch> out;
   {
-    std::lock_guard lock(m.mu);
+    MutexLock lock(m.mu);
     if (failure) {
       unpause(&out);
     } else {
@@ -1186,8 +1188,8 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
 
 Error Engine::remove(std::string_view id) {
   Impl& m = *impl_;
-  std::lock_guard apply_lock(m.apply_mu);
-  std::unique_lock lock(m.mu);
+  MutexLock apply_lock(m.apply_mu);
+  MutexLock lock(m.mu);
   Node* n = m.find(id);
   if (n == nullptr || !n->is_virtual)
     return {Status::invalid_argument, "'" + std::string(id) + "' is not a virtual tag"};
@@ -1197,7 +1199,8 @@ Error Engine::remove(std::string_view id) {
     return {Status::invalid_argument, "tag '" + std::string(id) + "' is an input of " + users};
   }
   ++m.paused;
-  const bool quiet = m.cv.wait_for(lock, m.opts.wait_timeout, [&] { return m.no_wave_running_locked(); });
+  const bool quiet = m.cv.wait_for(m.mu, m.opts.wait_timeout,
+                                   [&]() REQUIRES(m.mu) { return m.no_wave_running_locked(); });
   std::vector<Dispatch> out;
   std::string key;
   if (quiet) {
@@ -1215,13 +1218,20 @@ Error Engine::remove(std::string_view id) {
   return m.runner.unregister_script(key);
 }
 
-Error Engine::update(const std::vector<SourceUpdate>& updates) { return update(updates, impl_->now()); }
+Error Engine::update(const std::vector<SourceUpdate>& updates) {
+  DateTime time;
+  {
+    MutexLock lock(impl_->mu);  // now() reads the manual clock advance_clock() sets
+    time = impl_->now();
+  }
+  return update(updates, time);
+}
 
 Error Engine::update(const std::vector<SourceUpdate>& updates, DateTime time) {
   Impl& m = *impl_;
   std::vector<Dispatch> out;
   {
-    std::lock_guard lock(m.mu);
+    MutexLock lock(m.mu);
     if (m.closing) return {Status::unavailable, "the tags engine is closing"};
     std::size_t new_sources = 0;
     for (const auto& u : updates) {
@@ -1276,7 +1286,7 @@ Error Engine::update(const std::vector<SourceUpdate>& updates, DateTime time) {
 
 Error Engine::read(std::string_view id, DataValue* out) {
   Impl& m = *impl_;
-  std::unique_lock lock(m.mu);
+  MutexLock lock(m.mu);
   Node* n = m.find(id);
   if (n == nullptr) return {Status::invalid_argument, "unknown tag '" + std::string(id) + "'"};
   if (n->is_virtual && n->def.trigger.kind == TriggerKind::on_read) {
@@ -1293,7 +1303,7 @@ Error Engine::read(std::string_view id, DataValue* out) {
       run_dispatches(std::move(ds));
       m.deliver();
       lock.lock();
-      m.cv.wait_for(lock, m.opts.wait_timeout, [&] {
+      m.cv.wait_for(m.mu, m.opts.wait_timeout, [&]() REQUIRES(m.mu) {
         const Node& t = *m.nodes[idx];
         return !t.alive || t.generation != gen || t.results > target;
       });
@@ -1309,7 +1319,7 @@ Error Engine::trigger(std::string_view id) {
   Impl& m = *impl_;
   std::vector<Dispatch> out;
   {
-    std::lock_guard lock(m.mu);
+    MutexLock lock(m.mu);
     Node* n = m.find(id);
     if (n == nullptr || !n->is_virtual)
       return {Status::invalid_argument, "'" + std::string(id) + "' is not a virtual tag"};
@@ -1325,7 +1335,7 @@ void Engine::advance_clock(DateTime t) {
   Impl& m = *impl_;
   std::vector<Dispatch> out;
   {
-    std::lock_guard lock(m.mu);
+    MutexLock lock(m.mu);
     m.manual_clock = t;
     m.manual_clock_set = true;
     if (!m.opts.real_time_periodic) {
@@ -1358,13 +1368,13 @@ void Engine::advance_clock(DateTime t) {
 
 bool Engine::wait_idle(std::chrono::milliseconds timeout) {
   Impl& m = *impl_;
-  std::unique_lock lock(m.mu);
-  return m.cv.wait_for(lock, timeout, [&] { return m.idle_locked(); });
+  MutexLock lock(m.mu);
+  return m.cv.wait_for(m.mu, timeout, [&]() REQUIRES(m.mu) { return m.idle_locked(); });
 }
 
 Error Engine::info(std::string_view id, TagInfo* out) const {
   const Impl& m = *impl_;
-  std::lock_guard lock(m.mu);
+  MutexLock lock(m.mu);
   const Node* n = m.find(id);
   if (n == nullptr) return {Status::invalid_argument, "unknown tag '" + std::string(id) + "'"};
   out->definition = n->def;
@@ -1376,7 +1386,7 @@ Error Engine::info(std::string_view id, TagInfo* out) const {
 
 std::vector<std::string> Engine::ids() const {
   const Impl& m = *impl_;
-  std::lock_guard lock(m.mu);
+  MutexLock lock(m.mu);
   std::vector<std::string> r;
   r.reserve(m.topo_order.size());
   for (uint32_t i : m.topo_order) r.push_back(m.nodes[i]->id);
@@ -1384,7 +1394,7 @@ std::vector<std::string> Engine::ids() const {
 }
 
 EngineCounters Engine::counters() const {
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   return impl_->counters;
 }
 

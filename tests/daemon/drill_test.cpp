@@ -18,7 +18,9 @@ using nlohmann::json;
 // `expect_rc`.
 json drill(const std::string& args, int expect_rc = 0) {
   const std::string cmd = std::string(OUTRUN_TEST_CLI) + " " + args + " --json";
-  const auto [rc, out] = run_command(cmd);
+  // Not a structured binding: clang 14 cannot capture one (INFO captures `out`).
+  const auto [rc, out_] = run_command(cmd);
+  const std::string& out = out_;
   INFO(cmd);
   INFO(out);
   REQUIRE(rc == expect_rc);
@@ -159,8 +161,10 @@ TEST_CASE("outrun drill garbage and crash-loop say so when there is no outrun-te
   std::filesystem::permissions(daemon, std::filesystem::perms::owner_all);
   for (const char* name : {"garbage", "crash-loop"}) {
     CAPTURE(name);
-    const auto [rc, out] = run_command("env -u OUTRUN_WORKER " + cli + " drill " + name +
-                                       " --outrund " + daemon + " 2>&1");
+    const auto run = run_command("env -u OUTRUN_WORKER " + cli + " drill " + name +
+                                 " --outrund " + daemon + " 2>&1");
+    const int rc = run.first;
+    const std::string& out = run.second;
     INFO(out);
     CHECK(rc == 3);
     CHECK(out.find("needs outrun-test-worker") != std::string::npos);

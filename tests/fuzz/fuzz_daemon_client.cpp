@@ -60,6 +60,8 @@ namespace outrun::daemon {
 struct ServerTestAccess {
   // Server::run() up to uv_run, without signals, logs and sd_notify.
   static Error start(Server& s) {
+    loop_thread.bind_to_current_thread();  // this thread runs the loop (uv_run below)
+    loop_thread.assert_here();
     s.started_ = std::chrono::steady_clock::now();
     if (Error e = Host::create(s.cfg_.host, &s.host_)) return e;
     s.counters_.shards = s.host_->shards();
@@ -80,7 +82,7 @@ struct ServerTestAccess {
     uv_async_init(&s.loop_, &s.async_, &Server::on_async);
     s.async_.data = &s;
     {
-      std::lock_guard lock(s.wake_mu_);
+      MutexLock lock(s.wake_mu_);
       s.wake_open_ = true;
     }
     uv_timer_init(&s.loop_, &s.drain_timer_);
@@ -90,20 +92,21 @@ struct ServerTestAccess {
 
   // What finish() and the end of run() do, for a daemon with no connection left.
   static void stop(Server& s) {
+    loop_thread.assert_here();
     FUZZ_CHECK(s.conns_.empty());
     uv_close(reinterpret_cast<uv_handle_t*>(&s.listen_poll_), nullptr);
     s.listening_ = false;
     ::unlink(s.cfg_.socket.c_str());
     uv_close(reinterpret_cast<uv_handle_t*>(&s.drain_timer_), nullptr);
     {
-      std::lock_guard lock(s.wake_mu_);
+      MutexLock lock(s.wake_mu_);
       s.wake_open_ = false;
       s.want_write_.clear();
       uv_close(reinterpret_cast<uv_handle_t*>(&s.async_), nullptr);
     }
     uv_run(&s.loop_, UV_RUN_DEFAULT);
     {
-      std::lock_guard lock(s.tq_mu_);
+      MutexLock lock(s.tq_mu_);
       s.tq_stop_ = true;
     }
     s.tq_cv_.notify_all();
@@ -114,17 +117,30 @@ struct ServerTestAccess {
   }
 
   static uv_loop_t* loop(Server& s) { return &s.loop_; }
-  static std::size_t conns(const Server& s) { return s.conns_.size(); }
-  static uint64_t next_conn_id(const Server& s) { return s.next_conn_id_; }
+  static std::size_t conns(const Server& s) {
+    loop_thread.assert_here();
+    return s.conns_.size();
+  }
+  static uint64_t next_conn_id(const Server& s) {
+    loop_thread.assert_here();
+    return s.next_conn_id_;
+  }
   static std::weak_ptr<Conn> conn(const Server& s) {
+    loop_thread.assert_here();
     FUZZ_CHECK(s.conns_.size() == 1);
     return s.conns_.begin()->second;
   }
   static uint64_t inflight(const Server& s) {
     return s.counters_.inflight.load(std::memory_order_relaxed);
   }
-  static uint64_t violations(const Server& s) { return s.violations_; }
-  static std::size_t scripts(const Server& s) { return s.scripts_.size(); }
+  static uint64_t violations(const Server& s) {
+    loop_thread.assert_here();
+    return s.violations_;
+  }
+  static std::size_t scripts(const Server& s) {
+    loop_thread.assert_here();
+    return s.scripts_.size();
+  }
 };
 
 }  // namespace outrun::daemon

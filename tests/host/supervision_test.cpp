@@ -514,7 +514,9 @@ TEST_CASE("Supervision: callbacks that submit and drill while the host is destro
   std::atomic<int> outer{0}, inner{0};
   {
     auto host = start(o);
-    auto [a, b] = scripts_on_shards_0_and_1(*host, "d", "return 1");
+    // Not a structured binding: clang 14 cannot capture one.
+    const auto [a_, b] = scripts_on_shards_0_and_1(*host, "d", "return 1");
+    const Script a = a_;
     Host* h = host.get();
     for (int i = 0; i < 200; ++i) {
       h->evaluate(b, {}, [h, a, &outer, &inner](Result) {

@@ -53,33 +53,69 @@ class CAPABILITY("mutex") Mutex {
   std::mutex mu_;
 };
 
-// std::lock_guard for Mutex. Also a BasicLockable, so a std::condition_variable_any can wait on
-// it (CondVar below).
+// std::unique_lock for Mutex: locks in the constructor, unlocks in the destructor unless
+// unlock() was called last. unlock() and lock() let a scope let go of the mutex around a call
+// (a callback, a submission) and take it back; the analysis follows both.
 class SCOPED_CAPABILITY MutexLock {
  public:
   explicit MutexLock(Mutex& mu) ACQUIRE(mu) : mu_(mu) { mu_.lock(); }
-  ~MutexLock() RELEASE() { mu_.unlock(); }
+  ~MutexLock() RELEASE() {
+    if (held_) mu_.unlock();
+  }
   MutexLock(const MutexLock&) = delete;
   MutexLock& operator=(const MutexLock&) = delete;
 
+  void unlock() RELEASE() {
+    held_ = false;
+    mu_.unlock();
+  }
+  void lock() ACQUIRE() {
+    mu_.lock();
+    held_ = true;
+  }
+
  private:
-  friend class CondVar;
   Mutex& mu_;
+  bool held_ = true;
 };
 
-// A condition variable over Mutex: wait() needs the mutex held, as the analysis checks.
+// A condition variable over Mutex. Every wait needs the mutex held (checked: REQUIRES), and
+// holds it again when it returns. A predicate that reads guarded state is a lambda annotated
+// with the same capability: `cv.wait(mu_, [&]() REQUIRES(mu_) { return !queue_.empty(); })`.
 class CondVar {
  public:
-  template <class Pred>
-  void wait(MutexLock& lock, Pred pred) {
-    std::unique_lock<std::mutex> native(lock.mu_.native(), std::adopt_lock);
-    cv_.wait(native, pred);
-    native.release();  // still held: MutexLock unlocks it
+  void wait(Mutex& mu) REQUIRES(mu) {
+    std::unique_lock<std::mutex> native(mu.native(), std::adopt_lock);
+    cv_.wait(native);
+    native.release();  // still held: the caller's lock unlocks it
   }
+  template <class Pred>
+  void wait(Mutex& mu, Pred pred) REQUIRES(mu) {
+    std::unique_lock<std::mutex> native(mu.native(), std::adopt_lock);
+    cv_.wait(native, std::move(pred));
+    native.release();
+  }
+  // False: timed out (the predicate still false).
   template <class Clock, class Duration, class Pred>
-  bool wait_until(MutexLock& lock, const std::chrono::time_point<Clock, Duration>& t, Pred pred) {
-    std::unique_lock<std::mutex> native(lock.mu_.native(), std::adopt_lock);
-    const bool ok = cv_.wait_until(native, t, pred);
+  bool wait_until(Mutex& mu, const std::chrono::time_point<Clock, Duration>& t, Pred pred)
+      REQUIRES(mu) {
+    std::unique_lock<std::mutex> native(mu.native(), std::adopt_lock);
+    const bool ok = cv_.wait_until(native, t, std::move(pred));
+    native.release();
+    return ok;
+  }
+  template <class Clock, class Duration>
+  std::cv_status wait_until(Mutex& mu, const std::chrono::time_point<Clock, Duration>& t)
+      REQUIRES(mu) {
+    std::unique_lock<std::mutex> native(mu.native(), std::adopt_lock);
+    const std::cv_status st = cv_.wait_until(native, t);
+    native.release();
+    return st;
+  }
+  template <class Rep, class Period, class Pred>
+  bool wait_for(Mutex& mu, const std::chrono::duration<Rep, Period>& d, Pred pred) REQUIRES(mu) {
+    std::unique_lock<std::mutex> native(mu.native(), std::adopt_lock);
+    const bool ok = cv_.wait_for(native, d, std::move(pred));
     native.release();
     return ok;
   }
@@ -90,12 +126,24 @@ class CondVar {
   std::condition_variable cv_;
 };
 
+// Ownership that is handed over by protocol rather than by a lock: a flag claimed under a
+// mutex, a hand-off to the loop thread (FrameWriter's write pass). No run-time state and no
+// cost: acquire() and release() mark where the ownership begins and ends, so the analysis checks
+// that the state it guards is touched only in between, and that functions needing it
+// (REQUIRES) are called only there.
+class CAPABILITY("baton") Baton {
+ public:
+  void acquire() ACQUIRE() {}
+  void release() RELEASE() {}
+};
+
 // The one thread a piece of state belongs to (the libuv loop thread, a dispatcher). Held as a
 // capability by code that runs there: `REQUIRES(loop_role)` on a loop-only function, and
 // `loop_role.assert_here()` at the entry points libuv calls. assert_here() checks the thread id
 // in every build (one comparison of a thread-local against a member: cheap next to a callback).
 class CAPABILITY("role") ThreadRole {
  public:
+  // Before the thread runs anything that asserts the role (e.g. before uv_run).
   void bind_to_current_thread() { owner_ = std::this_thread::get_id(); }
   bool here() const { return std::this_thread::get_id() == owner_; }
   void assert_here() const ASSERT_CAPABILITY(this);

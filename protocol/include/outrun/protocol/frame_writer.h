@@ -5,9 +5,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <span>
 #include <vector>
+
+#include "outrun/thread_annotations.h"
 
 namespace outrun::protocol {
 
@@ -40,27 +41,27 @@ class FrameWriter {
   FrameWriter& operator=(const FrameWriter&) = delete;
 
   // Appends complete, length-prefixed frames and writes what the socket takes.
-  State write(std::span<const uint8_t> frames);
+  State write(std::span<const uint8_t> frames) EXCLUDES(mu_);
 
   // Appends without writing, and tells whether the caller must run write_pending() (no pass is
   // running). Lets a caller append while it holds a lock that orders frames, then write after
   // releasing it.
-  bool enqueue(std::span<const uint8_t> frames);
+  bool enqueue(std::span<const uint8_t> frames) EXCLUDES(mu_);
   // Runs write passes until the queue is empty or the socket is full. Call only after enqueue()
   // returned true.
-  State write_pending();
+  State write_pending() EXCLUDES(mu_);
 
   enum class Flush : uint8_t { kDone, kMore, kClosed };
   // Loop thread, after on_blocked: writes as much as the socket takes. kMore: keep polling for
   // writability; kDone: the queue is empty and producers write directly again.
-  Flush flush_from_loop();
+  Flush flush_from_loop() EXCLUDES(mu_);
 
   // Drops everything queued; later writes return kClosed. Does not close the fd.
-  void close();
+  void close() EXCLUDES(mu_);
 
   // Bytes appended behind the send pass in progress (the frames a full socket holds back); for
   // per-connection budgets (outrund's tags subscribers).
-  std::size_t queued_bytes();
+  std::size_t queued_bytes() EXCLUDES(mu_);
 
   // Counters for tests and the perf harness (approximate when read concurrently).
   uint64_t syscalls() const { return syscalls_.load(std::memory_order_relaxed); }
@@ -69,21 +70,25 @@ class FrameWriter {
  private:
   enum class Io : uint8_t { kAll, kAgain, kClosed };
   // Sends inflight_[offset_..]; updates offset_. Called by the one thread that owns the pass.
-  Io send_inflight();
-  State run_passes();
+  Io send_inflight() REQUIRES(pass_);
+  // Runs passes until the queue is empty, the socket is full (the pass goes to the loop) or
+  // the stream failed; gives up the pass either way.
+  State run_passes() RELEASE(pass_) EXCLUDES(mu_);
 
   const int fd_;
   const std::function<void()> on_blocked_;
 
-  std::mutex mu_;  // guards pending_, busy_, closed_, loop_owned_
-  std::vector<uint8_t> pending_;  // appended while a pass runs
-  bool busy_ = false;             // a pass (producer or loop) owns inflight_
-  bool loop_owned_ = false;       // the loop finishes the current backlog
-  bool closed_ = false;
+  Mutex mu_;
+  std::vector<uint8_t> pending_ GUARDED_BY(mu_);  // appended while a pass runs
+  bool busy_ GUARDED_BY(mu_) = false;             // a pass (producer or loop) owns inflight_
+  bool loop_owned_ GUARDED_BY(mu_) = false;       // the loop finishes the current backlog
+  bool closed_ GUARDED_BY(mu_) = false;
 
-  // Owned by whichever thread holds busy_.
-  std::vector<uint8_t> inflight_;
-  std::size_t offset_ = 0;
+  // The write pass: taken by whoever sets busy_ (a producer in write()/enqueue(), or close()
+  // while busy_ is clear, under mu_), handed to the loop with loop_owned_ (flush_from_loop()).
+  Baton pass_;
+  std::vector<uint8_t> inflight_ GUARDED_BY(pass_);
+  std::size_t offset_ GUARDED_BY(pass_) = 0;
   std::atomic<uint64_t> syscalls_{0};
   std::atomic<uint64_t> bytes_written_{0};
 };
