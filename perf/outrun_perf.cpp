@@ -72,8 +72,8 @@ struct Options {
   double profile_seconds = 8;
 };
 
-const std::vector<std::string> kSections = {"pipe",  "floor",  "redis", "idle",
-                                            "paced", "closed", "kill",  "scripts", "tags"};
+const std::vector<std::string> kSections = {"pipe",   "floor", "redis",   "idle", "paced",
+                                            "closed", "kill",  "scripts", "tags"};
 
 // Row ids (the first column of the JSON rows) and group names accepted by --rows, mapped to the
 // sections that measure them and their comparisons.
@@ -1264,8 +1264,9 @@ int run(int argc, char** argv) {
       if (o.sections.count("kill")) ok &= kill_section(o, plain_options(specs[a]), f);
       if (o.sections.count("scripts")) ok &= scripts_section(o, plain_options(specs[a]), f);
       if (o.sections.count("tags"))
-        ok &= tags_section(TagsParams{o.rate, o.warmup, o.duration, 250}, plain_options(specs[a]), f,
-                           [&f](double checked, double wrong) { count_checked(f, checked, wrong); });
+        ok &=
+            tags_section(TagsParams{o.rate, o.warmup, o.duration, 250}, plain_options(specs[a]), f,
+                         [&f](double checked, double wrong) { count_checked(f, checked, wrong); });
       derive(f);
       arms[a].samples.push_back(std::move(f));
     }

@@ -107,8 +107,8 @@ std::string beside_cell(const RowResult& r, const char* sep) {
 
 std::string figure_unit(const std::string& id) {
   if (id.find("_wakeups_per_") != std::string::npos) return "wakeups";
-  if (ends(id, "_us") || ends(id, "_us_per_eval") || ends(id, "_us_per_msg") || ends(id, "_us_net") ||
-      ends(id, "_us_per_update"))
+  if (ends(id, "_us") || ends(id, "_us_per_eval") || ends(id, "_us_per_msg") ||
+      ends(id, "_us_net") || ends(id, "_us_per_update"))
     return "µs";
   if (ends(id, "_ms")) return "ms";
   if (ends(id, "_pct")) return "%";
@@ -343,7 +343,8 @@ std::vector<RowDef> budget_rows(double rate, int scripts) {
        "tags: source update → change callback p99, 1,000 tags 3 deep, " + r + " updates/s",
        "tags.p99_us",
        none(),
-       at_most_and_other(1e300, "host.paced_p99_us", 1.2 * 3, "≤ 1.2× raw evaluate p99 per level (3 levels)"),
+       at_most_and_other(1e300, "host.paced_p99_us", 1.2 * 3,
+                         "≤ 1.2× raw evaluate p99 per level (3 levels)"),
        {{"p50", "tags.p50_us"},
         {"raw evaluate p99", "host.paced_p99_us"},
         {"keep_state", "tags.keep_state_p99_us"},

@@ -106,7 +106,8 @@ bool run_tags(Runner& runner, const TagsParams& tp, bool keep_state, const std::
   (void)measuring;
   out->paced = paced_fig(p, w, drained);
   const auto c = engine->counters();
-  out->evals_per_update = static_cast<double>(c.evaluations - evals_start) / static_cast<double>(p.measured());
+  out->evals_per_update =
+      static_cast<double>(c.evaluations - evals_start) / static_cast<double>(p.measured());
   out->coalesced = static_cast<double>(c.coalesced - coal0);
   engine->wait_idle();
   engine.reset();

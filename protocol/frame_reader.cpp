@@ -1,7 +1,8 @@
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <unistd.h>
 
 #include "outrun/protocol/frame.h"
 
@@ -9,16 +10,21 @@ namespace outrun::protocol {
 
 const char* to_string(FrameError e) {
   switch (e) {
-    case FrameError::kNone: return "no error";
-    case FrameError::kOversized: return "frame length exceeds the maximum frame size";
-    case FrameError::kUndersized: return "frame length is too small to hold a frame";
-    case FrameError::kMalformed: return "frame failed verification";
+    case FrameError::kNone:
+      return "no error";
+    case FrameError::kOversized:
+      return "frame length exceeds the maximum frame size";
+    case FrameError::kUndersized:
+      return "frame length is too small to hold a frame";
+    case FrameError::kMalformed:
+      return "frame failed verification";
   }
   return "unknown frame error";
 }
 
 const wire::Frame* verify_frame(const uint8_t* data, std::size_t size) {
-  if (size < kLengthPrefixSize + kMinFrameSize || size - kLengthPrefixSize > kMaxFrameSize) return nullptr;
+  if (size < kLengthPrefixSize + kMinFrameSize || size - kLengthPrefixSize > kMaxFrameSize)
+    return nullptr;
   flatbuffers::Verifier::Options opts;
   opts.max_depth = kVerifierMaxDepth;
   opts.max_tables = kVerifierMaxTables;
@@ -32,11 +38,14 @@ namespace {
 uint32_t load_le32(const uint8_t* p) {
   return uint32_t(p[0]) | (uint32_t(p[1]) << 8) | (uint32_t(p[2]) << 16) | (uint32_t(p[3]) << 24);
 }
-std::size_t round8(std::size_t n) { return (n + 7) & ~std::size_t(7); }
+std::size_t round8(std::size_t n) {
+  return (n + 7) & ~std::size_t(7);
+}
 }  // namespace
 
 FrameReader::FrameReader(uint32_t max_frame, std::size_t initial_capacity)
-    : max_frame_(max_frame), initial_capacity_(round8(initial_capacity < 64 ? 64 : initial_capacity)) {
+    : max_frame_(max_frame),
+      initial_capacity_(round8(initial_capacity < 64 ? 64 : initial_capacity)) {
   storage_.reset(new uint64_t[initial_capacity_ / 8]);
   capacity_ = initial_capacity_;
 }
@@ -70,7 +79,8 @@ long FrameReader::read_from(int fd) {
   if (live >= kLengthPrefixSize && error_ == FrameError::kNone) {
     const auto* buf = reinterpret_cast<const uint8_t*>(storage_.get());
     const uint32_t len = load_le32(buf + begin_);
-    if (len <= max_frame_ && kLengthPrefixSize + len > live) need = std::max(need, kLengthPrefixSize + len - live);
+    if (len <= max_frame_ && kLengthPrefixSize + len > live)
+      need = std::max(need, kLengthPrefixSize + len - live);
   }
   // A grown buffer is always revisited: next() resets an emptied buffer to offset 0, so
   // without the capacity test the shrink in compact_and_reserve() would never be reached.

@@ -1,7 +1,8 @@
 #include "outrun/protocol/frame_writer.h"
 
-#include <cerrno>
 #include <sys/socket.h>
+
+#include <cerrno>
 
 namespace outrun::protocol {
 
@@ -126,7 +127,8 @@ FrameWriter::Flush FrameWriter::flush_from_loop() {
         pass_.release();
         return Flush::kClosed;
       }
-      case Io::kAll: break;
+      case Io::kAll:
+        break;
     }
     MutexLock lock(mu_);
     inflight_.clear();

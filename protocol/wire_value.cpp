@@ -2,7 +2,9 @@
 
 namespace outrun::protocol {
 
-WireValueBuilder::Ref WireValueBuilder::nil() { return wire::CreateValue(f_); }
+WireValueBuilder::Ref WireValueBuilder::nil() {
+  return wire::CreateValue(f_);
+}
 
 WireValueBuilder::Ref WireValueBuilder::boolean(bool b) {
   wire::ValueBuilder vb(f_);
@@ -48,7 +50,8 @@ WireValueBuilder::Ref WireValueBuilder::array(const std::vector<Ref>& items) {
   return vb.Finish();
 }
 
-WireValueBuilder::Ref WireValueBuilder::map(const std::vector<std::pair<std::string_view, Ref>>& entries) {
+WireValueBuilder::Ref WireValueBuilder::map(
+    const std::vector<std::pair<std::string_view, Ref>>& entries) {
   std::vector<flatbuffers::Offset<flatbuffers::String>> keys;
   std::vector<Ref> values;
   keys.reserve(entries.size());

@@ -10,16 +10,15 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <lua.hpp>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
-#include <lua.hpp>
-
 namespace outrun::sandbox {
 
-inline constexpr int kMaxResultDepth = 32;                 // == outrun::kMaxValueDepth
+inline constexpr int kMaxResultDepth = 32;  // == outrun::kMaxValueDepth
 // Bytes of strings and keys plus kValueWireOverhead per value and per key: an upper bound of the
 // result's encoded size, so that it fits a frame (kMaxFrameSize 16 MiB) beside the worker's
 // pending results (up to kFlushBytes 4 MiB).
@@ -66,8 +65,10 @@ class ResultConverter {
         return true;
       case LUA_TNUMBER:
         if (!charge(0)) return false;
-        if (lua_isinteger(L_, idx)) *out = b_.integer(static_cast<int64_t>(lua_tointeger(L_, idx)));
-        else *out = b_.number(static_cast<double>(lua_tonumber(L_, idx)));
+        if (lua_isinteger(L_, idx))
+          *out = b_.integer(static_cast<int64_t>(lua_tointeger(L_, idx)));
+        else
+          *out = b_.number(static_cast<double>(lua_tonumber(L_, idx)));
         return true;
       case LUA_TSTRING: {
         std::size_t n = 0;
@@ -76,7 +77,8 @@ class ResultConverter {
         *out = b_.string(std::string_view(s, n), is_valid_utf8(s, n));
         return true;
       }
-      case LUA_TTABLE: return table(idx, depth, out);
+      case LUA_TTABLE:
+        return table(idx, depth, out);
       default:
         return fail(std::string("cannot return a ") + lua_typename(L_, lua_type(L_, idx)) +
                     " value (results are nil, booleans, numbers, strings and tables of them)");
@@ -86,13 +88,14 @@ class ResultConverter {
   bool charge(std::size_t bytes) {
     bytes_ += bytes + kValueWireOverhead;
     if (++elements_ > kMaxResultElements || bytes_ > kMaxResultBytes)
-      return fail("result is too large (more than " + std::to_string(kMaxResultElements) + " values or " +
-                  std::to_string(kMaxResultBytes) + " bytes encoded)");
+      return fail("result is too large (more than " + std::to_string(kMaxResultElements) +
+                  " values or " + std::to_string(kMaxResultBytes) + " bytes encoded)");
     return true;
   }
 
   bool table(int idx, int depth, Ref* out) {
-    if (depth >= kMaxResultDepth) return fail("result is nested deeper than " + std::to_string(kMaxResultDepth) + " levels");
+    if (depth >= kMaxResultDepth)
+      return fail("result is nested deeper than " + std::to_string(kMaxResultDepth) + " levels");
     const void* self = lua_topointer(L_, idx);
     for (int i = 0; i < depth; ++i)
       if (path_[i] == self) return fail("cannot return a cyclic table");
@@ -117,7 +120,8 @@ class ResultConverter {
       lua_pop(L_, 1);
     }
     const int top = lua_gettop(L_);
-    if (!other_keys && string_keys == 0 && static_cast<std::size_t>(max_int) == count && count > 0) {
+    if (!other_keys && string_keys == 0 && static_cast<std::size_t>(max_int) == count &&
+        count > 0) {
       std::vector<Ref> items;
       items.reserve(count);
       for (lua_Integer i = 1; i <= max_int; ++i) {
@@ -132,7 +136,8 @@ class ResultConverter {
       return true;
     }
     if (other_keys || string_keys != count)
-      return fail("cannot return a table with mixed or non-string keys (use an array 1..n or string keys)");
+      return fail(
+          "cannot return a table with mixed or non-string keys (use an array 1..n or string keys)");
     std::vector<std::pair<std::string_view, Ref>> entries;
     entries.reserve(count);
     lua_pushnil(L_);
@@ -147,7 +152,8 @@ class ResultConverter {
       entries.emplace_back(std::string_view(k, n), std::move(r));
       lua_settop(L_, top + 1);  // keep the key for lua_next
     }
-    std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::sort(entries.begin(), entries.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
     *out = b_.map(entries);
     return true;
   }

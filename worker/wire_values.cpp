@@ -19,21 +19,34 @@ bool push_value(lua_State* L, const wire::Value* v, int depth) {
     // Tag-value kinds: the host lowers them to Lua's kinds before a frame reaches a worker.
     case wire::ValueKind::UInt:
     case wire::ValueKind::Float:
-    case wire::ValueKind::DateTime: return false;
-    case wire::ValueKind::Nil: lua_pushnil(L); return true;
-    case wire::ValueKind::Boolean: lua_pushboolean(L, v->bool_value()); return true;
-    case wire::ValueKind::Int: lua_pushinteger(L, v->int_value()); return true;
-    case wire::ValueKind::Double: lua_pushnumber(L, v->double_value()); return true;
+    case wire::ValueKind::DateTime:
+      return false;
+    case wire::ValueKind::Nil:
+      lua_pushnil(L);
+      return true;
+    case wire::ValueKind::Boolean:
+      lua_pushboolean(L, v->bool_value());
+      return true;
+    case wire::ValueKind::Int:
+      lua_pushinteger(L, v->int_value());
+      return true;
+    case wire::ValueKind::Double:
+      lua_pushnumber(L, v->double_value());
+      return true;
     case wire::ValueKind::String: {
       const auto* s = v->string_value();
-      if (s) lua_pushlstring(L, s->c_str(), s->size());
-      else lua_pushliteral(L, "");
+      if (s)
+        lua_pushlstring(L, s->c_str(), s->size());
+      else
+        lua_pushliteral(L, "");
       return true;
     }
     case wire::ValueKind::Bytes: {
       const auto* b = v->bytes_value();
-      if (b) lua_pushlstring(L, reinterpret_cast<const char*>(b->data()), b->size());
-      else lua_pushliteral(L, "");
+      if (b)
+        lua_pushlstring(L, reinterpret_cast<const char*>(b->data()), b->size());
+      else
+        lua_pushliteral(L, "");
       return true;
     }
     case wire::ValueKind::Array: {
@@ -42,7 +55,8 @@ bool push_value(lua_State* L, const wire::Value* v, int depth) {
       const int n = items ? static_cast<int>(items->size()) : 0;
       lua_createtable(L, n, 0);
       for (int i = 0; i < n; ++i) {
-        if (!push_value(L, items->Get(static_cast<flatbuffers::uoffset_t>(i)), depth + 1)) return false;
+        if (!push_value(L, items->Get(static_cast<flatbuffers::uoffset_t>(i)), depth + 1))
+          return false;
         lua_rawseti(L, -2, i + 1);
       }
       return true;

@@ -2,11 +2,11 @@
 // Lua, and results are built straight into the outgoing frame (no intermediate copies).
 #pragma once
 
+#include <flatbuffers/flatbuffers.h>
+
 #include <string_view>
 #include <utility>
 #include <vector>
-
-#include <flatbuffers/flatbuffers.h>
 
 #include "outrun/protocol/outrun_generated.h"
 #include "outrun/protocol/wire_value.h"

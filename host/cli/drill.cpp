@@ -236,7 +236,8 @@ class Drill {
     std::string daemon_desc;
     if (socket.empty()) {
       std::string err;
-      const std::string bin = resolve_in_path(a_.outrund.empty() ? outrund_next_to_us() : a_.outrund);
+      const std::string bin =
+          resolve_in_path(a_.outrund.empty() ? outrund_next_to_us() : a_.outrund);
       if (access(bin.c_str(), X_OK) != 0) {
         std::cerr << "unavailable: cannot run outrund '" << bin << "': " << std::strerror(errno)
                   << " (--outrund PATH)\n";
@@ -322,7 +323,7 @@ class Drill {
       load_.push_back(s);
     }
     busy_ = std::make_unique<std::atomic<bool>[]>(load_.size());
-    const char* src = a_.name == "runaway" ? kStuckInC
+    const char* src = a_.name == "runaway"  ? kStuckInC
                       : a_.name == "memory" ? kMemoryBomb
                                             : "return 0";
     if (Error e = register_on_shard(*client_, "drill.fault.", src, 0, &fault_script_)) {
@@ -368,7 +369,8 @@ class Drill {
       e.done_ns = now_ns();
       e.status = r.status;
       e.right = r.status == Status::ok && r.value == Value(x + 1);
-      if (r.status == Status::ok) note_ok(static_cast<int>(load_[k].shard()), e.submit_ns, e.done_ns);
+      if (r.status == Status::ok)
+        note_ok(static_cast<int>(load_[k].shard()), e.submit_ns, e.done_ns);
       busy_[k].store(false);
       e.calls.fetch_add(1, std::memory_order_release);
     });
@@ -558,8 +560,8 @@ class Drill {
       return ok;
     }
     if (n == "memory") {
-      const bool ok = ended(Status::memory_limit) &&
-                      after[0].value("deaths", uint64_t{0}) == before[0].value("deaths", uint64_t{0});
+      const bool ok = ended(Status::memory_limit) && after[0].value("deaths", uint64_t{0}) ==
+                                                         before[0].value("deaths", uint64_t{0});
       *what = !ok ? "the memory bomb did not end `memory_limit`, or its worker died"
               : (*fault_error_).find("backstop") != std::string::npos
                   ? "the memory bomb ended `memory_limit` at the worker's backstop; the worker "
@@ -605,7 +607,7 @@ class Drill {
       if (calls > 1) ++duplicated;
       ++by_status[std::string(to_string(e.status))];
       if (e.status == Status::ok && !e.right) ++wrong;
-      const int phase = e.submit_ns < fault_ns_                       ? 0
+      const int phase = e.submit_ns < fault_ns_                             ? 0
                         : (recovered_at == 0 || e.submit_ns < recovered_at) ? 1
                                                                             : 2;
       lat[phase].record(e.done_ns - e.submit_ns);
@@ -619,18 +621,18 @@ class Drill {
         ++answered;
         ++by_status[std::string(to_string(fault_ev_->status))];
       }
-      fault_json = {{"status", calls ? std::string(to_string(fault_ev_->status)) : "lost"},
-                    {"error", (*fault_error_)},
-                    {"latency_ms", calls ? (fault_ev_->done_ns - fault_ev_->submit_ns) / 1e6 : -1.0}};
+      fault_json = {
+          {"status", calls ? std::string(to_string(fault_ev_->status)) : "lost"},
+          {"error", (*fault_error_)},
+          {"latency_ms", calls ? (fault_ev_->done_ns - fault_ev_->submit_ns) / 1e6 : -1.0}};
     }
     std::string observed_what;
     const bool observed = fault_ok_ && fault_observed(before, after, &observed_what);
     const double recovery_ms =
-        recovered_at == 0 ? -1.0
-                          : static_cast<double>(recovered_at - clear_ns_.load()) / 1e6;
+        recovered_at == 0 ? -1.0 : static_cast<double>(recovered_at - clear_ns_.load()) / 1e6;
     const bool daemon_ok = a_.socket.empty() ? daemon_.clean_exit() : true;
-    const bool passed = lost == 0 && duplicated == 0 && wrong == 0 && observed &&
-                        recovered_at != 0 && daemon_ok;
+    const bool passed =
+        lost == 0 && duplicated == 0 && wrong == 0 && observed && recovered_at != 0 && daemon_ok;
     if (!passed && a_.socket.empty()) daemon_.keep();
 
     const char* phase_names[3] = {"before", "during", "after"};
@@ -643,8 +645,10 @@ class Drill {
       q[p] = {lat[p].count(), static_cast<double>(lat[p].quantile(0.5)) / 1e3,
               static_cast<double>(lat[p].quantile(0.99)) / 1e3,
               static_cast<double>(lat[p].max()) / 1e3};
-      latency[phase_names[p]] = {{"count", q[p].count}, {"p50_us", q[p].p50_us},
-                                 {"p99_us", q[p].p99_us}, {"max_us", q[p].max_us}};
+      latency[phase_names[p]] = {{"count", q[p].count},
+                                 {"p50_us", q[p].p50_us},
+                                 {"p99_us", q[p].p99_us},
+                                 {"max_us", q[p].max_us}};
     }
     json shards_after = json::array();
     for (const auto& s : after)
@@ -690,16 +694,19 @@ class Drill {
                   (*fault_error_).empty() ? "" : ": ", (*fault_error_).c_str());
     std::printf("  submitted     %zu", submitted_ + (fault_ev_ ? 1 : 0));
     if (skipped_) std::printf("  (%zu not submitted: every script in flight)", skipped_);
-    std::printf("\n  completed     %llu:", static_cast<unsigned long long>(j["answered"].get<uint64_t>()));
-    for (const auto& [k, v] : by_status) std::printf(" %s %llu", k.c_str(), static_cast<unsigned long long>(v));
+    std::printf("\n  completed     %llu:",
+                static_cast<unsigned long long>(j["answered"].get<uint64_t>()));
+    for (const auto& [k, v] : by_status)
+      std::printf(" %s %llu", k.c_str(), static_cast<unsigned long long>(v));
     std::printf("\n");
     std::printf("  lost          %llu\n  duplicated    %llu\n  wrong values  %llu\n",
                 static_cast<unsigned long long>(lost), static_cast<unsigned long long>(duplicated),
                 static_cast<unsigned long long>(wrong));
     if (recovered_at)
-      std::printf("  recovery      %.1f ms (from the end of the fault until every shard answered "
-                  "ok an evaluation submitted after it)\n",
-                  recovery_ms);
+      std::printf(
+          "  recovery      %.1f ms (from the end of the fault until every shard answered "
+          "ok an evaluation submitted after it)\n",
+          recovery_ms);
     else
       std::printf("  recovery      NONE: not every shard answered ok again\n");
     std::printf("  latency       %-8s %8s %10s %10s %10s\n", "", "count", "p50 µs", "p99 µs",

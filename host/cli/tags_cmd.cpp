@@ -56,7 +56,8 @@ void print_change(const tags::Change& c, bool json, const char* kind = nullptr) 
     return;
   }
   std::cout << escape_text(c.tag) << " = " << escape_text(to_display_string(c.value.value)) << "  "
-            << tags::status_code_name(c.value.status) << "  " << format_datetime(c.value.source_time);
+            << tags::status_code_name(c.value.status) << "  "
+            << format_datetime(c.value.source_time);
   if (!c.value.diagnostics.empty()) std::cout << "  (" << escape_text(c.value.diagnostics) << ")";
   if (kind) std::cout << "  [" << kind << "]";
   std::cout << "\n";
@@ -283,9 +284,10 @@ int tags_list(const DaemonArgs& a) {
     const auto& k = t.value("counters", nlohmann::json::object());
     std::cout << escape_text(t.value("id", "")) << "  " << escape_text(v.value("status", "?"))
               << "  "
-              << escape_text(v.contains("value") ? v["value"].dump(-1, ' ', false,
-                                                                   nlohmann::json::error_handler_t::replace)
-                                                 : "null")
+              << escape_text(
+                     v.contains("value")
+                         ? v["value"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                         : "null")
               << "  evaluations=" << k.value("evaluations", uint64_t{0})
               << " coalesced=" << k.value("coalesced", uint64_t{0});
     const std::string err = k.value("last_error", "");
@@ -357,7 +359,8 @@ int tags_watch(const DaemonArgs& a) {
   std::mutex out_mu;
   Error e = c->subscribe(a.ids, [&](const std::vector<tags::Change>& changes) {
     std::lock_guard lock(out_mu);
-    for (const auto& ch : changes) std::cout << dump(tags::file::change_to_json(ch.tag, ch.value)) << "\n";
+    for (const auto& ch : changes)
+      std::cout << dump(tags::file::change_to_json(ch.tag, ch.value)) << "\n";
     std::cout.flush();
   });
   if (e) return fail(e);
@@ -385,7 +388,9 @@ void add_tags_commands(CLI::App& app, int* rc, const std::string* socket) {
   run->add_option("--updates", args->updates, "JSON lines, one wave per line ('-': stdin)");
   run->add_flag("--in-process", args->in_process, "run the scripts in this process (trusted)");
   run->add_flag("--json", args->json, "print JSON lines");
-  run->add_option("--shards", args->shards, "worker processes")->check(CLI::Range(1, 64))->capture_default_str();
+  run->add_option("--shards", args->shards, "worker processes")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   run->add_option("--timeout", args->timeout_ms, "soft timeout T per evaluation, ms")
       ->check(CLI::Range(1, 3600000))
       ->capture_default_str();
@@ -393,17 +398,20 @@ void add_tags_commands(CLI::App& app, int* rc, const std::string* socket) {
 
   auto d = std::make_shared<DaemonArgs>();
   d->socket = socket;
-  auto* define = tags_cmd->add_subcommand("define", "outrund: define the tags of a TOML file (admin)");
+  auto* define =
+      tags_cmd->add_subcommand("define", "outrund: define the tags of a TOML file (admin)");
   define->add_option("-f,--file", d->file, "tags file (TOML; no script_file)")->required();
   define->add_flag("--replace", d->replace, "remove the daemon's tags that are not in the file");
   define->callback([d, rc] { *rc = tags_define(*d); });
   auto* list = tags_cmd->add_subcommand("list", "outrund: the tags, their values and counters");
   list->add_flag("--json", d->json, "the daemon's JSON document");
   list->callback([d, rc] { *rc = tags_list(*d); });
-  auto* update = tags_cmd->add_subcommand("update", "outrund: one wave of source updates per JSON line");
+  auto* update =
+      tags_cmd->add_subcommand("update", "outrund: one wave of source updates per JSON line");
   update->add_option("-f,--file", d->file, "JSON lines ('-': stdin)")->required();
   update->callback([d, rc] { *rc = tags_update(*d); });
-  auto* watch = tags_cmd->add_subcommand("watch", "outrund: print changes as JSON lines until SIGINT");
+  auto* watch =
+      tags_cmd->add_subcommand("watch", "outrund: print changes as JSON lines until SIGINT");
   watch->add_option("tags", d->ids, "tags to watch (none: all)");
   watch->callback([d, rc] { *rc = tags_watch(*d); });
   auto* read = tags_cmd->add_subcommand("read", "outrund: the current values of tags");

@@ -200,9 +200,7 @@ class Server {
       REQUIRES(loop_thread);
   // Drops the daemon's handle of an entry (unregister) and its quota charge.
   void drop_entry(ScriptEntry& e) REQUIRES(loop_thread);
-  static uint32_t handle_of(const ScriptEntry& e) {
-    return e.gen << kHandleIdBits | e.script.id();
-  }
+  static uint32_t handle_of(const ScriptEntry& e) { return e.gen << kHandleIdBits | e.script.id(); }
 
   DaemonConfig cfg_;
   std::unique_ptr<Host> host_;

@@ -1,7 +1,6 @@
 // outrun::Client: Runner over a Unix socket to outrund. One reader thread completes results;
 // callers write their own frames (one writer at a time, frames queued meanwhile are merged into
 // the next send). Design: design/daemon.md.
-#include "script_record.h"
 #include "outrun/client.h"
 
 #include <flatbuffers/flatbuffers.h>
@@ -22,6 +21,7 @@
 #include "outrun/protocol/client_messages.h"
 #include "outrun/protocol/frame.h"
 #include "outrun/thread_annotations.h"
+#include "script_record.h"
 #include "tags_wire.h"
 #include "wire_codec.h"
 

@@ -1,27 +1,32 @@
 // Small pieces of the public API: status names, value display, script hashes.
 #include <charconv>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
-
 #include <nlohmann/json.hpp>
 
 #include "outrun/runner.h"
-#include "script_record.h"
 #include "outrun/status.h"
 #include "outrun/value.h"
+#include "script_record.h"
 
 namespace outrun {
 
 namespace {
-constexpr std::string_view kStatusNames[] = {"ok",          "compile_error", "runtime_error", "timeout",
-                                             "killed",      "memory_limit",  "busy",          "worker_lost",
-                                             "unavailable", "cancelled",     "invalid_argument"};
+constexpr std::string_view kStatusNames[] = {
+    "ok",   "compile_error", "runtime_error", "timeout",   "killed",          "memory_limit",
+    "busy", "worker_lost",   "unavailable",   "cancelled", "invalid_argument"};
 
 void append_number(std::string& out, double d) {
-  if (std::isnan(d)) { out += std::signbit(d) ? "-nan" : "nan"; return; }
-  if (std::isinf(d)) { out += d < 0 ? "-inf" : "inf"; return; }
+  if (std::isnan(d)) {
+    out += std::signbit(d) ? "-nan" : "nan";
+    return;
+  }
+  if (std::isinf(d)) {
+    out += d < 0 ? "-inf" : "inf";
+    return;
+  }
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.14g", d);  // as Lua's tostring
   out += buf;
@@ -36,11 +41,17 @@ void append(std::string& out, const Value& v, bool top) {
     void operator()(bool b) { out += b ? "true" : "false"; }
     void operator()(int64_t i) { out += std::to_string(i); }
     void operator()(double d) { append_number(out, d); }
-    void operator()(const std::string& s) { out += top ? s : nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
+    void operator()(const std::string& s) {
+      out += top ? s
+                 : nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    }
     void operator()(const Bytes& b) {
       static const char* hex = "0123456789abcdef";
       out += "0x";
-      for (unsigned char c : b.data) { out += hex[c >> 4]; out += hex[c & 15]; }
+      for (unsigned char c : b.data) {
+        out += hex[c >> 4];
+        out += hex[c & 15];
+      }
     }
     void operator()(uint64_t u) { out += std::to_string(u); }
     void operator()(float f) { append_number(out, float_as_double(f)); }
@@ -57,7 +68,8 @@ void append(std::string& out, const Value& v, bool top) {
       out += '{';
       for (std::size_t i = 0; i < m.size(); ++i) {
         if (i) out += ", ";
-        out += nlohmann::json(m[i].key).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+        out +=
+            nlohmann::json(m[i].key).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
         out += ": ";
         append(out, m[i].value, false);
       }
@@ -110,8 +122,9 @@ std::string format_datetime(DateTime t) {
   std::tm tm{};
   gmtime_r(&tt, &tm);
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
-                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(frac / 1000));
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                static_cast<int>(frac / 1000));
   std::string s = buf;
   if (frac % 1000 != 0) {  // keep microseconds when there are any
     std::snprintf(buf, sizeof buf, "%03d", static_cast<int>(frac % 1000));
@@ -126,9 +139,11 @@ bool parse_datetime(std::string_view text, DateTime* out) {
   if (text.size() < 20) return false;
   std::string s(text);
   int n = 0;
-  if (std::sscanf(s.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d%n", &y, &mo, &d, &h, &mi, &se, &n) != 6 || n != 19)
+  if (std::sscanf(s.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d%n", &y, &mo, &d, &h, &mi, &se, &n) != 6 ||
+      n != 19)
     return false;
-  if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || se > 60 || y < 1601 || y > 9999) return false;
+  if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || se > 60 || y < 1601 || y > 9999)
+    return false;
   std::size_t i = 19;
   int64_t frac_us = 0;
   if (i < s.size() && s[i] == '.') {
@@ -159,7 +174,8 @@ bool parse_datetime(std::string_view text, DateTime* out) {
   const int yy = y - (mo <= 2);
   const int era = (yy >= 0 ? yy : yy - 399) / 400;
   const unsigned yoe = static_cast<unsigned>(yy - era * 400);
-  const unsigned doy = (153 * static_cast<unsigned>(mo + (mo > 2 ? -3 : 9)) + 2) / 5 + static_cast<unsigned>(d) - 1;
+  const unsigned doy =
+      (153 * static_cast<unsigned>(mo + (mo > 2 ? -3 : 9)) + 2) / 5 + static_cast<unsigned>(d) - 1;
   const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
   const int64_t days = static_cast<int64_t>(era) * 146097 + static_cast<int64_t>(doe) - 719468;
   const int64_t secs = days * 86400 + h * 3600 + mi * 60 + se - offset_s;

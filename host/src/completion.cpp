@@ -1,6 +1,5 @@
 #include "completion.h"
 
-
 namespace outrun::detail {
 
 void Completion::deliver(Result&& r, const Log& log) {
@@ -22,7 +21,9 @@ void Completion::deliver(Result&& r, const Log& log) {
 
 Dispatcher::Dispatcher(const Log& log) : log_(log), thread_([this] { run(); }) {}
 
-Dispatcher::~Dispatcher() { stop_and_join(); }
+Dispatcher::~Dispatcher() {
+  stop_and_join();
+}
 
 void Dispatcher::stop_and_join() {
   {

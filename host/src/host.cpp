@@ -111,11 +111,9 @@ Error Host::Impl::start() {
     uv_run(&loop, UV_RUN_DEFAULT);
   });
   MutexLock lock(start_mu);
-  const bool ready =
-      start_cv.wait_until(start_mu, std::chrono::steady_clock::now() + opts.start_timeout,
-                          [&]() REQUIRES(start_mu) {
-                            return hellos >= opts.shards || !start_error.empty();
-                          });
+  const bool ready = start_cv.wait_until(
+      start_mu, std::chrono::steady_clock::now() + opts.start_timeout,
+      [&]() REQUIRES(start_mu) { return hellos >= opts.shards || !start_error.empty(); });
   if (!start_error.empty()) return {Status::unavailable, start_error};
   if (!ready) return {Status::unavailable, "workers did not say hello within the start timeout"};
   return {};

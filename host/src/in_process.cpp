@@ -1,4 +1,3 @@
-#include "script_record.h"
 #include "outrun/in_process.h"
 
 #include <lua.hpp>
@@ -6,6 +5,7 @@
 #include "lua_values.h"
 #include "outrun/thread_annotations.h"
 #include "sandbox.h"
+#include "script_record.h"
 #include "script_registry.h"
 #include "value_builder.h"
 
@@ -17,17 +17,27 @@ namespace {
 // may be alive across Lua API calls (they may longjmp on allocation failure).
 bool push_value(lua_State* L, const Value& v, int depth) {
   luaL_checkstack(L, 3, "inputs nested too deeply");
-  if (v.is<Nil>()) lua_pushnil(L);
-  else if (const bool* b = std::get_if<bool>(&v.v)) lua_pushboolean(L, *b);
-  else if (const int64_t* i = std::get_if<int64_t>(&v.v)) lua_pushinteger(L, *i);
-  else if (const double* d = std::get_if<double>(&v.v)) lua_pushnumber(L, *d);
-  else if (const std::string* s = std::get_if<std::string>(&v.v)) lua_pushlstring(L, s->data(), s->size());
-  else if (const Bytes* by = std::get_if<Bytes>(&v.v)) lua_pushlstring(L, by->data.data(), by->data.size());
+  if (v.is<Nil>())
+    lua_pushnil(L);
+  else if (const bool* b = std::get_if<bool>(&v.v))
+    lua_pushboolean(L, *b);
+  else if (const int64_t* i = std::get_if<int64_t>(&v.v))
+    lua_pushinteger(L, *i);
+  else if (const double* d = std::get_if<double>(&v.v))
+    lua_pushnumber(L, *d);
+  else if (const std::string* s = std::get_if<std::string>(&v.v))
+    lua_pushlstring(L, s->data(), s->size());
+  else if (const Bytes* by = std::get_if<Bytes>(&v.v))
+    lua_pushlstring(L, by->data.data(), by->data.size());
   else if (const uint64_t* u = std::get_if<uint64_t>(&v.v)) {
-    if (*u <= static_cast<uint64_t>(INT64_MAX)) lua_pushinteger(L, static_cast<lua_Integer>(*u));
-    else lua_pushnumber(L, static_cast<lua_Number>(*u));
-  } else if (const float* f = std::get_if<float>(&v.v)) lua_pushnumber(L, static_cast<lua_Number>(*f));
-  else if (const DateTime* t = std::get_if<DateTime>(&v.v)) lua_pushnumber(L, t->unix_seconds());
+    if (*u <= static_cast<uint64_t>(INT64_MAX))
+      lua_pushinteger(L, static_cast<lua_Integer>(*u));
+    else
+      lua_pushnumber(L, static_cast<lua_Number>(*u));
+  } else if (const float* f = std::get_if<float>(&v.v))
+    lua_pushnumber(L, static_cast<lua_Number>(*f));
+  else if (const DateTime* t = std::get_if<DateTime>(&v.v))
+    lua_pushnumber(L, t->unix_seconds());
   else if (const Array* a = std::get_if<Array>(&v.v)) {
     if (depth >= kMaxValueDepth) return false;
     lua_createtable(L, static_cast<int>(a->size()), 0);
@@ -54,12 +64,12 @@ bool push_inputs(lua_State* L, const void* p) {
   if (inputs.size() > kMaxInputs) return false;
   for (const Input& in : inputs) {
     lua_pushlstring(L, in.name.data(), in.name.size());
-    if (!push_value(L, in.value, 0)) return false;  // as the worker: kMaxValueDepth levels of tables
+    if (!push_value(L, in.value, 0))
+      return false;  // as the worker: kMaxValueDepth levels of tables
     lua_rawset(L, -3);
   }
   return true;
 }
-
 
 // One registered script's engine: compiled on first use, serialised by its mutex.
 struct Engine {
@@ -98,7 +108,8 @@ RegistryStats InProcess::registry_stats() const {
 
 Result InProcess::run(const Script& script, const Inputs& inputs) {
   const detail::ScriptRecord* r = script.record();
-  if (!r || r->owner != impl_.get()) return {Status::invalid_argument, {}, "script handle is not from this runner", -1};
+  if (!r || r->owner != impl_.get())
+    return {Status::invalid_argument, {}, "script handle is not from this runner", -1};
   if (r->unregistered.load(std::memory_order_relaxed)) [[unlikely]]
     return {Status::invalid_argument, {}, "script '" + r->key + "' was unregistered", -1};
   auto* e = static_cast<Engine*>(r->engine);
@@ -107,14 +118,18 @@ Result InProcess::run(const Script& script, const Inputs& inputs) {
     e->tried = true;
     std::string err;
     e->state = sandbox::ScriptState::create(impl_->opts.memory_limit, &err);
-    if (!e->state) e->compile_outcome = {wire::Status::MemoryLimit, err};
-    else e->compile_outcome = e->state->compile(r->source, "=" + r->chunk_name);
+    if (!e->state)
+      e->compile_outcome = {wire::Status::MemoryLimit, err};
+    else
+      e->compile_outcome = e->state->compile(r->source, "=" + r->chunk_name);
   }
   if (e->compile_outcome.status != wire::Status::Ok)
     return {static_cast<Status>(e->compile_outcome.status), {}, e->compile_outcome.error, -1};
-  const int64_t timeout_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(impl_->opts.timeout).count();
+  const int64_t timeout_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(impl_->opts.timeout).count();
   auto outcome = e->state->run(push_inputs, &inputs, timeout_ns);
-  if (outcome.status != wire::Status::Ok) return {static_cast<Status>(outcome.status), {}, std::move(outcome.error), -1};
+  if (outcome.status != wire::Status::Ok)
+    return {static_cast<Status>(outcome.status), {}, std::move(outcome.error), -1};
   lua_State* L = e->state->L();
   detail::ValueBuilder builder;
   sandbox::ResultConverter conv(L, builder);
@@ -125,7 +140,9 @@ Result InProcess::run(const Script& script, const Inputs& inputs) {
   return res;
 }
 
-void InProcess::evaluate(const Script& script, Inputs inputs, Callback done) { done(run(script, inputs)); }
+void InProcess::evaluate(const Script& script, Inputs inputs, Callback done) {
+  done(run(script, inputs));
+}
 
 std::future<Result> InProcess::evaluate(const Script& script, Inputs inputs) {
   std::promise<Result> p;
@@ -134,7 +151,8 @@ std::future<Result> InProcess::evaluate(const Script& script, Inputs inputs) {
 }
 
 void InProcess::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
-  for (std::size_t i = 0; i < requests.size(); ++i) done(i, run(requests[i].script, requests[i].inputs));
+  for (std::size_t i = 0; i < requests.size(); ++i)
+    done(i, run(requests[i].script, requests[i].inputs));
 }
 
 }  // namespace outrun

@@ -58,8 +58,9 @@ const ScriptRecord* Host::Impl::crash_suspect(Shard& sh, const WorkerProcess& w,
   if (running == 0) return nullptr;  // between evaluations, or still starting
   // kCrash and kExit come from the exit status itself; a kill the host decided has its own cause.
   const auto& x = w.exit_status();
-  const bool scripted = x && ((cause == DeathCause::kCrash && fault_signal(x->signal)) ||
-                              (cause == DeathCause::kExit && protocol::script_may_cause_exit(x->code)));
+  const bool scripted =
+      x && ((cause == DeathCause::kCrash && fault_signal(x->signal)) ||
+            (cause == DeathCause::kExit && protocol::script_may_cause_exit(x->code)));
   if (!scripted) return nullptr;
   const Slot* slot = sh.table.sent(running);  // the page is the worker's: untrusted
   return slot ? slot->script.record() : nullptr;

@@ -47,5 +47,4 @@ struct ScriptRecord {
   mutable std::atomic<int64_t> quarantined_until_ns{0};
 };
 
-
 }  // namespace outrun::detail

@@ -51,7 +51,7 @@ struct Shard {
   uv_timer_t restart_timer{};
   uv_timer_t watchdog{};  // heartbeat age and the running evaluation's T+G deadline
   RestartPolicy policy;
-  std::vector<Delivery> to_dispatch;  // scratch: results of one read
+  std::vector<Delivery> to_dispatch;       // scratch: results of one read
   std::atomic<bool> write_blocked{false};  // a producer handed the rest of a write to the loop
 
   std::unique_ptr<Dispatcher> dispatcher;

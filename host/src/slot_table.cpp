@@ -35,8 +35,8 @@ void SlotTable::ensure_key(uint32_t key_id) {
   }
 }
 
-uint32_t SlotTable::admit(const Script& script, Inputs&& inputs, Completion&& done,
-                          SlotPlace place, bool single_flight) {
+uint32_t SlotTable::admit(const Script& script, Inputs&& inputs, Completion&& done, SlotPlace place,
+                          bool single_flight) {
   const uint32_t idx = alloc();
   Slot& slot = slots_[idx];
   slot.script = script;

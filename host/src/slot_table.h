@@ -40,7 +40,9 @@ using Ended = std::vector<std::pair<Completion, Result>>;
 
 class SlotTable {
  public:
-  static uint64_t id_of(const Slot& s, uint32_t idx) { return (uint64_t{s.generation} << 32) | idx; }
+  static uint64_t id_of(const Slot& s, uint32_t idx) {
+    return (uint64_t{s.generation} << 32) | idx;
+  }
   uint64_t id(uint32_t idx) const { return id_of(slots_[idx], idx); }
 
   Slot& operator[](uint32_t idx) { return slots_[idx]; }

@@ -31,36 +31,40 @@ std::string unregistered_message(const detail::ScriptRecord* r) {
 
 }  // namespace
 
-flatbuffers::Offset<wire::Evaluation> Host::Impl::build_evaluation(flatbuffers::FlatBufferBuilder& f, Shard& sh,
-                                                                   uint32_t idx, detail::InputsOffset inputs) {
+flatbuffers::Offset<wire::Evaluation> Host::Impl::build_evaluation(
+    flatbuffers::FlatBufferBuilder& f, Shard& sh, uint32_t idx, detail::InputsOffset inputs) {
   const Slot& slot = sh.table[idx];
   const detail::ScriptRecord* r = slot.script.record();
-  if (r->id >= sh.known.size()) sh.known.resize(std::max<std::size_t>(r->id + 1, sh.known.size() * 2), 0);
+  if (r->id >= sh.known.size())
+    sh.known.resize(std::max<std::size_t>(r->id + 1, sh.known.size() * 2), 0);
   protocol::ScriptSource source;
   const bool with_source = !sh.known[r->id];
   if (with_source) {
     sh.known[r->id] = 1;
     source = {r->sha256, r->source, r->chunk_name};
   }
-  return protocol::build_evaluation(f, detail::SlotTable::id_of(slot, idx), r->id, timeout_us, inputs,
-                                    with_source ? &source : nullptr);
+  return protocol::build_evaluation(f, detail::SlotTable::id_of(slot, idx), r->id, timeout_us,
+                                    inputs, with_source ? &source : nullptr);
 }
 
-std::span<const uint8_t> Host::Impl::finish_evaluate(flatbuffers::FlatBufferBuilder& f,
-                                                     const flatbuffers::Offset<wire::Evaluation>* items,
-                                                     std::size_t n) {
+std::span<const uint8_t> Host::Impl::finish_evaluate(
+    flatbuffers::FlatBufferBuilder& f, const flatbuffers::Offset<wire::Evaluation>* items,
+    std::size_t n) {
   return protocol::finish_evaluate(f, {items, n});
 }
 
 void Host::Impl::deliver_now(Shard& sh, Completion&& done, Result&& r) {
-  if (done.runs_caller_code()) sh.dispatcher->post(Delivery{std::move(done), std::move(r)});
-  else done.deliver(std::move(r), log);
+  if (done.runs_caller_code())
+    sh.dispatcher->post(Delivery{std::move(done), std::move(r)});
+  else
+    done.deliver(std::move(r), log);
 }
 
 void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done) {
   const detail::ScriptRecord* r = script.record();
   if (!r || r->owner != this) {
-    deliver_now(*shards[0], std::move(done), Result{Status::invalid_argument, {}, "script handle is not from this host", -1});
+    deliver_now(*shards[0], std::move(done),
+                Result{Status::invalid_argument, {}, "script handle is not from this host", -1});
     return;
   }
   Shard& sh = *shards[r->shard];
@@ -76,7 +80,8 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
     return;
   }
   if (stopping.load(std::memory_order_relaxed)) {
-    deliver_now(sh, std::move(done), Result{Status::cancelled, {}, "the host is shutting down", sh.index});
+    deliver_now(sh, std::move(done),
+                Result{Status::cancelled, {}, "the host is shutting down", sh.index});
     return;
   }
   auto& f = producer_builder();
@@ -84,11 +89,12 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
   detail::InputsOffset in;
   std::string err;
   if (!detail::encode_inputs(f, inputs, &in, &err)) {
-    deliver_now(sh, std::move(done), Result{Status::invalid_argument, {}, std::move(err), sh.index});
+    deliver_now(sh, std::move(done),
+                Result{Status::invalid_argument, {}, std::move(err), sh.index});
     return;
   }
   std::shared_ptr<FrameWriter> writer;
-  Result refusal;  // status ok: accepted
+  Result refusal;       // status ok: accepted
   Completion replaced;  // coalesce-latest: the waiting one this one replaces
   {
     MutexLock lock(sh.mu);
@@ -104,7 +110,9 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
         sh.table.admit_pending(script, std::move(inputs), std::move(done), &replaced);
     } else if (sh.state == ShardState::kDown &&
                sh.table.waiting_count() >= opts.max_queued_while_down) {
-      refusal = {Status::unavailable, {}, "shard " + std::to_string(sh.index) + " is restarting and its queue is full",
+      refusal = {Status::unavailable,
+                 {},
+                 "shard " + std::to_string(sh.index) + " is restarting and its queue is full",
                  sh.index};
     } else if (sh.state == ShardState::kRunning) {
       const uint32_t idx =
@@ -123,7 +131,10 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
   if (writer) writer->write_pending();
   if (!replaced.empty())
     deliver_now(sh, std::move(replaced),
-                Result{Status::busy, {}, "replaced by a newer evaluation of '" + r->key + "' (coalesce-latest)", sh.index});
+                Result{Status::busy,
+                       {},
+                       "replaced by a newer evaluation of '" + r->key + "' (coalesce-latest)",
+                       sh.index});
 }
 
 void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& cb) {
@@ -168,7 +179,8 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
       f.Clear();
       inputs.clear();
       chunk.clear();
-      for (; pos < list.size() && chunk.size() < kFrameCutItems && f.GetSize() < kFrameCutBytes; ++pos) {
+      for (; pos < list.size() && chunk.size() < kFrameCutItems && f.GetSize() < kFrameCutBytes;
+           ++pos) {
         const std::size_t i = list[pos];
         detail::InputsOffset in;
         std::string err;
@@ -187,25 +199,28 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
         MutexLock lock(sh.mu);
         evs.clear();
         const bool single = opts.single_flight != SingleFlight::off;
-        const bool direct = sh.state == ShardState::kRunning && !stopping.load(std::memory_order_relaxed);
+        const bool direct =
+            sh.state == ShardState::kRunning && !stopping.load(std::memory_order_relaxed);
         for (std::size_t k = 0; k < chunk.size(); ++k) {
           Request& req = requests[chunk[k]];
           if (!direct || (single && sh.table.in_flight(req.script.record()->key_id))) {
             one_by_one.push_back(chunk[k]);
             continue;
           }
-          const uint32_t idx =
-              sh.table.admit(req.script, std::move(req.inputs),
-                             Completion(detail::BatchTarget{shared_cb, chunk[k]}), SlotPlace::kSent, single);
+          const uint32_t idx = sh.table.admit(req.script, std::move(req.inputs),
+                                              Completion(detail::BatchTarget{shared_cb, chunk[k]}),
+                                              SlotPlace::kSent, single);
           evs.push_back(build_evaluation(f, sh, idx, inputs[k]));
           ++accepted;
         }
-        if (!evs.empty() && sh.writer->enqueue(finish_evaluate(f, evs.data(), evs.size()))) writer = sh.writer;
+        if (!evs.empty() && sh.writer->enqueue(finish_evaluate(f, evs.data(), evs.size())))
+          writer = sh.writer;
       }
       sh.evaluations.fetch_add(accepted, std::memory_order_relaxed);
       if (writer) writer->write_pending();
       for (std::size_t i : one_by_one)
-        submit(requests[i].script, std::move(requests[i].inputs), Completion(detail::BatchTarget{shared_cb, i}));
+        submit(requests[i].script, std::move(requests[i].inputs),
+               Completion(detail::BatchTarget{shared_cb, i}));
       one_by_one.clear();
     }
   }
@@ -228,8 +243,10 @@ void Host::Impl::place_promoted(Shard& sh, std::vector<uint32_t>& promoted, Ende
         const bool stop = sh.state != ShardState::kCrashLoop;
         for (uint32_t idx : batch)
           sh.table.end(idx,
-                       Result{stop ? Status::cancelled : Status::unavailable, {},
-                              stop ? "the host shut down before it ran" : sh.unavailable_reason, sh.index},
+                       Result{stop ? Status::cancelled : Status::unavailable,
+                              {},
+                              stop ? "the host shut down before it ran" : sh.unavailable_reason,
+                              sh.index},
                        out, &promoted);
       }
     }
@@ -259,8 +276,10 @@ void Host::Impl::send_slots(Shard& sh, const std::vector<uint32_t>& idxs) {
 }
 
 void Host::Impl::deliver_from_loop(Shard& sh, Completion&& done, Result&& r) {
-  if (!done.runs_caller_code() && opts.fulfill_futures_on_loop) done.deliver(std::move(r), log);
-  else sh.to_dispatch.push_back(Delivery{std::move(done), std::move(r)});
+  if (!done.runs_caller_code() && opts.fulfill_futures_on_loop)
+    done.deliver(std::move(r), log);
+  else
+    sh.to_dispatch.push_back(Delivery{std::move(done), std::move(r)});
 }
 
 void Host::Impl::deliver_all(Shard& sh, Ended& ended) {

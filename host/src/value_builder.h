@@ -20,7 +20,8 @@ struct ValueBuilder {
     return utf8 ? Value(std::string(s)) : Value(Bytes{std::string(s)});
   }
   Ref array(std::vector<Ref>& items) {
-    return Value(Array(std::make_move_iterator(items.begin()), std::make_move_iterator(items.end())));
+    return Value(
+        Array(std::make_move_iterator(items.begin()), std::make_move_iterator(items.end())));
   }
   Ref map(std::vector<std::pair<std::string_view, Ref>>& entries) {
     Map m;

@@ -1,8 +1,8 @@
 #include "wire_codec.h"
 
-#include "outrun/protocol/wire_value.h"
-
 #include <vector>
+
+#include "outrun/protocol/wire_value.h"
 
 namespace outrun::detail {
 
@@ -12,8 +12,10 @@ struct Budget {
   std::size_t bytes = 0;
   // `depth` counts containers: 32 nested arrays may hold a scalar, as in the worker and InProcess.
   bool ok(const Value& v, int depth) {
-    if (auto* s = std::get_if<std::string>(&v.v)) bytes += s->size();
-    else if (auto* b = std::get_if<Bytes>(&v.v)) bytes += b->data.size();
+    if (auto* s = std::get_if<std::string>(&v.v))
+      bytes += s->size();
+    else if (auto* b = std::get_if<Bytes>(&v.v))
+      bytes += b->data.size();
     else if (auto* a = std::get_if<Array>(&v.v)) {
       if (depth > kMaxValueDepth) return false;
       for (const auto& x : *a)
@@ -69,10 +71,18 @@ bool decode(const wire::Value* in, Value* out, int depth, std::size_t* budget, b
       if (!typed) return false;
       out->v = DateTime{in->int_value()};
       return true;
-    case wire::ValueKind::Nil: out->v = Nil{}; return true;
-    case wire::ValueKind::Boolean: out->v = in->bool_value(); return true;
-    case wire::ValueKind::Int: out->v = static_cast<int64_t>(in->int_value()); return true;
-    case wire::ValueKind::Double: out->v = in->double_value(); return true;
+    case wire::ValueKind::Nil:
+      out->v = Nil{};
+      return true;
+    case wire::ValueKind::Boolean:
+      out->v = in->bool_value();
+      return true;
+    case wire::ValueKind::Int:
+      out->v = static_cast<int64_t>(in->int_value());
+      return true;
+    case wire::ValueKind::Double:
+      out->v = in->double_value();
+      return true;
     case wire::ValueKind::String:
       if (!charge(budget, in->string_value() ? in->string_value()->size() : 0)) return false;
       out->v = in->string_value() ? in->string_value()->str() : std::string();
@@ -80,7 +90,8 @@ bool decode(const wire::Value* in, Value* out, int depth, std::size_t* budget, b
     case wire::ValueKind::Bytes: {
       const auto* b = in->bytes_value();
       if (!charge(budget, b ? b->size() : 0)) return false;
-      out->v = Bytes{b ? std::string(reinterpret_cast<const char*>(b->data()), b->size()) : std::string()};
+      out->v = Bytes{b ? std::string(reinterpret_cast<const char*>(b->data()), b->size())
+                       : std::string()};
       return true;
     }
     case wire::ValueKind::Array: {
@@ -154,7 +165,8 @@ flatbuffers::Offset<wire::Value> encode_value(flatbuffers::FlatBufferBuilder& f,
   return std::visit(Visitor{f, b}, v.v);
 }
 
-bool encode_inputs(flatbuffers::FlatBufferBuilder& fbb, const Inputs& inputs, InputsOffset* out, std::string* error) {
+bool encode_inputs(flatbuffers::FlatBufferBuilder& fbb, const Inputs& inputs, InputsOffset* out,
+                   std::string* error) {
   if (inputs.size() > kMaxInputs) {
     *error = "too many inputs (more than " + std::to_string(kMaxInputs) + ")";
     return false;
@@ -186,13 +198,16 @@ bool encode_inputs(flatbuffers::FlatBufferBuilder& fbb, const Inputs& inputs, In
   return true;
 }
 
-bool decode_value(const wire::Value* in, Value* out) { return decode(in, out, 0, nullptr); }
+bool decode_value(const wire::Value* in, Value* out) {
+  return decode(in, out, 0, nullptr);
+}
 
 bool decode_tag_value(const wire::Value* in, Value* out, std::size_t* budget) {
   return decode(in, out, 0, budget, true);
 }
 
-flatbuffers::Offset<wire::Value> encode_tag_value(flatbuffers::FlatBufferBuilder& f, const Value& v) {
+flatbuffers::Offset<wire::Value> encode_tag_value(flatbuffers::FlatBufferBuilder& f,
+                                                  const Value& v) {
   if (auto* u = std::get_if<uint64_t>(&v.v)) {
     wire::ValueBuilder b(f);
     b.add_kind(wire::ValueKind::UInt);
@@ -233,4 +248,3 @@ bool decode_value(const wire::Value* in, Value* out, std::size_t* budget) {
 }
 
 }  // namespace outrun::detail
-

@@ -16,7 +16,8 @@ using InputsOffset = flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset
 
 // Encodes `inputs`. Returns false (with *error) when they are too many, too deep or too large;
 // the builder then holds garbage and must be cleared.
-bool encode_inputs(flatbuffers::FlatBufferBuilder& fbb, const Inputs& inputs, InputsOffset* out, std::string* error);
+bool encode_inputs(flatbuffers::FlatBufferBuilder& fbb, const Inputs& inputs, InputsOffset* out,
+                   std::string* error);
 
 flatbuffers::Offset<wire::Value> encode_value(flatbuffers::FlatBufferBuilder& fbb, const Value& v);
 
@@ -33,7 +34,8 @@ bool decode_value(const wire::Value* in, Value* out, std::size_t* budget);
 
 // Tag values (DataValue.value on client frames): the same, plus the kinds UInt, Float and
 // DateTime, which encode_value lowers to Lua's kinds and decode_value refuses.
-flatbuffers::Offset<wire::Value> encode_tag_value(flatbuffers::FlatBufferBuilder& fbb, const Value& v);
+flatbuffers::Offset<wire::Value> encode_tag_value(flatbuffers::FlatBufferBuilder& fbb,
+                                                  const Value& v);
 bool decode_tag_value(const wire::Value* in, Value* out, std::size_t* budget);
 
 }  // namespace outrun::detail

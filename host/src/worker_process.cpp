@@ -111,8 +111,8 @@ Error WorkerProcess::spawn(uv_loop_t* loop, Shard* shard, WorkerEvents* events, 
   fcntl(to_worker[0], F_SETFL, fcntl(to_worker[0], F_GETFL) | O_NONBLOCK);
   fcntl(from_worker[0], F_SETFL, fcntl(from_worker[0], F_GETFL) | O_NONBLOCK);
 
-  std::vector<const char*> args = {spec.path.c_str(), "--fd", "3", "--out-fd", "4",
-                                   "--status-page", w->page_name_.c_str()};
+  std::vector<const char*> args = {
+      spec.path.c_str(), "--fd", "3", "--out-fd", "4", "--status-page", w->page_name_.c_str()};
   for (const std::string& a : spec.args) args.push_back(a.c_str());
   args.push_back(nullptr);
   // The worker's stderr is a pipe the host reads and logs (bounded), never a file it could grow.
@@ -281,8 +281,7 @@ void WorkerProcess::on_err_read(uv_stream_t* s, ssize_t nread, const uv_buf_t* b
   if (nread > 0) {
     w->err_line_.append(buf->base, static_cast<std::size_t>(nread));
     std::size_t start = 0;
-    for (std::size_t nl; (nl = w->err_line_.find('\n', start)) != std::string::npos;
-         start = nl + 1)
+    for (std::size_t nl; (nl = w->err_line_.find('\n', start)) != std::string::npos; start = nl + 1)
       w->log_line(std::string_view(w->err_line_).substr(start, nl - start));
     w->err_line_.erase(0, start);
     if (w->err_line_.size() > 4096) {  // no newline in sight: log what there is

@@ -33,10 +33,10 @@ class WorkerProcess;
 // What a worker's handles report, to the host (Host::Impl). Loop thread.
 class WorkerEvents {
  public:
-  virtual void on_worker_created(WorkerProcess* w) = 0;   // on_worker_freed follows, some day
-  virtual void on_worker_exit(WorkerProcess* w) = 0;      // reaped: w->exit_status() is set
-  virtual void on_worker_readable(WorkerProcess* w) = 0;  // results to read
-  virtual void on_worker_writable(WorkerProcess* w) = 0;  // room for a handed-off write
+  virtual void on_worker_created(WorkerProcess* w) = 0;       // on_worker_freed follows, some day
+  virtual void on_worker_exit(WorkerProcess* w) = 0;          // reaped: w->exit_status() is set
+  virtual void on_worker_readable(WorkerProcess* w) = 0;      // results to read
+  virtual void on_worker_writable(WorkerProcess* w) = 0;      // room for a handed-off write
   virtual void on_worker_stream_error(WorkerProcess* w) = 0;  // EPOLLERR on either socket
   virtual void on_worker_linger_expired(WorkerProcess* w) = 0;
   virtual void on_worker_freed(WorkerProcess* w) = 0;  // every handle closed; w is being deleted
@@ -144,7 +144,7 @@ class WorkerProcess {
   Life life_ = Life::kStarting;
   bool greeted_ = false;
   bool restart_requested_ = false;
-  bool io_open_ = false;   // poll, wpoll, linger initialised and not yet closed
+  bool io_open_ = false;  // poll, wpoll, linger initialised and not yet closed
   bool watching_write_ = false;
   std::optional<ExitStatus> exit_;
   std::optional<DeathCause> kill_cause_;
@@ -156,7 +156,7 @@ class WorkerProcess {
   uv_poll_t wpoll_{};     // writable: `wfd`, only while a frame waits for room
   uv_timer_t linger_{};   // after end-of-stream, or restart_shard: how long until it is killed
   uv_pipe_t err_pipe_{};  // the worker's stderr, logged by the host; closes at its EOF
-  std::string err_line_;        // a partial line of it
+  std::string err_line_;  // a partial line of it
   std::size_t err_logged_ = 0;  // bytes of it logged so far (bounded)
 
   int pid_ = 0;

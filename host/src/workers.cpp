@@ -39,11 +39,16 @@ Error Host::Impl::spawn(Shard& sh) {
   spec.path = worker_path;
   spec.shard = sh.index;
   spec.env = worker_env.empty() ? nullptr : worker_env.data();
-  spec.args = {"--host-pid",     std::to_string(getpid()),
-               "--memory-limit", std::to_string(opts.memory_limit),
-               "--script-budget", std::to_string(opts.worker_script_budget),
-               "--heartbeat-ms", std::to_string(opts.heartbeat_interval.count()),
-               "--address-space-limit", std::to_string(opts.worker_address_space_limit)};
+  spec.args = {"--host-pid",
+               std::to_string(getpid()),
+               "--memory-limit",
+               std::to_string(opts.memory_limit),
+               "--script-budget",
+               std::to_string(opts.worker_script_budget),
+               "--heartbeat-ms",
+               std::to_string(opts.heartbeat_interval.count()),
+               "--address-space-limit",
+               std::to_string(opts.worker_address_space_limit)};
   if (!opts.worker_profile_prefix.empty()) {
     // The pid is not known before the spawn: the worker appends it (see worker/main.cpp).
     spec.args.push_back("--profile");
@@ -233,7 +238,7 @@ void Host::Impl::handle_results(WorkerProcess* w,
       place_promoted(sh, promoted, &ended);
     } else {
       for (uint32_t idx : resend) sh.table[idx].place = SlotPlace::kSent;  // ended with the worker
-      for (uint32_t idx : promoted) sh.table.park(idx);  // run after the restart
+      for (uint32_t idx : promoted) sh.table.park(idx);                    // run after the restart
     }
   }
   for (auto& [completion, r] : done) {

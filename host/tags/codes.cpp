@@ -41,9 +41,9 @@ constexpr CodeName kCodeNames[] = {
     {codes::BadDeviceFailure, "BadDeviceFailure"},
 };
 
-constexpr std::string_view kTypeNames[] = {"Variant", "Boolean", "SByte",  "Byte",   "Int16",
-                                           "UInt16",  "Int32",   "UInt32", "Int64",  "UInt64",
-                                           "Float",   "Double",  "String", "DateTime", "ByteString"};
+constexpr std::string_view kTypeNames[] = {
+    "Variant", "Boolean", "SByte", "Byte",   "Int16",  "UInt16",   "Int32",     "UInt32",
+    "Int64",   "UInt64",  "Float", "Double", "String", "DateTime", "ByteString"};
 
 StatusCode mismatch(std::string* reason, std::string what) {
   *reason = std::move(what);
@@ -55,7 +55,7 @@ StatusCode out_of_range(std::string* reason, std::string what) {
 }
 
 std::string_view kind_name(const Value& v) {
-  constexpr std::string_view names[] = {"nil",   "boolean", "integer", "number", "string", "bytes",
+  constexpr std::string_view names[] = {"nil",   "boolean", "integer", "number", "string",  "bytes",
                                         "array", "map",     "UInt64",  "Float",  "DateTime"};
   return names[v.v.index()];
 }
@@ -84,22 +84,40 @@ StatusCode to_integer(const Value& in, DataType t, Value* out, std::string* reas
   long double x = 0;
   bool integral = false;
   if (!as_number(in, &x, &integral))
-    return mismatch(reason, std::string("expected a number for ") + std::string(to_string(t)) + ", got " +
-                                std::string(kind_name(in)));
+    return mismatch(reason, std::string("expected a number for ") + std::string(to_string(t)) +
+                                ", got " + std::string(kind_name(in)));
   if (std::isnan(x) || std::isinf(x))
-    return out_of_range(reason, std::string(to_string(t)) + " cannot hold " + (std::isnan(x) ? "NaN" : "infinity"));
+    return out_of_range(
+        reason, std::string(to_string(t)) + " cannot hold " + (std::isnan(x) ? "NaN" : "infinity"));
   if (!integral) x = std::round(x);  // half away from zero
   long double lo = 0, hi = 0;
   switch (t) {
-    case DataType::SByte: lo = INT8_MIN, hi = INT8_MAX; break;
-    case DataType::Byte: lo = 0, hi = UINT8_MAX; break;
-    case DataType::Int16: lo = INT16_MIN, hi = INT16_MAX; break;
-    case DataType::UInt16: lo = 0, hi = UINT16_MAX; break;
-    case DataType::Int32: lo = INT32_MIN, hi = INT32_MAX; break;
-    case DataType::UInt32: lo = 0, hi = UINT32_MAX; break;
-    case DataType::Int64: lo = static_cast<long double>(INT64_MIN), hi = static_cast<long double>(INT64_MAX); break;
-    case DataType::UInt64: lo = 0, hi = static_cast<long double>(UINT64_MAX); break;
-    default: break;
+    case DataType::SByte:
+      lo = INT8_MIN, hi = INT8_MAX;
+      break;
+    case DataType::Byte:
+      lo = 0, hi = UINT8_MAX;
+      break;
+    case DataType::Int16:
+      lo = INT16_MIN, hi = INT16_MAX;
+      break;
+    case DataType::UInt16:
+      lo = 0, hi = UINT16_MAX;
+      break;
+    case DataType::Int32:
+      lo = INT32_MIN, hi = INT32_MAX;
+      break;
+    case DataType::UInt32:
+      lo = 0, hi = UINT32_MAX;
+      break;
+    case DataType::Int64:
+      lo = static_cast<long double>(INT64_MIN), hi = static_cast<long double>(INT64_MAX);
+      break;
+    case DataType::UInt64:
+      lo = 0, hi = static_cast<long double>(UINT64_MAX);
+      break;
+    default:
+      break;
   }
   if (x < lo || x > hi) {
     char buf[128];
@@ -108,23 +126,31 @@ StatusCode to_integer(const Value& in, DataType t, Value* out, std::string* reas
     return out_of_range(reason, buf);
   }
   if (t == DataType::UInt64) {
-    if (auto* u = std::get_if<uint64_t>(&in.v)) *out = Value(*u);
-    else if (auto* i = std::get_if<int64_t>(&in.v)) *out = Value(static_cast<uint64_t>(*i));
-    else *out = Value(static_cast<uint64_t>(x));
+    if (auto* u = std::get_if<uint64_t>(&in.v))
+      *out = Value(*u);
+    else if (auto* i = std::get_if<int64_t>(&in.v))
+      *out = Value(static_cast<uint64_t>(*i));
+    else
+      *out = Value(static_cast<uint64_t>(x));
   } else if (t == DataType::UInt32 || t == DataType::UInt16 || t == DataType::Byte) {
     *out = Value(static_cast<uint64_t>(x));
   } else {
-    if (auto* i = std::get_if<int64_t>(&in.v)) *out = Value(*i);
-    else *out = Value(static_cast<int64_t>(x));
+    if (auto* i = std::get_if<int64_t>(&in.v))
+      *out = Value(*i);
+    else
+      *out = Value(static_cast<int64_t>(x));
   }
   return codes::Good;
 }
 
 StatusCode coerce_scalar(const Value& in, DataType t, Value* out, std::string* reason) {
   switch (t) {
-    case DataType::Variant: *out = in; return codes::Good;
+    case DataType::Variant:
+      *out = in;
+      return codes::Good;
     case DataType::Boolean:
-      if (!in.is<bool>()) return mismatch(reason, "expected a boolean, got " + std::string(kind_name(in)));
+      if (!in.is<bool>())
+        return mismatch(reason, "expected a boolean, got " + std::string(kind_name(in)));
       *out = in;
       return codes::Good;
     case DataType::SByte:
@@ -134,7 +160,8 @@ StatusCode coerce_scalar(const Value& in, DataType t, Value* out, std::string* r
     case DataType::Int32:
     case DataType::UInt32:
     case DataType::Int64:
-    case DataType::UInt64: return to_integer(in, t, out, reason);
+    case DataType::UInt64:
+      return to_integer(in, t, out, reason);
     case DataType::Float: {
       long double x = 0;
       bool integral = false;
@@ -153,8 +180,10 @@ StatusCode coerce_scalar(const Value& in, DataType t, Value* out, std::string* r
       bool integral = false;
       if (!as_number(in, &x, &integral))
         return mismatch(reason, "expected a number for Double, got " + std::string(kind_name(in)));
-      if (auto* d = std::get_if<double>(&in.v)) *out = Value(*d);
-      else *out = Value(static_cast<double>(x));
+      if (auto* d = std::get_if<double>(&in.v))
+        *out = Value(*d);
+      else
+        *out = Value(static_cast<double>(x));
       return codes::Good;
     }
     case DataType::String:
@@ -171,20 +200,23 @@ StatusCode coerce_scalar(const Value& in, DataType t, Value* out, std::string* r
       }
       if (auto* s = std::get_if<std::string>(&in.v)) {
         DateTime dt;
-        if (!parse_datetime(*s, &dt)) return mismatch(reason, "'" + *s + "' is not an ISO 8601 date and time");
+        if (!parse_datetime(*s, &dt))
+          return mismatch(reason, "'" + *s + "' is not an ISO 8601 date and time");
         *out = Value(dt);
         return codes::Good;
       }
       long double x = 0;
       bool integral = false;
       if (!as_number(in, &x, &integral))
-        return mismatch(reason, "expected seconds since 1970 or an ISO 8601 string for DateTime, got " +
-                                    std::string(kind_name(in)));
+        return mismatch(reason,
+                        "expected seconds since 1970 or an ISO 8601 string for DateTime, got " +
+                            std::string(kind_name(in)));
       // OPC UA's DateTime range: 1601-01-01 .. 9999-12-31 (OPC 10000-6 5.2.2.5).
       constexpr long double kMin = -11644473600.0L, kMax = 253402300799.0L;
       if (!(x >= kMin && x <= kMax)) {
         char buf[128];
-        std::snprintf(buf, sizeof buf, "%.17Lg seconds since 1970 is outside DateTime's range (1601..9999)", x);
+        std::snprintf(buf, sizeof buf,
+                      "%.17Lg seconds since 1970 is outside DateTime's range (1601..9999)", x);
         return out_of_range(reason, buf);
       }
       *out = Value(DateTime::from_unix_seconds(static_cast<double>(x)));
@@ -199,7 +231,8 @@ StatusCode coerce_scalar(const Value& in, DataType t, Value* out, std::string* r
         *out = in;
         return codes::Good;
       }
-      return mismatch(reason, "expected a string for ByteString, got " + std::string(kind_name(in)));
+      return mismatch(reason,
+                      "expected a string for ByteString, got " + std::string(kind_name(in)));
   }
   return mismatch(reason, "unknown DataType");
 }
@@ -233,17 +266,25 @@ bool parse_status_code(std::string_view text, StatusCode* out) {
 
 StatusCode status_code_for(Status s) {
   switch (s) {
-    case Status::ok: return codes::Good;
-    case Status::compile_error: return codes::BadConfigurationError;
-    case Status::runtime_error: return codes::BadInternalError;
+    case Status::ok:
+      return codes::Good;
+    case Status::compile_error:
+      return codes::BadConfigurationError;
+    case Status::runtime_error:
+      return codes::BadInternalError;
     case Status::timeout:
-    case Status::killed: return codes::BadTimeout;
-    case Status::memory_limit: return codes::BadOutOfMemory;
-    case Status::invalid_argument: return codes::BadInvalidArgument;
-    case Status::busy: return codes::BadTooManyOperations;  // never an output (counted)
+    case Status::killed:
+      return codes::BadTimeout;
+    case Status::memory_limit:
+      return codes::BadOutOfMemory;
+    case Status::invalid_argument:
+      return codes::BadInvalidArgument;
+    case Status::busy:
+      return codes::BadTooManyOperations;  // never an output (counted)
     case Status::worker_lost:
     case Status::unavailable:
-    case Status::cancelled: return codes::BadResourceUnavailable;
+    case Status::cancelled:
+      return codes::BadResourceUnavailable;
   }
   return codes::BadInternalError;
 }
@@ -268,9 +309,11 @@ StatusCode coerce(const Value& in, TypeSpec spec, Value* out, std::string* reaso
   const Array* a = std::get_if<Array>(&in.v);
   Array empty;
   if (a == nullptr) {
-    if (auto* m = std::get_if<Map>(&in.v); m != nullptr && m->empty()) a = &empty;  // {} from Lua
-    else return mismatch(reason, "expected an array of " + std::string(to_string(spec.type)) + ", got " +
-                                     std::string(kind_name(in)));
+    if (auto* m = std::get_if<Map>(&in.v); m != nullptr && m->empty())
+      a = &empty;  // {} from Lua
+    else
+      return mismatch(reason, "expected an array of " + std::string(to_string(spec.type)) +
+                                  ", got " + std::string(kind_name(in)));
   }
   Array result;
   result.reserve(a->size());

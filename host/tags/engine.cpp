@@ -46,8 +46,10 @@ double number_of(const Value& v) {
 // Rough encoded size of a value, for the kept-state bound.
 std::size_t value_bytes(const Value& v) {
   std::size_t n = 16;
-  if (auto* s = std::get_if<std::string>(&v.v)) n += s->size();
-  else if (auto* b = std::get_if<Bytes>(&v.v)) n += b->data.size();
+  if (auto* s = std::get_if<std::string>(&v.v))
+    n += s->size();
+  else if (auto* b = std::get_if<Bytes>(&v.v))
+    n += b->data.size();
   else if (auto* a = std::get_if<Array>(&v.v))
     for (const auto& x : *a) n += value_bytes(x);
   else if (auto* m = std::get_if<Map>(&v.v))
@@ -67,7 +69,9 @@ bool wrapped(const Value& r) {
   auto* m = std::get_if<Map>(&r.v);
   return m != nullptr && !m->empty() && !m->front().key.empty() && m->front().key[0] == '\0';
 }
-const Value* field(const Value& r, std::string_view key) { return wrapped(r) ? map_get(r, key) : nullptr; }
+const Value* field(const Value& r, std::string_view key) {
+  return wrapped(r) ? map_get(r, key) : nullptr;
+}
 
 using namespace std::string_view_literals;
 
@@ -108,8 +112,8 @@ struct Node {
   std::string id;
   bool is_virtual = false;
   bool alive = true;
-  uint32_t generation = 0;    // bumped when the slot is reused
-  uint32_t self = 0;          // its index
+  uint32_t generation = 0;  // bumped when the slot is reused
+  uint32_t self = 0;        // its index
   DataValue value;
   std::vector<uint32_t> dependents;  // virtual tags that list this node as an input
   int component = -1;                // -1: nothing depends on it (a source) / set for tags
@@ -128,21 +132,21 @@ struct Node {
   std::vector<bool> used_set;
   int topo = 0;
   TagCounters counters;
-  bool evaluated = false;      // at least one evaluation completed
+  bool evaluated = false;  // at least one evaluation completed
   // Whether the script's source mentions status, source_time, prev: only then are they sent.
   bool uses_status = true, uses_times = true, uses_prev = true;
-  DateTime last_eval_time;     // evaluation time of the last completed evaluation
-  uint64_t completed = 0;      // evaluations completed (not counting a worker that was down)
-  uint64_t results = 0;        // results received, of any status
+  DateTime last_eval_time;  // evaluation time of the last completed evaluation
+  uint64_t completed = 0;   // evaluations completed (not counting a worker that was down)
+  uint64_t results = 0;     // results received, of any status
   bool have_last_good = false;
   DataValue last_good;
   bool down = false;
   DateTime down_since;
-  bool need_initial = false;   // evaluate in the next wave (new or redefined)
-  bool pending_root = false;   // a root of the component's next wave
+  bool need_initial = false;  // evaluate in the next wave (new or redefined)
+  bool pending_root = false;  // a root of the component's next wave
   bool kept_state_present = false;
   Value kept_state;
-  Value import_state;          // a state to start the next evaluation from (hot reload)
+  Value import_state;  // a state to start the next evaluation from (hot reload)
   bool has_import = false;
   // Periodic.
   DateTime next_due;
@@ -151,7 +155,7 @@ struct Node {
   // Per wave.
   uint64_t wave = 0;    // the wave whose per-wave fields below are current
   uint64_t listed = 0;  // the wave this tag is part of
-  int wait = 0;       // virtual inputs of this wave not finished yet
+  int wait = 0;         // virtual inputs of this wave not finished yet
   bool triggered = false;
   bool trig_time_set = false;
   DateTime trig_time;
@@ -165,7 +169,7 @@ struct Component {
   bool pending = false;  // sources or roots wait for the next wave
   uint64_t wave = 0;
   DateTime pending_time;
-  DateTime time;            // the running wave's evaluation time
+  DateTime time;              // the running wave's evaluation time
   std::size_t remaining = 0;  // tags of the running wave not finished
   std::vector<uint32_t> pending_sources;
   std::vector<uint32_t> pending_roots;
@@ -389,7 +393,8 @@ struct Engine::Impl {
       if (t.input_nodes[i] != from || !t.def.inputs[i].trigger) continue;
       if (!deadband_passes(t, i, src.value)) continue;
       t.triggered = true;
-      if (!t.trig_time_set || src.value.source_time > t.trig_time) t.trig_time = src.value.source_time;
+      if (!t.trig_time_set || src.value.source_time > t.trig_time)
+        t.trig_time = src.value.source_time;
       t.trig_time_set = true;
     }
   }
@@ -417,7 +422,8 @@ struct Engine::Impl {
     todo_comps.clear();
     todo_comps.swap(pending_comps);
     for (int c : todo_comps) {
-      const bool startable = c < static_cast<int>(comps.size()) && comps[c].pending && !comps[c].running;
+      const bool startable =
+          c < static_cast<int>(comps.size()) && comps[c].pending && !comps[c].running;
       if (startable) start_wave(c, out);
     }
   }
@@ -461,7 +467,8 @@ struct Engine::Impl {
     c.pending_roots.clear();
     for (uint32_t idx : roots) {
       Node& t = *nodes[idx];
-      if (!t.alive || !t.is_virtual || t.component != ci || !(t.pending_root || t.need_initial)) continue;
+      if (!t.alive || !t.is_virtual || t.component != ci || !(t.pending_root || t.need_initial))
+        continue;
       if (!t.pending_root && !any_input_set(t)) {
         // A new tag none of whose inputs has a value yet keeps BadWaitingForInitialData until
         // its first input arrives.
@@ -507,8 +514,10 @@ struct Engine::Impl {
 
   void process(uint32_t idx, std::vector<Dispatch>* out) REQUIRES(mu) {
     Node& t = *nodes[idx];
-    if (t.triggered) submit(idx, out, false);
-    else finish(idx, false, out);
+    if (t.triggered)
+      submit(idx, out, false);
+    else
+      finish(idx, false, out);
   }
 
   // A tag of the running wave is done; `changed`: its output changed.
@@ -567,7 +576,8 @@ struct Engine::Impl {
     if (mode.empty()) {
       for (std::size_t i = 0; i < t.input_nodes.size(); ++i) {
         const Node& src = *nodes[t.input_nodes[i]];
-        const std::string& name = t.def.inputs[i].name.empty() ? t.def.inputs[i].tag : t.def.inputs[i].name;
+        const std::string& name =
+            t.def.inputs[i].name.empty() ? t.def.inputs[i].tag : t.def.inputs[i].name;
         in.push_back({name, src.value.value});
         if (t.uses_status) st.push_back({name, Value(static_cast<int64_t>(src.value.status))});
         if (t.uses_times) tm.push_back({name, Value(src.value.source_time.unix_seconds())});
@@ -613,9 +623,8 @@ struct Engine::Impl {
     t.eval_time = c.time;
     const uint32_t gen = t.generation;
     Impl* self = this;
-    out->push_back({&runner, t.script, std::move(inputs), [self, idx, gen](Result r) {
-                      self->on_result(idx, gen, std::move(r));
-                    }});
+    out->push_back({&runner, t.script, std::move(inputs),
+                    [self, idx, gen](Result r) { self->on_result(idx, gen, std::move(r)); }});
   }
 
   void on_result(uint32_t idx, uint32_t gen, Result r) EXCLUDES(mu) {
@@ -663,14 +672,15 @@ struct Engine::Impl {
 
     DataValue dv;
     dv.server_time = time;
-    const bool worker_down =
-        r.status == Status::worker_lost || r.status == Status::unavailable || r.status == Status::cancelled;
+    const bool worker_down = r.status == Status::worker_lost || r.status == Status::unavailable ||
+                             r.status == Status::cancelled;
     if (worker_down) {
       if (!t.down) {
         t.down = true;
         t.down_since = time;
       }
-      const auto down_for = std::chrono::microseconds(time.unix_micros() - t.down_since.unix_micros());
+      const auto down_for =
+          std::chrono::microseconds(time.unix_micros() - t.down_since.unix_micros());
       if (t.have_last_good && down_for < t.def.last_usable) {
         dv.value = t.last_good.value;
         dv.source_time = t.last_good.source_time;
@@ -715,7 +725,8 @@ struct Engine::Impl {
 
   DateTime source_time_for(const Node& t, DateTime time) const REQUIRES(mu) {
     switch (t.def.timestamps) {
-      case TimestampPolicy::evaluation_time: return time;
+      case TimestampPolicy::evaluation_time:
+        return time;
       case TimestampPolicy::triggering_input:
         if (t.trig_time_set) return t.trig_time;
         return time;
@@ -744,18 +755,20 @@ struct Engine::Impl {
         t.kept_state = *st;
         t.kept_state_present = true;
       } else {
-        t.counters.last_error = "state is larger than max_state_bytes (" + std::to_string(t.def.max_state_bytes) +
-                                "); not kept";
+        t.counters.last_error = "state is larger than max_state_bytes (" +
+                                std::to_string(t.def.max_state_bytes) + "); not kept";
       }
     }
     // The status: the script's, or the worst severity among the inputs (keeping that input's code).
     StatusCode code = codes::Good;
     if (s != nullptr && !s->is_nil()) {
       bool ok = false;
-      if (auto* i = std::get_if<int64_t>(&s->v); i && *i >= 0 && *i <= static_cast<int64_t>(UINT32_MAX)) {
+      if (auto* i = std::get_if<int64_t>(&s->v);
+          i && *i >= 0 && *i <= static_cast<int64_t>(UINT32_MAX)) {
         code = static_cast<StatusCode>(*i);
         ok = true;
-      } else if (auto* d = std::get_if<double>(&s->v); d && *d >= 0 && *d <= UINT32_MAX && *d == std::floor(*d)) {
+      } else if (auto* d = std::get_if<double>(&s->v);
+                 d && *d >= 0 && *d <= UINT32_MAX && *d == std::floor(*d)) {
         code = static_cast<StatusCode>(*d);
         ok = true;
       } else if (auto* name = std::get_if<std::string>(&s->v)) {
@@ -763,7 +776,8 @@ struct Engine::Impl {
       }
       if (!ok) {
         dv->status = codes::BadInternalError;
-        dv->diagnostics = "the script returned an invalid status (a StatusCode number or name is expected)";
+        dv->diagnostics =
+            "the script returned an invalid status (a StatusCode number or name is expected)";
         t.counters.last_error = dv->diagnostics;
         return;
       }
@@ -894,9 +908,12 @@ struct Engine::Impl {
 namespace {
 
 Error validate(const TagDefinition& d) {
-  auto bad = [&](std::string why) { return Error{Status::invalid_argument, "tag '" + d.id + "': " + why}; };
+  auto bad = [&](std::string why) {
+    return Error{Status::invalid_argument, "tag '" + d.id + "': " + why};
+  };
   if (d.id.empty() || d.id.size() > kMaxTagIdSize)
-    return {Status::invalid_argument, "a tag id must be 1.." + std::to_string(kMaxTagIdSize) + " bytes"};
+    return {Status::invalid_argument,
+            "a tag id must be 1.." + std::to_string(kMaxTagIdSize) + " bytes"};
   for (unsigned char ch : d.id)
     if (ch < 0x20 || ch == 0x7f) return bad("the id contains a control character");
   if (d.script.size() > kMaxSourceSize - 4096)
@@ -905,18 +922,23 @@ Error validate(const TagDefinition& d) {
     return bad("more than " + std::to_string(kMaxTagInputs) + " inputs");
   std::set<std::string> names, tags;
   for (const auto& in : d.inputs) {
-    if (in.tag.empty() || in.tag.size() > kMaxTagIdSize) return bad("an input's tag id must be 1..256 bytes");
+    if (in.tag.empty() || in.tag.size() > kMaxTagIdSize)
+      return bad("an input's tag id must be 1..256 bytes");
     if (in.tag == d.id) return bad("cycle: " + d.id + " -> " + d.id);
     const std::string& name = in.name.empty() ? in.tag : in.name;
-    if (name.size() > kMaxTagIdSize) return bad("input name '" + name + "' is longer than 256 bytes");
-    if (name.rfind("__", 0) == 0) return bad("input name '" + name + "': names starting with '__' are reserved");
+    if (name.size() > kMaxTagIdSize)
+      return bad("input name '" + name + "' is longer than 256 bytes");
+    if (name.rfind("__", 0) == 0)
+      return bad("input name '" + name + "': names starting with '__' are reserved");
     if (!names.insert(name).second) return bad("input name '" + name + "' is used twice");
     if (!tags.insert(in.tag).second) return bad("input '" + in.tag + "' is listed twice");
-    if (in.deadband != DeadbandKind::none && !(in.deadband_value >= 0 && std::isfinite(in.deadband_value)))
+    if (in.deadband != DeadbandKind::none &&
+        !(in.deadband_value >= 0 && std::isfinite(in.deadband_value)))
       return bad("input '" + in.tag + "': a deadband must be a finite number >= 0");
     if (in.deadband == DeadbandKind::percent && in.deadband_value > 100)
       return bad("input '" + in.tag + "': a percent deadband must be 0..100");
-    if (!std::isfinite(in.range_low) || !std::isfinite(in.range_high) || in.range_low > in.range_high)
+    if (!std::isfinite(in.range_low) || !std::isfinite(in.range_high) ||
+        in.range_low > in.range_high)
       return bad("input '" + in.tag + "': range must be finite with low <= high");
   }
   if (static_cast<std::size_t>(d.type.type) > static_cast<std::size_t>(DataType::ByteString))
@@ -937,12 +959,14 @@ std::string user_lines(const std::string& error, const TagDefinition& d) {
   const std::size_t colon = error.find(':', prefix.size());
   if (colon == std::string::npos) return error;
   const std::string num = error.substr(prefix.size(), colon - prefix.size());
-  if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos || num.size() > 9) return error;
+  if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos || num.size() > 9)
+    return error;
   const long line = std::stol(num);
   const long last = 1 + static_cast<long>(std::count(d.script.begin(), d.script.end(), '\n'));
   if (line <= last) return error;
   std::string rest = error.substr(colon);
-  if (auto p = rest.find("near 'end'"); p != std::string::npos) rest.replace(p, 10, "at the end of the script");
+  if (auto p = rest.find("near 'end'"); p != std::string::npos)
+    rest.replace(p, 10, "at the end of the script");
   return prefix + std::to_string(last) + rest;
 }
 
@@ -957,8 +981,10 @@ Result wait_result(std::future<Result>& f, std::chrono::milliseconds timeout) {
 Engine::Engine(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Error Engine::create(Runner& runner, TagsOptions options, std::unique_ptr<Engine>* out) {
-  if (options.retry_delay.count() <= 0) return {Status::invalid_argument, "retry_delay must be positive"};
-  if (options.wait_timeout.count() <= 0) return {Status::invalid_argument, "wait_timeout must be positive"};
+  if (options.retry_delay.count() <= 0)
+    return {Status::invalid_argument, "retry_delay must be positive"};
+  if (options.wait_timeout.count() <= 0)
+    return {Status::invalid_argument, "wait_timeout must be positive"};
   auto impl = std::make_shared<Impl>(runner, std::move(options));
   Impl* p = impl.get();
   p->timer_thread = std::thread([p] { p->timer_loop(); });
@@ -991,7 +1017,8 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
   std::set<std::string> ids;
   for (const auto& d : defs) {
     if (auto err = validate(d)) return err;
-    if (!ids.insert(d.id).second) return {Status::invalid_argument, "tag '" + d.id + "' is defined twice"};
+    if (!ids.insert(d.id).second)
+      return {Status::invalid_argument, "tag '" + d.id + "' is defined twice"};
   }
   struct Plan {
     const TagDefinition* def;
@@ -1096,9 +1123,11 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
     Result r = wait_result(f, m.opts.wait_timeout);
     if (r.status != Status::ok && !failure) {
       if (r.status == Status::compile_error)
-        failure = {Status::compile_error, "tag '" + p->def->id + "': " + user_lines(r.error, *p->def)};
+        failure = {Status::compile_error,
+                   "tag '" + p->def->id + "': " + user_lines(r.error, *p->def)};
       else
-        failure = {r.status, "tag '" + p->def->id + "': " + std::string(to_string(r.status)) + ": " + r.error};
+        failure = {r.status, "tag '" + p->def->id + "': " + std::string(to_string(r.status)) +
+                                 ": " + r.error};
     }
   }
   std::vector<Dispatch> out;
@@ -1149,7 +1178,8 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
           n.kept_state_present = false;
           n.kept_state = Value();
         }
-        n.need_initial = d.trigger.kind == TriggerKind::on_change || d.trigger.kind == TriggerKind::periodic;
+        n.need_initial =
+            d.trigger.kind == TriggerKind::on_change || d.trigger.kind == TriggerKind::periodic;
         n.due_set = false;
         if (d.trigger.kind == TriggerKind::periodic && m.opts.real_time_periodic) {
           m.timers.push({Clock::now() + d.trigger.period, idx, n.generation, true});
@@ -1214,7 +1244,8 @@ Error Engine::remove(std::string_view id) {
   lock.unlock();
   run_dispatches(std::move(out));
   m.deliver();
-  if (!quiet) return {Status::unavailable, "evaluations still running after wait_timeout; nothing changed"};
+  if (!quiet)
+    return {Status::unavailable, "evaluations still running after wait_timeout; nothing changed"};
   return m.runner.unregister_script(key);
 }
 
@@ -1236,15 +1267,17 @@ Error Engine::update(const std::vector<SourceUpdate>& updates, DateTime time) {
     std::size_t new_sources = 0;
     for (const auto& u : updates) {
       if (u.tag.empty() || u.tag.size() > kMaxTagIdSize)
-        return {Status::invalid_argument, "a tag id must be 1.." + std::to_string(kMaxTagIdSize) + " bytes"};
+        return {Status::invalid_argument,
+                "a tag id must be 1.." + std::to_string(kMaxTagIdSize) + " bytes"};
       const Node* n = m.find(u.tag);
       if (n != nullptr && n->is_virtual)
-        return {Status::invalid_argument, "'" + u.tag + "' is a virtual tag: its value comes from its script"};
+        return {Status::invalid_argument,
+                "'" + u.tag + "' is a virtual tag: its value comes from its script"};
       if (n == nullptr) ++new_sources;
     }
     if (m.sources + new_sources > m.opts.max_sources)
-      return {Status::invalid_argument, "more than max_sources (" + std::to_string(m.opts.max_sources) +
-                                            ") source tags"};
+      return {Status::invalid_argument,
+              "more than max_sources (" + std::to_string(m.opts.max_sources) + ") source tags"};
     for (const auto& u : updates) {
       uint32_t idx;
       if (auto it = m.by_id.find(u.tag); it != m.by_id.end()) {
@@ -1308,7 +1341,8 @@ Error Engine::read(std::string_view id, DataValue* out) {
         return !t.alive || t.generation != gen || t.results > target;
       });
       n = m.find(id);
-      if (n == nullptr) return {Status::invalid_argument, "tag '" + std::string(id) + "' was removed"};
+      if (n == nullptr)
+        return {Status::invalid_argument, "tag '" + std::string(id) + "' was removed"};
     }
   }
   *out = n->value;
@@ -1343,7 +1377,8 @@ void Engine::advance_clock(DateTime t) {
       for (uint32_t idx : m.topo_order) {
         Node& n = *m.nodes[idx];
         if (n.def.trigger.kind != TriggerKind::periodic) continue;
-        const int64_t period = std::chrono::duration_cast<std::chrono::microseconds>(n.def.trigger.period).count();
+        const int64_t period =
+            std::chrono::duration_cast<std::chrono::microseconds>(n.def.trigger.period).count();
         if (!n.due_set) {
           n.next_due = t;
           n.due_set = true;

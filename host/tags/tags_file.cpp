@@ -45,7 +45,8 @@ struct Reader {
   bool ms(const toml::node& n, std::string_view key, int64_t lo, std::chrono::milliseconds* out) {
     auto v = n.value<int64_t>();
     if (!n.is_integer() || !v || *v < lo || *v > 86'400'000LL * 365)
-      return fail(n, std::string(key) + ": expected milliseconds, an integer >= " + std::to_string(lo));
+      return fail(
+          n, std::string(key) + ": expected milliseconds, an integer >= " + std::to_string(lo));
     *out = std::chrono::milliseconds(*v);
     return true;
   }
@@ -59,30 +60,40 @@ struct Reader {
       s.resize(s.size() - 2);
     }
     if (!parse_data_type(s, &out->type))
-      return fail(n, "type: unknown DataType '" + s +
-                         "' (Boolean, SByte, Byte, Int16, UInt16, Int32, UInt32, Int64, UInt64, Float, "
-                         "Double, String, DateTime, ByteString, Variant; '[]' for an array)");
+      return fail(
+          n, "type: unknown DataType '" + s +
+                 "' (Boolean, SByte, Byte, Int16, UInt16, Int32, UInt32, Int64, UInt64, Float, "
+                 "Double, String, DateTime, ByteString, Variant; '[]' for an array)");
     return true;
   }
 
   bool trigger(const toml::node& n, TriggerKind* out) {
     std::string s;
     if (!string(n, "trigger", &s)) return false;
-    if (s == "on_change") *out = TriggerKind::on_change;
-    else if (s == "periodic") *out = TriggerKind::periodic;
-    else if (s == "on_read") *out = TriggerKind::on_read;
-    else if (s == "manual") *out = TriggerKind::manual;
-    else return fail(n, "trigger: expected on_change, periodic, on_read or manual");
+    if (s == "on_change")
+      *out = TriggerKind::on_change;
+    else if (s == "periodic")
+      *out = TriggerKind::periodic;
+    else if (s == "on_read")
+      *out = TriggerKind::on_read;
+    else if (s == "manual")
+      *out = TriggerKind::manual;
+    else
+      return fail(n, "trigger: expected on_change, periodic, on_read or manual");
     return true;
   }
 
   bool timestamps(const toml::node& n, TimestampPolicy* out) {
     std::string s;
     if (!string(n, "timestamps", &s)) return false;
-    if (s == "newest_input") *out = TimestampPolicy::newest_input;
-    else if (s == "triggering_input") *out = TimestampPolicy::triggering_input;
-    else if (s == "evaluation_time") *out = TimestampPolicy::evaluation_time;
-    else return fail(n, "timestamps: expected newest_input, triggering_input or evaluation_time");
+    if (s == "newest_input")
+      *out = TimestampPolicy::newest_input;
+    else if (s == "triggering_input")
+      *out = TimestampPolicy::triggering_input;
+    else if (s == "evaluation_time")
+      *out = TimestampPolicy::evaluation_time;
+    else
+      return fail(n, "timestamps: expected newest_input, triggering_input or evaluation_time");
     return true;
   }
 
@@ -136,7 +147,8 @@ struct Reader {
     if (key == "last_usable_ms") return ms(v, key, 0, &d->last_usable);
     if (key == "max_state_bytes") {
       auto x = v.value<int64_t>();
-      if (!v.is_integer() || *x < 0 || *x > (8 << 20)) return fail(v, "max_state_bytes: expected 0..8388608");
+      if (!v.is_integer() || *x < 0 || *x > (8 << 20))
+        return fail(v, "max_state_bytes: expected 0..8388608");
       d->max_state_bytes = static_cast<std::size_t>(*x);
       return true;
     }
@@ -167,7 +179,8 @@ bool read_file(const std::string& path, std::size_t limit, std::string* out, std
 }
 
 constexpr std::string_view kTagKeys =
-    "id, script, script_file, inputs, type, trigger, period_ms, max_age_ms, timestamps, keep_state, "
+    "id, script, script_file, inputs, type, trigger, period_ms, max_age_ms, timestamps, "
+    "keep_state, "
     "reset_state, max_state_bytes, last_usable_ms, description";
 
 }  // namespace
@@ -183,8 +196,8 @@ bool parse_tags(std::string_view text, const std::string& base_dir, std::vector<
   try {
     root = toml::parse(text, std::string_view("tags"));
   } catch (const toml::parse_error& e) {
-    *error = std::to_string(e.source().begin.line) + ":" + std::to_string(e.source().begin.column) + ": " +
-             std::string(e.description());
+    *error = std::to_string(e.source().begin.line) + ":" + std::to_string(e.source().begin.column) +
+             ": " + std::string(e.description());
     return false;
   }
   Reader r;
@@ -254,7 +267,8 @@ bool parse_tags(std::string_view text, const std::string& base_dir, std::vector<
           break;
         }
         std::string why;
-        if (!read_file(p.size() && p[0] == '/' ? p : base_dir + "/" + p, kMaxSourceSize, &d.script, &why)) {
+        if (!read_file(p.size() && p[0] == '/' ? p : base_dir + "/" + p, kMaxSourceSize, &d.script,
+                       &why)) {
           r.fail(v, "script_file: " + why);
           break;
         }
@@ -285,8 +299,10 @@ bool parse_tags(std::string_view text, const std::string& base_dir, std::vector<
       if (!r.err.empty()) break;
     }
     if (r.err.empty() && !has_id) r.fail(tn, "a tag needs an `id`");
-    if (r.err.empty() && !has_script) r.fail(tn, "tag '" + d.id + "' needs a `script` or `script_file`");
-    if (r.err.empty() && !seen.insert(d.id).second) r.fail(tn, "tag '" + d.id + "' is defined twice");
+    if (r.err.empty() && !has_script)
+      r.fail(tn, "tag '" + d.id + "' needs a `script` or `script_file`");
+    if (r.err.empty() && !seen.insert(d.id).second)
+      r.fail(tn, "tag '" + d.id + "' is defined twice");
     if (!r.err.empty()) {
       *error = r.err;
       return false;
@@ -331,7 +347,8 @@ bool time_field(const nlohmann::json& j, const char* what, DateTime* out, std::s
   return false;
 }
 
-bool id_list(const nlohmann::json& j, const char* what, std::vector<std::string>* out, std::string* error) {
+bool id_list(const nlohmann::json& j, const char* what, std::vector<std::string>* out,
+             std::string* error) {
   if (!j.is_array()) {
     *error = std::string(what) + ": expected an array of tag ids";
     return false;
@@ -386,20 +403,25 @@ bool parse_wave(std::string_view line, Wave* out, std::string* error) {
               value = &*f;
             } else if (f.key() == "status") {
               bool ok = false;
-              if (f->is_string()) ok = parse_status_code(f->get_ref<const std::string&>(), &u.value.status);
+              if (f->is_string())
+                ok = parse_status_code(f->get_ref<const std::string&>(), &u.value.status);
               else if (f->is_number_unsigned() && f->get<uint64_t>() <= UINT32_MAX) {
                 u.value.status = static_cast<StatusCode>(f->get<uint64_t>());
                 ok = true;
               }
               if (!ok) {
-                *error = "values." + u.tag + ".status: expected a StatusCode name (Good, BadSensorFailure, ...) or number";
+                *error =
+                    "values." + u.tag +
+                    ".status: expected a StatusCode name (Good, BadSensorFailure, ...) or number";
                 return false;
               }
             } else if (f.key() == "source_time") {
-              if (!time_field(*f, ("values." + u.tag + ".source_time").c_str(), &u.value.source_time, error))
+              if (!time_field(*f, ("values." + u.tag + ".source_time").c_str(),
+                              &u.value.source_time, error))
                 return false;
             } else {
-              *error = "values." + u.tag + ": unknown key '" + f.key() + "' (value, status, source_time)";
+              *error = "values." + u.tag + ": unknown key '" + f.key() +
+                       "' (value, status, source_time)";
               return false;
             }
           }
@@ -434,7 +456,8 @@ nlohmann::ordered_json change_to_json(const std::string& tag, const DataValue& d
   j["status_code"] = dv.status;
   j["source_time"] = format_datetime(dv.source_time);
   j["server_time"] = format_datetime(dv.server_time);
-  j["error"] = dv.diagnostics.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(dv.diagnostics);
+  j["error"] =
+      dv.diagnostics.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(dv.diagnostics);
   return j;
 }
 

@@ -352,9 +352,9 @@ TEST_CASE("outrund --check-config reads TOML and rejects unknown keys") {
   std::ofstream(bad_host) << "[host]\nheartbeat_interval_ms = 500\nsilence_limit_ms = 400\n";
   out = run("--check-config --config " + bad_host, &rc);
   CHECK(rc == 2);
-  CHECK_MESSAGE(out.find("heartbeat_interval must be positive and below silence_limit") !=
-                    std::string::npos,
-                out);
+  CHECK_MESSAGE(
+      out.find("heartbeat_interval must be positive and below silence_limit") != std::string::npos,
+      out);
   std::ofstream(bad_host) << "[host]\nretries = 50\n";
   out = run("--check-config --config " + bad_host, &rc);
   CHECK(rc == 2);
@@ -502,8 +502,7 @@ TEST_CASE(
     std::vector<flatbuffers::Offset<wire::Input>> ins;
     for (int i = 0; i < inputs; ++i)
       ins.push_back(wire::CreateInput(f, f.CreateString("i" + std::to_string(i)), value));
-    auto ev =
-        outrun::protocol::build_evaluation(f, id, s.id(), 0, f.CreateVector(ins), nullptr);
+    auto ev = outrun::protocol::build_evaluation(f, id, s.id(), 0, f.CreateVector(ins), nullptr);
     const auto frame = outrun::protocol::finish_evaluate(f, {&ev, 1});
     REQUIRE(write(fd, frame.data(), frame.size()) == static_cast<ssize_t>(frame.size()));
   };

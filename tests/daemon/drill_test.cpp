@@ -125,7 +125,7 @@ TEST_CASE("outrun drill against a running outrund, and what it refuses to do the
   CHECK(j["duplicated"].get<int>() == 0);
   CHECK(j["daemon"].get<std::string>().find(d.socket) != std::string::npos);
   CHECK(!j.contains("daemon_exit"));  // not its daemon: it is still serving
-  {  // and it still serves
+  {                                   // and it still serves
     auto c = d.client();
     outrun::Script s;
     REQUIRE(!c->register_script("after.drill", "return 7", &s));
@@ -161,8 +161,8 @@ TEST_CASE("outrun drill garbage and crash-loop say so when there is no outrun-te
   std::filesystem::permissions(daemon, std::filesystem::perms::owner_all);
   for (const char* name : {"garbage", "crash-loop"}) {
     CAPTURE(name);
-    const auto run = run_command("env -u OUTRUN_WORKER " + cli + " drill " + name +
-                                 " --outrund " + daemon + " 2>&1");
+    const auto run = run_command("env -u OUTRUN_WORKER " + cli + " drill " + name + " --outrund " +
+                                 daemon + " 2>&1");
     const int rc = run.first;
     const std::string& out = run.second;
     INFO(out);

@@ -1,8 +1,8 @@
 // outrund's tags engine through the real daemon: the tags frames with outrun::Client, raw frames,
 // subscribers, --tags and SIGHUP, the CLI (design/protocol.md "Tags frames", design/daemon.md).
 #include <doctest/doctest.h>
-#include <flatbuffers/flatbuffers.h>
 #include <fcntl.h>
+#include <flatbuffers/flatbuffers.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -115,7 +115,9 @@ long rss_kb(pid_t pid) {
 
 }  // namespace
 
-TEST_CASE("outrund tags: define, update, subscribe: Float arrives as Float, UInt16 as UInt, Bad propagates") {
+TEST_CASE(
+    "outrund tags: define, update, subscribe: Float arrives as Float, UInt16 as UInt, Bad "
+    "propagates") {
   Daemon d;
   auto c = d.client();
   std::string json;
@@ -177,8 +179,8 @@ TEST_CASE("outrund tags: a compile error or a bad text answers its error and cha
   REQUIRE(!c->define_tags(kTags, false));
   std::string before, after;
   REQUIRE(!c->list_tags_json(&before));
-  outrun::Error e = c->define_tags(
-      "[[tag]]\nid = \"f\"\ninputs = [\"a\"]\nscript = \"return (\"\n", /*replace_all=*/true);
+  outrun::Error e = c->define_tags("[[tag]]\nid = \"f\"\ninputs = [\"a\"]\nscript = \"return (\"\n",
+                                   /*replace_all=*/true);
   CHECK(e.status == outrun::Status::compile_error);
   CHECK(e.message.find("f") != std::string::npos);
   e = c->define_tags("[[tag]]\nid = \"g\"\nbogus = 1\nscript = \"return 1\"\n", false);
@@ -272,7 +274,8 @@ TEST_CASE("outrund tags: --tags FILE at start, SIGHUP reloads it, a broken file 
   rmdir(dir.c_str());
 }
 
-TEST_CASE("outrund tags: a subscriber that does not read stays bounded and then gets the latest values") {
+TEST_CASE(
+    "outrund tags: a subscriber that does not read stays bounded and then gets the latest values") {
   Daemon d;
   auto c = d.client();
   constexpr int kTagsN = 10;
@@ -301,11 +304,13 @@ TEST_CASE("outrund tags: a subscriber that does not read stays bounded and then 
   // 100,000 updates: 10,000 waves of 10, a payload that makes each change ~1 KiB.
   for (int w = 0; w < 10000; ++w) {
     std::vector<tags::SourceUpdate> ups;
-    for (int k = 0; k < kTagsN; ++k) ups.push_back(good("s" + std::to_string(k), outrun::Value(w + k * 0.001)));
+    for (int k = 0; k < kTagsN; ++k)
+      ups.push_back(good("s" + std::to_string(k), outrun::Value(w + k * 0.001)));
     REQUIRE(!c->update_sources(ups));
   }
   std::vector<tags::SourceUpdate> last;
-  for (int k = 0; k < kTagsN; ++k) last.push_back(good("s" + std::to_string(k), outrun::Value(1e6 + k)));
+  for (int k = 0; k < kTagsN; ++k)
+    last.push_back(good("s" + std::to_string(k), outrun::Value(1e6 + k)));
   REQUIRE(!c->update_sources(last));
   for (int i = 0; i < 1000; ++i) {  // the last wave evaluated
     std::vector<tags::Change> v;

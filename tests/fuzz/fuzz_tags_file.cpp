@@ -27,10 +27,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::set<std::string> ids;
     for (const auto& d : defs) {
       if (d.id.empty() || !ids.insert(d.id).second) std::abort();
-      (void)tags::file::definition_to_json(d).dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+      (void)tags::file::definition_to_json(d).dump(
+          -1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
     }
     std::vector<tags::TagDefinition> again;
-    if (!tags::file::parse_tags(text, "", &again, &error) || again.size() != defs.size()) std::abort();
+    if (!tags::file::parse_tags(text, "", &again, &error) || again.size() != defs.size())
+      std::abort();
     for (std::size_t i = 0; i < defs.size(); ++i)
       if (again[i].id != defs[i].id || again[i].script != defs[i].script) std::abort();
   } else {
@@ -40,8 +42,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       return 0;
     }
     for (const auto& u : wave.updates) {
-      (void)tags::file::change_to_json(u.tag, u.value).dump(-1, ' ', false,
-                                                           nlohmann::ordered_json::error_handler_t::replace);
+      (void)tags::file::change_to_json(u.tag, u.value)
+          .dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
     }
   }
   return 0;

@@ -3,9 +3,9 @@
 
 #include <dirent.h>
 #include <doctest/doctest.h>
+#include <signal.h>
 #include <spdlog/sinks/ringbuffer_sink.h>
 #include <spdlog/spdlog.h>
-#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -652,7 +652,8 @@ TEST_CASE("Host: log lines go to HostOptions::log, never to spdlog's default log
   std::lock_guard lock(mu);
   bool killed_logged = false;
   for (const auto& [level, line] : lines)
-    if (level == LogLevel::warn && line.find("was killed") != std::string::npos) killed_logged = true;
+    if (level == LogLevel::warn && line.find("was killed") != std::string::npos)
+      killed_logged = true;
   CHECK(killed_logged);
   CHECK(app_sink->last_formatted().empty());
 }

@@ -1,10 +1,10 @@
 // The restart policy as a value, with a fake clock and no processes: backoff, the crash-loop
 // window and cool-down, fatal exit codes, and which evaluations of a dead worker are retried.
+#include "restart_policy.h"
+
 #include <doctest/doctest.h>
 
 #include <vector>
-
-#include "restart_policy.h"
 
 using namespace outrun;
 using namespace outrun::detail;
@@ -72,8 +72,9 @@ TEST_CASE("restart policy: quick crashes back off doubling up to the cap; a heal
   CHECK(p.on_death(crash(10ms), t + 4000ms).delay == 20ms);
 }
 
-TEST_CASE("restart policy: crash_loop_limit crashes within the window is a crash loop; older ones "
-          "slide out") {
+TEST_CASE(
+    "restart policy: crash_loop_limit crashes within the window is a crash loop; older ones "
+    "slide out") {
   RestartPolicy p(3, config());
   const Clock::time_point t0{};
   CHECK(p.on_death(crash(), t0).kind == RestartDecision::Kind::kRestart);
@@ -118,8 +119,9 @@ TEST_CASE("restart policy: exit codes that will fail again go to the crash loop 
   CHECK_FALSE(RestartPolicy::fatal_exit(0));
 }
 
-TEST_CASE("restart policy: kills the host decided, requests and charged crashes are not the "
-          "shard's crashes") {
+TEST_CASE(
+    "restart policy: kills the host decided, requests and charged crashes are not the "
+    "shard's crashes") {
   RestartPolicy p(0, config());
   Clock::time_point t{};
   for (int i = 0; i < 10; ++i) {

@@ -1,11 +1,12 @@
 // The slot table alone (no host, no worker): admission, single flight and coalescing, release
 // and promotion, stale ids, what was sent when a worker dies.
+#include "slot_table.h"
+
 #include <doctest/doctest.h>
 
 #include <future>
 
 #include "script_registry.h"
-#include "slot_table.h"
 
 using namespace outrun;
 using namespace outrun::detail;

@@ -460,9 +460,9 @@ TEST_CASE("Supervision: a worker that writes garbage is killed for it and nothin
   // flight around it, each ends exactly once, the ordinary ones ok with their values.
   struct Case {
     const char* kind;
-    Status status;           // what the evaluation that caused it ends with
-    const char* violation;   // in the shard's last_death
-    uint64_t violations;     // protocol violations it costs
+    Status status;          // what the evaluation that caused it ends with
+    const char* violation;  // in the shard's last_death
+    uint64_t violations;    // protocol violations it costs
   };
   const Case cases[] = {
       {"bad-length", Status::worker_lost, "exceeds the maximum frame size", 1},

@@ -1,12 +1,13 @@
 // The tags file and updates stream (host/tags/tags_file.h), and `outrun tags run` as a process.
+#include "tags_file.h"
+
 #include <doctest/doctest.h>
-#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "tags_file.h"
 #include "test_support.h"
 
 namespace {
@@ -21,7 +22,8 @@ std::string parse_error(const std::string& toml) {
 }
 
 std::pair<int, std::string> run_cli(const std::string& args) {
-  const std::string cmd = std::string("OUTRUN_WORKER=") + OUTRUN_TEST_WORKER + " " + OUTRUN_TEST_CLI + " " + args;
+  const std::string cmd =
+      std::string("OUTRUN_WORKER=") + OUTRUN_TEST_WORKER + " " + OUTRUN_TEST_CLI + " " + args;
   return outrun::test::run_command(cmd);
 }
 
@@ -82,29 +84,34 @@ return {1, 2}
 
 TEST_CASE("tags file: errors name the line") {
   CHECK(parse_error("[[tag]]\nid = \"A\"\nscript = 1\n").rfind("3:", 0) == 0);
-  CHECK(parse_error("[[tag]]\nid = \"A\"\nscript = \"x\"\ncolour = 1\n").find("4:10: unknown key 'colour'") !=
-        std::string::npos);
-  CHECK(parse_error("[[tag]]\nid = \"A\"\nscript = \"x\"\ntype = \"Double2\"\n").find("unknown DataType") !=
-        std::string::npos);
+  CHECK(parse_error("[[tag]]\nid = \"A\"\nscript = \"x\"\ncolour = 1\n")
+            .find("4:10: unknown key 'colour'") != std::string::npos);
+  CHECK(parse_error("[[tag]]\nid = \"A\"\nscript = \"x\"\ntype = \"Double2\"\n")
+            .find("unknown DataType") != std::string::npos);
   CHECK(parse_error("[[tag]]\nscript = \"x\"\n").find("needs an `id`") != std::string::npos);
   CHECK(parse_error("[[tag]]\nid = \"A\"\n").find("needs a `script`") != std::string::npos);
   CHECK(parse_error("[[tag]]\nid = \"A\"\nscript = \"x\"\n[[tag]]\nid = \"A\"\nscript = \"y\"\n")
             .find("defined twice") != std::string::npos);
-  CHECK(parse_error("[[tag]]\nid = \"A\"\nscript = \"x\"\ntrigger = \"sometimes\"\n").find("trigger") !=
-        std::string::npos);
+  CHECK(parse_error("[[tag]]\nid = \"A\"\nscript = \"x\"\ntrigger = \"sometimes\"\n")
+            .find("trigger") != std::string::npos);
   CHECK(parse_error("[[tag]]\nid = \"A\"\nscript = \"x\"\nperiod_ms = -5\n").find("period_ms") !=
         std::string::npos);
-  CHECK(parse_error("[[tag]]\nid = \"A\"\nscript_file = \"x.lua\"\n").find("not allowed") != std::string::npos);
-  CHECK(parse_error("[[tag]\nid = \"A\"\n").rfind("1:", 0) == 0);  // TOML syntax error, with its line
+  CHECK(parse_error("[[tag]]\nid = \"A\"\nscript_file = \"x.lua\"\n").find("not allowed") !=
+        std::string::npos);
+  CHECK(parse_error("[[tag]\nid = \"A\"\n").rfind("1:", 0) ==
+        0);  // TOML syntax error, with its line
   CHECK(parse_error("x = 1\n").find("unknown top-level key") != std::string::npos);
 }
 
 TEST_CASE("tags updates: one wave per line") {
   tags::file::Wave w;
   std::string err;
-  REQUIRE_MESSAGE(tags::file::parse_wave(R"({"t": "2026-12-01T10:00:00.500Z", "values": {"T1": {"value": 85.5,
+  REQUIRE_MESSAGE(
+      tags::file::parse_wave(R"({"t": "2026-12-01T10:00:00.500Z", "values": {"T1": {"value": 85.5,
       "status": "UncertainSubstituteValue", "source_time": "2026-12-01T09:59:59Z"}, "T2": 70, "T3": {"a": 1}},
-      "trigger": ["M"], "read": ["R"]})", &w, &err), err);
+      "trigger": ["M"], "read": ["R"]})",
+                             &w, &err),
+      err);
   CHECK(w.has_time);
   CHECK(format_datetime(w.time) == "2026-12-01T10:00:00.500Z");
   REQUIRE(w.updates.size() == 3);
@@ -116,8 +123,10 @@ TEST_CASE("tags updates: one wave per line") {
   CHECK(w.updates[2].value.value == Value(Map{{"a", Value(int64_t{1})}}));
   CHECK(w.triggers == std::vector<std::string>{"M"});
   CHECK(w.reads == std::vector<std::string>{"R"});
-  for (const char* bad : {"[1]", "{\"t\": \"noon\"}", "{\"values\": {\"A\": {\"value\": 1, \"status\": \"Fine\"}}}",
-                          "{\"values\": 5}", "{\"colour\": 1}", "{\"values\": {\"A\": {\"value\": 1, \"x\": 2}}}", "{"}) {
+  for (const char* bad :
+       {"[1]", "{\"t\": \"noon\"}", "{\"values\": {\"A\": {\"value\": 1, \"status\": \"Fine\"}}}",
+        "{\"values\": 5}", "{\"colour\": 1}", "{\"values\": {\"A\": {\"value\": 1, \"x\": 2}}}",
+        "{"}) {
     CAPTURE(bad);
     CHECK_FALSE(tags::file::parse_wave(bad, &w, &err));
     CHECK_FALSE(err.empty());
@@ -155,19 +164,23 @@ TEST_CASE("outrun tags run: deterministic over workers and in-process, errors wi
   CHECK(level_bad);
   CHECK(level_good_after);
 
-  const std::string bad_toml = write_temp("bad.toml", "[[tag]]\nid = \"A\"\nscript = \"return 1\"\nwhat = 2\n");
+  const std::string bad_toml =
+      write_temp("bad.toml", "[[tag]]\nid = \"A\"\nscript = \"return 1\"\nwhat = 2\n");
   auto r = run_cli("tags run -f " + bad_toml + " 2>&1");
   CHECK(r.first == 2);
   CHECK(r.second.find(bad_toml + ":4:8: unknown key 'what'") != std::string::npos);
 
-  const std::string ok_toml = write_temp("ok.toml", "[[tag]]\nid = \"A\"\ninputs = [\"S\"]\nscript = \"return inputs.S * 2\"\n");
-  const std::string bad_lines = write_temp("bad.jsonl", "{\"values\": {\"S\": 1}}\n\n{\"values\": {\"S\": }\n");
+  const std::string ok_toml = write_temp(
+      "ok.toml", "[[tag]]\nid = \"A\"\ninputs = [\"S\"]\nscript = \"return inputs.S * 2\"\n");
+  const std::string bad_lines =
+      write_temp("bad.jsonl", "{\"values\": {\"S\": 1}}\n\n{\"values\": {\"S\": }\n");
   r = run_cli("tags run --in-process -f " + ok_toml + " --updates " + bad_lines + " 2>&1");
   CHECK(r.first == 2);
   CHECK(r.second.find("A = 2") != std::string::npos);  // the first wave ran
   CHECK(r.second.find(bad_lines + ":3: not JSON") != std::string::npos);
 
-  const std::string broken = write_temp("broken.toml", "[[tag]]\nid = \"A\"\nscript = \"return (\"\n");
+  const std::string broken =
+      write_temp("broken.toml", "[[tag]]\nid = \"A\"\nscript = \"return (\"\n");
   r = run_cli("tags run -f " + broken + " 2>&1");
   CHECK(r.first == 1);
   CHECK(r.second.find("compile_error") != std::string::npos);

@@ -1,4 +1,6 @@
 // Virtual tags (outrun/tags.h, design/tags.md) through the public API, over Host and InProcess.
+#include "outrun/tags.h"
+
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -7,9 +9,8 @@
 #include <thread>
 
 #include "host/host_support.h"
-#include "test_support.h"
 #include "outrun/in_process.h"
-#include "outrun/tags.h"
+#include "test_support.h"
 
 namespace outrun::test {
 namespace {
@@ -22,7 +23,9 @@ using tags::codes::Uncertain;
 constexpr tags::StatusCode kUncSub = tags::codes::UncertainSubstituteValue;
 constexpr tags::StatusCode kBadSensor = tags::codes::BadSensorFailure;
 
-DateTime at(double s) { return DateTime::from_unix_seconds(1'800'000'000.0 + s); }
+DateTime at(double s) {
+  return DateTime::from_unix_seconds(1'800'000'000.0 + s);
+}
 
 // Collects changes; thread-safe.
 struct Changes {
@@ -148,10 +151,14 @@ double num(const Value& v) {
   return 0;
 }
 
-#define FOR_EACH_RUNNER(kind)                                                         \
-  Kind kind = Kind::host;                                                             \
-  SUBCASE("Host") { kind = Kind::host; }                                              \
-  SUBCASE("InProcess") { kind = Kind::in_process; }
+#define FOR_EACH_RUNNER(kind) \
+  Kind kind = Kind::host;     \
+  SUBCASE("Host") {           \
+    kind = Kind::host;        \
+  }                           \
+  SUBCASE("InProcess") {      \
+    kind = Kind::in_process;  \
+  }
 
 }  // namespace
 
@@ -274,7 +281,8 @@ TEST_CASE("tags: the quality matrix (worst severity wins, its code kept) and scr
                  "return (is_good(status.A) and 1 or 0) + (is_uncertain(status.A) and 10 or 0) + "
                  "(is_bad(status.A) and 100 or 0)",
                  {"A", "B"}));
-  rig.define(tag("NilBad", "if is_bad(status.A) then return nil, status.A end return inputs.A", {"A"}));
+  rig.define(
+      tag("NilBad", "if is_bad(status.A) then return nil, status.A end return inputs.A", {"A"}));
   rig.define(tag("BadStatus", "return 1, -5", {"A"}));
   const tags::StatusCode all[] = {Good, kUncSub, kBadSensor};
   double t = 1;
@@ -285,15 +293,15 @@ TEST_CASE("tags: the quality matrix (worst severity wins, its code kept) and scr
       rig.update({src("A", Value(1.0 + t), sa), src("B", Value(2.0), sb)}, at(t));
       t += 1;
       const auto sum = rig.read("Sum");
-      const int worst = std::max(static_cast<int>(tags::severity(sa)), static_cast<int>(tags::severity(sb)));
+      const int worst =
+          std::max(static_cast<int>(tags::severity(sa)), static_cast<int>(tags::severity(sb)));
       tags::StatusCode expect = Good;
       if (worst > 0) expect = static_cast<int>(tags::severity(sa)) == worst ? sa : sb;
       CHECK(sum.status == expect);
       CHECK(num(sum.value) == doctest::Approx(3.0 + t - 1));
       CHECK(rig.read("Forced").status == Uncertain);
       CHECK(rig.read("ByName").status == tags::codes::UncertainSensorNotAccurate);
-      CHECK(num(rig.read("Helpers").value) ==
-            (sa == Good ? 1 : sa == kUncSub ? 10 : 100));
+      CHECK(num(rig.read("Helpers").value) == (sa == Good ? 1 : sa == kUncSub ? 10 : 100));
       const auto nb = rig.read("NilBad");
       if (sa == kBadSensor) {
         CHECK(nb.status == kBadSensor);
@@ -416,7 +424,7 @@ TEST_CASE("tags: only a real change notifies, a periodic tag with steady inputs 
   }
   tags::TagInfo info;
   REQUIRE(!rig.engine->info("Per", &info));
-  CHECK(info.counters.evaluations >= 10);  // it ran every period...
+  CHECK(info.counters.evaluations >= 10);    // it ran every period...
   CHECK(rig.changes.count("Per") == first);  // ...and notified nothing
   // The same value and status again, same timestamp: no change.
   const auto oc = rig.changes.count("OnChange");
@@ -529,7 +537,9 @@ TEST_CASE("tags: a diamond is glitch-free: each wave evaluates each tag once, ne
   CHECK(order[2] == "D");
 }
 
-TEST_CASE("tags: hot reload compiles first, a broken script keeps the old definition, state carries over") {
+TEST_CASE(
+    "tags: hot reload compiles first, a broken script keeps the old definition, state carries "
+    "over") {
   FOR_EACH_RUNNER(kind);
   Rig rig(kind);
   rig.define(tag("Count", "state.n = (state.n or 0) + 1 return state.n", {"X"}));
@@ -568,7 +578,9 @@ TEST_CASE("tags: a killed worker: UncertainLastUsableValue with the last value, 
   ho.shards = 1;
   ho.timeout = 5000ms;  // the slow script must not time out on a loaded machine
   Rig rig(Kind::host, ho);
-  rig.define(tag("Slow", "local t = os.clock() while os.clock() - t < 0.05 do end return inputs.X * 10", {"X"}));
+  rig.define(tag("Slow",
+                 "local t = os.clock() while os.clock() - t < 0.05 do end return inputs.X * 10",
+                 {"X"}));
   rig.update({src("X", Value(1))}, at(1));
   CHECK(num(rig.read("Slow").value) == 10);
   rig.changes.clear();
@@ -589,7 +601,8 @@ TEST_CASE("tags: a killed worker: UncertainLastUsableValue with the last value, 
   CHECK(seen.back().value.status == Good);
   CHECK(num(seen.back().value.value) == 20);
   // No duplicated change: consecutive notifications always differ.
-  for (std::size_t i = 1; i < seen.size(); ++i) CHECK_FALSE(seen[i].value.same_as(seen[i - 1].value));
+  for (std::size_t i = 1; i < seen.size(); ++i)
+    CHECK_FALSE(seen[i].value.same_as(seen[i - 1].value));
 }
 
 TEST_CASE("tags: a worker down past last_usable shows BadResourceUnavailable") {
@@ -598,7 +611,8 @@ TEST_CASE("tags: a worker down past last_usable shows BadResourceUnavailable") {
   ho.shards = 1;
   ho.timeout = 5000ms;
   Rig rig(Kind::host, ho);
-  auto d = tag("Slow", "local t = os.clock() while os.clock() - t < 0.05 do end return inputs.X", {"X"});
+  auto d =
+      tag("Slow", "local t = os.clock() while os.clock() - t < 0.05 do end return inputs.X", {"X"});
   d.last_usable = 0ms;
   rig.define(d);
   rig.update({src("X", Value(1))}, at(1));
@@ -626,7 +640,8 @@ TEST_CASE("tags: keep_state survives a worker kill, without it, state starts aga
   CHECK(l0 == 5);
   const int pid = rig.host->worker_pids()[0];
   REQUIRE(!rig.host->kill_shard(0));
-  for (int i = 0; i < 500 && (rig.host->worker_pids()[0] == pid || rig.host->worker_pids()[0] == 0); ++i)
+  for (int i = 0; i < 500 && (rig.host->worker_pids()[0] == pid || rig.host->worker_pids()[0] == 0);
+       ++i)
     std::this_thread::sleep_for(10ms);
   rig.update({src("X", Value(100))}, at(100));
   CHECK(num(rig.read("Kept").value) == k0 + 1);
@@ -770,7 +785,8 @@ TEST_CASE("tags: 10,000 define/remove cycles give back the registry and the work
   CHECK(after.bytes == before.bytes);
   if (rig.host) {
     uint64_t w = worker_scripts();
-    for (int i = 0; i < 2000 && w != workers_before; ++i) {  // the status page follows the Forget frames
+    for (int i = 0; i < 2000 && w != workers_before;
+         ++i) {  // the status page follows the Forget frames
       std::this_thread::sleep_for(10ms);
       w = worker_scripts();
     }

@@ -1,9 +1,9 @@
 // Host-side value codec: outrun::Value <-> wire::Value, display, statuses.
-#include <cmath>
-#include <limits>
-
 #include <doctest/doctest.h>
 #include <flatbuffers/flatbuffers.h>
+
+#include <cmath>
+#include <limits>
 
 #include "json_values.h"
 #include "outrun/status.h"
@@ -66,7 +66,8 @@ TEST_CASE("Values: a worker value nested too deep or with mismatched map is reje
   CHECK_FALSE(detail::decode_value(flatbuffers::GetRoot<wire::Value>(f.GetBufferPointer()), &out));
 
   flatbuffers::FlatBufferBuilder g;
-  std::vector<flatbuffers::Offset<flatbuffers::String>> keys{g.CreateString("a"), g.CreateString("b")};
+  std::vector<flatbuffers::Offset<flatbuffers::String>> keys{g.CreateString("a"),
+                                                             g.CreateString("b")};
   std::vector<flatbuffers::Offset<wire::Value>> items{wire::CreateValue(g)};
   auto kv = g.CreateVector(keys);
   auto iv = g.CreateVector(items);
@@ -92,7 +93,8 @@ TEST_CASE("Values: inputs past the limits are refused before anything is sent") 
   CHECK(detail::encode_inputs(f, {{"a", Value(1)}, {"b", nest(kMaxValueDepth)}}, &off, &err));
   CHECK_FALSE(detail::encode_inputs(f, {{"a", nest(kMaxValueDepth + 1)}}, &off, &err));
   CHECK(err.find("'a'") != std::string::npos);
-  CHECK_FALSE(detail::encode_inputs(f, {{"big", Value(std::string(detail::kMaxInputBytes + 1, 'x'))}}, &off, &err));
+  CHECK_FALSE(detail::encode_inputs(
+      f, {{"big", Value(std::string(detail::kMaxInputBytes + 1, 'x'))}}, &off, &err));
 }
 
 TEST_CASE("Values: display strings read like Lua") {
@@ -129,7 +131,8 @@ TEST_CASE("CLI values: -i scalars and JSON inputs") {
   CHECK(parse_scalar("") == Value(""));
   Value v;
   std::string err;
-  REQUIRE(cli::from_json(nlohmann::json::parse(R"({"a":[1,2.5,null,"x"],"b":{"c":true}})"), &v, &err));
+  REQUIRE(
+      cli::from_json(nlohmann::json::parse(R"({"a":[1,2.5,null,"x"],"b":{"c":true}})"), &v, &err));
   CHECK(cli::to_json(v) == nlohmann::json::parse(R"({"a":[1,2.5,null,"x"],"b":{"c":true}})"));
   nlohmann::json deep = 1;
   for (int i = 0; i < kMaxValueDepth + 1; ++i) deep = nlohmann::json::array({deep});

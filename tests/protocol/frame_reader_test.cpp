@@ -5,7 +5,6 @@
 // the reader has to agree with), and checks the frames that come out byte for byte against the
 // frames that went in, so a reader that drops, duplicates, reorders or cuts a frame fails.
 #include <doctest/doctest.h>
-
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -228,9 +227,12 @@ std::vector<Bytes> large_frames() {
 // length prefixes and inside the FlatBuffer header too.
 std::size_t piece_size(std::mt19937& rng) {
   switch (rng() % 4) {
-    case 0: return 1 + rng() % 8;
-    case 1: return 1 + rng() % 4096;
-    default: return 1 + rng() % (96 * 1024);
+    case 0:
+      return 1 + rng() % 8;
+    case 1:
+      return 1 + rng() % 4096;
+    default:
+      return 1 + rng() % (96 * 1024);
   }
 }
 

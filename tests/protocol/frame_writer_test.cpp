@@ -2,8 +2,9 @@
 //
 // The other end of the socket is read with FrameReader, so every test checks what actually
 // arrived: whole, verified frames, byte for byte, in the order the writer promises.
-#include <doctest/doctest.h>
+#include "outrun/protocol/frame_writer.h"
 
+#include <doctest/doctest.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -25,7 +26,6 @@
 #include <vector>
 
 #include "outrun/protocol/frame.h"
-#include "outrun/protocol/frame_writer.h"
 #include "outrun/protocol/messages.h"
 
 namespace outrun::protocol {
@@ -187,8 +187,8 @@ TEST_CASE("FrameWriter: frames queued while a pass is busy are written by that p
   Peer peer(sp.fds[1]);
   const Bytes a = results_frame(1, 10), b = results_frame(2, 20), c = results_frame(3, 30);
 
-  CHECK(writer.enqueue(a));        // no pass running: this caller must run it
-  CHECK_FALSE(writer.enqueue(b));  // the pass is claimed: just queued
+  CHECK(writer.enqueue(a));                   // no pass running: this caller must run it
+  CHECK_FALSE(writer.enqueue(b));             // the pass is claimed: just queued
   CHECK(writer.write(c) == State::kWritten);  // queued for the claimed pass, not written
   CHECK(writer.syscalls() == 0);
   CHECK(writer.bytes_written() == 0);
@@ -480,9 +480,15 @@ void run_concurrent_producers(bool hold_reader, bool small_send_buffer) {
 }
 
 TEST_CASE("FrameWriter: concurrent producers, every frame intact and in per-thread order") {
-  SUBCASE("through hand-offs to the loop") { run_concurrent_producers(true, true); }
-  SUBCASE("racing for the pass, small socket buffer") { run_concurrent_producers(false, true); }
-  SUBCASE("racing for the pass, default socket buffer") { run_concurrent_producers(false, false); }
+  SUBCASE("through hand-offs to the loop") {
+    run_concurrent_producers(true, true);
+  }
+  SUBCASE("racing for the pass, small socket buffer") {
+    run_concurrent_producers(false, true);
+  }
+  SUBCASE("racing for the pass, default socket buffer") {
+    run_concurrent_producers(false, false);
+  }
 }
 
 TEST_CASE("FrameWriter: a frame appended during another thread's send is sent by that pass") {

@@ -108,8 +108,8 @@ StatusCode coerce(const Value& in, TypeSpec spec, Value* out, std::string* reaso
 enum class DeadbandKind : uint8_t { none, absolute, percent };
 
 struct InputSpec {
-  std::string tag;   // a source tag or another virtual tag
-  std::string name;  // what the script calls it (inputs[name]); empty: the tag id
+  std::string tag;      // a source tag or another virtual tag
+  std::string name;     // what the script calls it (inputs[name]); empty: the tag id
   bool trigger = true;  // on_change: a change of this input triggers an evaluation
   DeadbandKind deadband = DeadbandKind::none;
   double deadband_value = 0;

@@ -49,8 +49,8 @@ using Map = std::vector<MapEntry>;  // insertion order kept; keys unique
 // eight kinds.
 // Nesting is limited to kMaxValueDepth levels on every path in and out of a script.
 struct Value {
-  using Variant =
-      std::variant<Nil, bool, int64_t, double, std::string, Bytes, Array, Map, uint64_t, float, DateTime>;
+  using Variant = std::variant<Nil, bool, int64_t, double, std::string, Bytes, Array, Map, uint64_t,
+                               float, DateTime>;
   Variant v;
 
   // The converting constructors are defined below MapEntry: their bodies construct (and, on an
@@ -72,8 +72,14 @@ struct Value {
   Value(DateTime t);
 
   bool is_nil() const { return std::holds_alternative<Nil>(v); }
-  template <class T> bool is() const { return std::holds_alternative<T>(v); }
-  template <class T> const T& as() const { return std::get<T>(v); }
+  template <class T>
+  bool is() const {
+    return std::holds_alternative<T>(v);
+  }
+  template <class T>
+  const T& as() const {
+    return std::get<T>(v);
+  }
 
   friend bool operator==(const Value& a, const Value& b);
 };
@@ -98,7 +104,9 @@ inline Value::Value(uint64_t u) : v(u) {}
 inline Value::Value(float f) : v(f) {}
 inline Value::Value(DateTime t) : v(t) {}
 
-inline bool operator==(const Value& a, const Value& b) { return a.v == b.v; }
+inline bool operator==(const Value& a, const Value& b) {
+  return a.v == b.v;
+}
 
 // Deepest nesting of arrays/maps accepted in inputs and results.
 inline constexpr int kMaxValueDepth = 32;

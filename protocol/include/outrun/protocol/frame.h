@@ -70,7 +70,8 @@ struct FrameView {
 class FrameReader {
  public:
   // `max_frame` lets tests use a smaller bound; production uses kMaxFrameSize.
-  explicit FrameReader(uint32_t max_frame = kMaxFrameSize, std::size_t initial_capacity = 64 * 1024);
+  explicit FrameReader(uint32_t max_frame = kMaxFrameSize,
+                       std::size_t initial_capacity = 64 * 1024);
 
   // One read(2) from `fd` into the free space. Returns bytes read (> 0), 0 at end of stream, or
   // -errno (-EAGAIN on an empty non-blocking fd). EINTR is retried.
@@ -96,8 +97,8 @@ class FrameReader {
   std::size_t initial_capacity_;
   std::unique_ptr<uint64_t[]> storage_;  // uint64_t keeps the buffer 8-byte aligned
   std::size_t capacity_ = 0;
-  std::size_t begin_ = 0;  // first unconsumed byte
-  std::size_t end_ = 0;    // one past the last received byte
+  std::size_t begin_ = 0;          // first unconsumed byte
+  std::size_t end_ = 0;            // one past the last received byte
   std::vector<uint64_t> scratch_;  // aligned copy of a misaligned frame
   FrameError error_ = FrameError::kNone;
 };

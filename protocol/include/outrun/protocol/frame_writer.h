@@ -31,9 +31,9 @@ namespace outrun::protocol {
 class FrameWriter {
  public:
   enum class State : uint8_t {
-    kWritten,   // everything queued so far reached the kernel, or another pass is writing it
-    kHandedOff, // the socket is full; the loop finishes (on_blocked was called)
-    kClosed,    // the peer is gone or the writer was closed; frames are dropped
+    kWritten,    // everything queued so far reached the kernel, or another pass is writing it
+    kHandedOff,  // the socket is full; the loop finishes (on_blocked was called)
+    kClosed,     // the peer is gone or the writer was closed; frames are dropped
   };
 
   explicit FrameWriter(int fd, std::function<void()> on_blocked = {});

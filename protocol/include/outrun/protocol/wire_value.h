@@ -2,12 +2,12 @@
 // (inputs, from outrun::Value): one encoding, one place.
 #pragma once
 
+#include <flatbuffers/flatbuffers.h>
+
 #include <cstdint>
 #include <string_view>
 #include <utility>
 #include <vector>
-
-#include <flatbuffers/flatbuffers.h>
 
 #include "outrun/protocol/outrun_generated.h"
 
