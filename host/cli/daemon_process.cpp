@@ -17,8 +17,6 @@ extern char** environ;
 
 namespace outrun::cli {
 
-namespace {
-
 bool can_connect(const std::string& path) {
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
@@ -29,6 +27,8 @@ bool can_connect(const std::string& path) {
   close(fd);
   return ok;
 }
+
+namespace {
 
 DaemonExit exit_of(int st) {
   DaemonExit e;

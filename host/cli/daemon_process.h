@@ -11,6 +11,9 @@
 
 namespace outrun::cli {
 
+// Whether a Unix socket at `path` accepts a connection now.
+bool can_connect(const std::string& path);
+
 // A new directory /tmp/PREFIX-XXXXXX; "" (and why in *err) when it cannot be made.
 std::string make_temp_dir(const std::string& prefix, std::string* err);
 

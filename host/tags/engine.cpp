@@ -419,15 +419,15 @@ struct Engine::Impl {
   void start_waves(std::vector<Dispatch>* out) REQUIRES(mu) {
     if (paused > 0) return;
     // start_wave may mark components pending again: take the list, keep both buffers' capacity.
-    todo_comps.clear();
-    todo_comps.swap(pending_comps);
-    for (int c : todo_comps) {
+    due_comps.clear();
+    due_comps.swap(pending_comps);
+    for (int c : due_comps) {
       const bool startable =
           c < static_cast<int>(comps.size()) && comps[c].pending && !comps[c].running;
       if (startable) start_wave(c, out);
     }
   }
-  std::vector<int> todo_comps GUARDED_BY(mu);  // scratch of start_waves
+  std::vector<int> due_comps GUARDED_BY(mu);  // scratch of start_waves
 
   void start_wave(int ci, std::vector<Dispatch>* out) REQUIRES(mu) {
     Component& c = comps[ci];

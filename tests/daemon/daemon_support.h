@@ -35,15 +35,7 @@ inline std::string temp_dir() {
   return dir;
 }
 
-inline bool can_connect(const std::string& path) {
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
-  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  close(fd);
-  return ok;
-}
+using outrun::cli::can_connect;  // host/cli/daemon_process.h
 
 inline bool process_alive(int pid) {
   std::ifstream st("/proc/" + std::to_string(pid) + "/stat");
