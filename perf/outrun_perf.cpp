@@ -24,6 +24,7 @@
 #include <iostream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -1047,13 +1048,15 @@ std::string timestamp() {
   return b;
 }
 
-}  // namespace
+// ---------------------------------------------------------------- the steps of run()
 
-int run(int argc, char** argv) {
+// The command line into *o (with --quick/--smoke defaults and --rows resolved to sections).
+// Returns the exit code when the run must end here (--help, a bad flag or row), else nullopt.
+std::optional<int> parse_options(int argc, char** argv, Options* out) {
   CLI::App app{
       "outrun-perf: every budget row of BRIEF §5, beside InProcess, this machine's floors and "
       "Redis, in one run"};
-  Options o;
+  Options& o = *out;
   std::string rows = "all", profile_rows;
   app.add_flag("--quick", o.quick, "short run (< 2 min on 2 cores)");
   app.add_flag("--smoke", o.smoke,
@@ -1114,7 +1117,11 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--verbose", o.verbose,
                "keep the host's warnings (kills during the drills) on stderr");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
   o.profile = app.count("--profile") > 0;
 
   auto unless_given = [&](const char* flag, auto& var, auto value) {
@@ -1160,19 +1167,39 @@ int run(int argc, char** argv) {
     while (std::getline(in, item, ','))
       if (!item.empty()) o.profile_rows.push_back(item);
   }
-  if (!o.verbose) spdlog::set_level(spdlog::level::err);
-  // The hosts it starts log only errors (all with --verbose), to stderr.
-  const LogSink host_log = stderr_log_sink(o.verbose ? LogLevel::debug : LogLevel::error);
+  return std::nullopt;
+}
 
-  // Arms.
+// The arms: one ("default") or the two sides of --ab, and the HostOptions each gives.
+struct Arms {
   std::vector<ArmSpec> specs;
+  HostOptions base;  // --shards and the log sink, before any knob
+
+  // The arm's knobs over `base`.
+  HostOptions plain_options(const ArmSpec& a) const {
+    HostOptions ho = base;
+    std::string err;
+    for (const auto& [k, v] : a.knobs) apply_knob(ho, k, v, &err);
+    return ho;
+  }
+  // The loads keep several evaluations of a key in flight: single flight off unless an arm says.
+  HostOptions main_options(const ArmSpec& a) const {
+    HostOptions ho = plain_options(a);
+    if (!a.sets_single_flight) ho.single_flight = SingleFlight::off;
+    return ho;
+  }
+};
+
+// False (with the message printed) when --ab does not name two valid arms.
+bool build_arms(const Options& o, const LogSink& host_log, Arms* out) {
+  std::vector<ArmSpec>& specs = out->specs;
   if (o.ab.empty()) {
     specs.push_back({"default", "as given", {}, false});
   } else {
     const auto bar = o.ab.find('|');
     if (bar == std::string::npos) {
       std::fprintf(stderr, "outrun-perf: --ab needs two arms: 'a=1|a=2'\n");
-      return 2;
+      return false;
     }
     specs.resize(2);
     specs[0].name = "A";
@@ -1181,30 +1208,15 @@ int run(int argc, char** argv) {
     if (!parse_arm(o.ab.substr(0, bar), &specs[0], &err) ||
         !parse_arm(o.ab.substr(bar + 1), &specs[1], &err)) {
       std::fprintf(stderr, "outrun-perf: --ab: %s\n", err.c_str());
-      return 2;
+      return false;
     }
   }
-  HostOptions base;
-  base.shards = o.shards;
-  base.log = host_log;
-  auto plain_options = [&](const ArmSpec& a) {
-    HostOptions ho = base;
-    std::string err;
-    for (const auto& [k, v] : a.knobs) apply_knob(ho, k, v, &err);
-    return ho;
-  };
-  // The loads keep several evaluations of a key in flight: single flight off unless an arm says.
-  auto main_options = [&](const ArmSpec& a) {
-    HostOptions ho = plain_options(a);
-    if (!a.sets_single_flight) ho.single_flight = SingleFlight::off;
-    return ho;
-  };
+  out->base.shards = o.shards;
+  out->base.log = host_log;
+  return true;
+}
 
-  const std::string stamp = timestamp();
-  const std::string loadavg_at_start = slurp("/proc/loadavg");
-  std::vector<std::string> notes;
-  const int64_t run_t0 = mono_ns();
-  const char* mode = o.smoke ? "smoke" : o.quick ? "quick" : "full";
+void print_run_header(const Options& o, const char* mode) {
   std::printf(
       "outrun-perf (%s run): K=%d, rate %.0f/s, paced window %.1f s (+%.1f s warm-up), closed loop "
       "%.1f s, "
@@ -1213,37 +1225,50 @@ int run(int argc, char** argv) {
       o.grace_ms, o.repeat, o.ab.empty() ? "" : ", A/B ", o.ab.c_str());
   std::printf("script: %s   Redis script: %s\n", kScript, kRedisScript);
   std::fflush(stdout);
+}
 
-  // Redis: one server for the whole run.
+// The servers the harness compares against, one each for the whole run (absent: not measured,
+// with a note saying why).
+struct Peers {
   std::unique_ptr<RedisServer> redis;
-  std::string sha;
+  std::string sha;  // of kRedisScript in `redis`
+};
+
+Peers start_peers(const Options& o, std::vector<std::string>* notes) {
+  Peers p;
   if (o.sections.count("redis")) {
     std::string why;
     if (o.redis_binary == "none") {
       why = "--redis-server none";
     } else {
-      redis = RedisServer::start(o.redis_binary, &why);
-      if (redis) {
-        sha = redis->load_script();
-        if (sha.empty()) {
+      p.redis = RedisServer::start(o.redis_binary, &why);
+      if (p.redis) {
+        p.sha = p.redis->load_script();
+        if (p.sha.empty()) {
           why = "SCRIPT LOAD failed";
-          redis.reset();
+          p.redis.reset();
         }
       }
     }
-    if (!redis) {
-      notes.push_back("Redis column: not measured (" + why + ")");
+    if (!p.redis) {
+      notes->push_back("Redis column: not measured (" + why + ")");
       std::printf("note: no Redis column: %s\n", why.c_str());
     } else {
-      notes.push_back("Redis " + redis->version() + " on a Unix socket, no persistence, EVALSHA " +
-                      sha);
+      notes->push_back("Redis " + p.redis->version() +
+                       " on a Unix socket, no persistence, EVALSHA " + p.sha);
     }
   }
+  return p;
+}
 
-  std::vector<Arm> arms(specs.size());
+// Every repeat: the sections shared by the arms (floors, peers, InProcess), then each arm's
+// host sections, in ABBA order; one sample per arm and repeat. False when a host did not start.
+bool run_repeats(const Options& o, const Arms& arms_in, Peers& peers, std::vector<Arm>* arms) {
+  const std::vector<ArmSpec>& specs = arms_in.specs;
+  arms->resize(specs.size());
   for (std::size_t a = 0; a < specs.size(); ++a) {
-    arms[a].name = specs[a].name;
-    arms[a].spec = specs[a].spec;
+    (*arms)[a].name = specs[a].name;
+    (*arms)[a].spec = specs[a].spec;
   }
   const HookFactory no_hooks = [](const std::string&, Host*) { return WindowHooks{}; };
   bool ok = true;
@@ -1252,41 +1277,45 @@ int run(int argc, char** argv) {
     g_diag["loadavg_per_repeat"].push_back(slurp("/proc/loadavg"));
     Figs shared;
     floor_sections(o, o.sections, shared, no_hooks);
-    if (redis) redis_sections(o, *redis, sha, shared);
+    if (peers.redis) redis_sections(o, *peers.redis, peers.sha, shared);
     inprocess_sections(o, o.sections, shared);
     std::vector<std::size_t> order(specs.size());
     for (std::size_t a = 0; a < order.size(); ++a)
       order[a] = r % 2 ? order.size() - 1 - a : a;  // ABBA
     for (std::size_t a : order) {
       Figs f = shared;
-      ok &= host_main_sections(o, main_options(specs[a]), o.sections, f, no_hooks,
+      ok &= host_main_sections(o, arms_in.main_options(specs[a]), o.sections, f, no_hooks,
                                specs[a].name + " (" + specs[a].spec + ")");
-      if (o.sections.count("kill")) ok &= kill_section(o, plain_options(specs[a]), f);
-      if (o.sections.count("scripts")) ok &= scripts_section(o, plain_options(specs[a]), f);
+      const HostOptions plain = arms_in.plain_options(specs[a]);
+      if (o.sections.count("kill")) ok &= kill_section(o, plain, f);
+      if (o.sections.count("scripts")) ok &= scripts_section(o, plain, f);
       if (o.sections.count("tags"))
         ok &=
-            tags_section(TagsParams{o.rate, o.warmup, o.duration, 250}, plain_options(specs[a]), f,
+            tags_section(TagsParams{o.rate, o.warmup, o.duration, 250}, plain, f,
                          [&f](double checked, double wrong) { count_checked(f, checked, wrong); });
       derive(f);
-      arms[a].samples.push_back(std::move(f));
+      (*arms)[a].samples.push_back(std::move(f));
     }
   }
-  redis.reset();  // stop it before profiling and reporting
-  for (Arm& a : arms) a.aggregate();
+  for (Arm& a : *arms) a.aggregate();
+  return ok;
+}
 
-  const std::vector<RowDef> defs = budget_rows(o.rate, o.scripts);
-  std::ostringstream md;
-  nlohmann::json json_arms = nlohmann::json::array();
+// The budget rows judged per arm: printed (text), into `md` and `json_arms`. False when a row of
+// a measured section produced no value.
+bool evaluate_and_print_rows(const Options& o, const std::vector<RowDef>& defs,
+                             const std::vector<Arm>& arms, std::ostringstream& md,
+                             nlohmann::json* json_arms) {
   bool missing = false;
   for (const Arm& a : arms) {
     const std::vector<RowResult> results = evaluate_rows(defs, a);
-    std::printf("\n%s\n", specs.size() > 1 ? ("arm " + a.name + ": " + a.spec).c_str() : "");
+    std::printf("\n%s\n", arms.size() > 1 ? ("arm " + a.name + ": " + a.spec).c_str() : "");
     std::printf("%s", text_table(results, o.repeat > 1).c_str());
-    md << (specs.size() > 1 ? "\n### arm " + a.name + ": `" + a.spec + "`\n\n" : "\n")
+    md << (arms.size() > 1 ? "\n### arm " + a.name + ": `" + a.spec + "`\n\n" : "\n")
        << markdown_table(results, o.repeat > 1);
     nlohmann::json j = arm_json(a);
     j["rows"] = rows_json(results);
-    json_arms.push_back(j);
+    json_arms->push_back(j);
     // Every row of a measured section has a value (Redis only appears beside them).
     for (const RowResult& r : results)
       if (!r.present && row_expected(r.def->figure, o.sections)) {
@@ -1294,48 +1323,46 @@ int run(int argc, char** argv) {
         missing = true;
       }
   }
-  if (specs.size() == 2) {
+  if (arms.size() == 2) {
     std::printf("\nA/B, median per row (B/A > 1: B is higher):\n%s",
                 ab_table(defs, arms[0], arms[1], false).c_str());
     md << "\n### A/B, median per row\n\n" << ab_table(defs, arms[0], arms[1], true);
   }
-  if (g_diag.contains("threads")) {
-    std::printf(
-        "\nThreads of this process over the paced window (last repeat): %% of a core / wake-ups "
-        "per "
-        "evaluation; 'main' is the pacing (caller) thread\n");
-    for (const auto& [name, list] : g_diag["threads"].items()) {
-      std::printf("  %-40s", name.c_str());
-      for (const auto& t : list)
-        if (t["cpu_pct"].get<double>() >= 0.5)
-          std::printf("  %s%.1f%% / %.2f", t["main"].get<bool>() ? "main " : "",
-                      t["cpu_pct"].get<double>(), t["wakeups_per_eval"].get<double>());
-      std::printf("\n");
-    }
+  return missing;
+}
+
+// The per-thread breakdowns of the paced windows (last repeat), as text.
+void print_threads() {
+  if (!g_diag.contains("threads")) return;
+  std::printf(
+      "\nThreads of this process over the paced window (last repeat): %% of a core / wake-ups "
+      "per "
+      "evaluation; 'main' is the pacing (caller) thread\n");
+  for (const auto& [name, list] : g_diag["threads"].items()) {
+    std::printf("  %-40s", name.c_str());
+    for (const auto& t : list)
+      if (t["cpu_pct"].get<double>() >= 0.5)
+        std::printf("  %s%.1f%% / %.2f", t["main"].get<bool>() ? "main " : "",
+                    t["cpu_pct"].get<double>(), t["wakeups_per_eval"].get<double>());
+    std::printf("\n");
   }
+}
 
-  nlohmann::json profiles = nlohmann::json::array();
-  if (o.profile) {
-    const std::string dir =
-        o.profile_dir.empty() ? o.out_dir + "/profiles-" + stamp : o.profile_dir;
-    profiles = profile_pass(o, main_options(specs[0]), dir, &notes);
-  }
+// What the run ended with, for the JSON document and the artifacts.
+struct RunSummary {
+  std::string stamp, loadavg_at_start;
+  const char* mode = "full";
+  double run_s = 0;
+  int64_t wrong = 0;
+};
 
-  if (!notes.empty()) std::printf("\n");
-  for (const std::string& n : notes) std::printf("note: %s\n", n.c_str());
-  if (g_profile_wrong > 0)
-    std::printf("note: %lld results of the profile pass were wrong or lost (not counted below)\n",
-                static_cast<long long>(g_profile_wrong.load()));
-
-  const double run_s = static_cast<double>(mono_ns() - run_t0) / 1e9;
-  const int64_t wrong = g_wrong.load();
-  std::printf("\n%s run took %.1f s; %lld results checked, %lld wrong\n", mode, run_s,
-              static_cast<long long>(g_checked.load()), static_cast<long long>(wrong));
-
+nlohmann::json run_json(const Options& o, const RunSummary& s, const nlohmann::json& json_arms,
+                        const nlohmann::json& profiles, const std::vector<std::string>& notes,
+                        const std::vector<RowDef>& defs, const std::vector<Arm>& arms) {
   nlohmann::json j{
       {"tool", "outrun-perf"},
-      {"mode", mode},
-      {"timestamp", stamp},
+      {"mode", s.mode},
+      {"timestamp", s.stamp},
       {"git", run_command("git -C '" OUTRUN_SOURCE_DIR "' describe --always --dirty 2>/dev/null")},
       {"machine", machine_json()},
       {"options",
@@ -1363,17 +1390,21 @@ int run(int argc, char** argv) {
       {"profiles", profiles},
       {"diagnostics", g_diag},
       {"notes", notes},
-      {"run_seconds", run_s},
+      {"run_seconds", s.run_s},
       {"results_checked", g_checked.load()},
-      {"results_wrong", wrong},
+      {"results_wrong", s.wrong},
   };
-  j["machine"]["loadavg_at_start"] = loadavg_at_start;
+  j["machine"]["loadavg_at_start"] = s.loadavg_at_start;
   j["machine"]["loadavg_at_end"] = slurp("/proc/loadavg");
-  if (specs.size() == 2) j["ab"] = ab_json(defs, arms[0], arms[1]);
+  if (arms.size() == 2) j["ab"] = ab_json(defs, arms[0], arms[1]);
+  return j;
+}
 
-  std::error_code ec;
-  fs::create_directories(o.out_dir, ec);
-  const std::string header = std::string("outrun-perf ") + mode + " run, " + stamp +
+// The Markdown report: the tables already in `md`, then threads, profiles and notes.
+std::string run_markdown(const Options& o, const RunSummary& s, const nlohmann::json& j,
+                         std::ostringstream& md, const nlohmann::json& profiles,
+                         const std::vector<std::string>& notes) {
+  const std::string header = std::string("outrun-perf ") + s.mode + " run, " + s.stamp +
                              ", K=" + std::to_string(o.shards) + ", " +
                              j["machine"]["cpu_model"].get<std::string>() + ", " +
                              std::to_string(sysconf(_SC_NPROCESSORS_ONLN)) + " cores\n";
@@ -1416,25 +1447,83 @@ int run(int argc, char** argv) {
   }
   if (!notes.empty()) md << "\n";
   for (const std::string& n : notes) md << "- note: " << n << "\n";
-  const std::string markdown = "## " + header + md.str();
+  return "## " + header + md.str();
+}
+
+// <out>/outrun-perf-<time>.{json,md}, and the copies --json and --markdown ask for.
+void write_artifacts(const Options& o, const RunSummary& s, const nlohmann::json& j,
+                     const std::string& markdown) {
   auto write = [&](const std::string& path, const std::string& text) {
     std::ofstream f(path);
     f << text;
     if (!f) std::fprintf(stderr, "outrun-perf: cannot write %s\n", path.c_str());
   };
+  std::error_code ec;
+  fs::create_directories(o.out_dir, ec);
   if (!ec) {
-    write(o.out_dir + "/outrun-perf-" + stamp + ".json", j.dump(2) + "\n");
-    write(o.out_dir + "/outrun-perf-" + stamp + ".md", markdown);
-    std::printf("artifacts: %s/outrun-perf-%s.{json,md}\n", o.out_dir.c_str(), stamp.c_str());
+    write(o.out_dir + "/outrun-perf-" + s.stamp + ".json", j.dump(2) + "\n");
+    write(o.out_dir + "/outrun-perf-" + s.stamp + ".md", markdown);
+    std::printf("artifacts: %s/outrun-perf-%s.{json,md}\n", o.out_dir.c_str(), s.stamp.c_str());
   }
   if (!o.json_path.empty()) write(o.json_path, j.dump(2) + "\n");
   if (!o.markdown_path.empty()) write(o.markdown_path, markdown);
+}
 
-  if (wrong > 0)
+}  // namespace
+
+int run(int argc, char** argv) {
+  Options o;
+  if (std::optional<int> code = parse_options(argc, argv, &o)) return *code;
+  if (!o.verbose) spdlog::set_level(spdlog::level::err);
+  // The hosts it starts log only errors (all with --verbose), to stderr.
+  const LogSink host_log = stderr_log_sink(o.verbose ? LogLevel::debug : LogLevel::error);
+  Arms arm_specs;
+  if (!build_arms(o, host_log, &arm_specs)) return 2;
+
+  RunSummary summary;
+  summary.stamp = timestamp();
+  summary.loadavg_at_start = slurp("/proc/loadavg");
+  summary.mode = o.smoke ? "smoke" : o.quick ? "quick" : "full";
+  std::vector<std::string> notes;
+  const int64_t run_t0 = mono_ns();
+  print_run_header(o, summary.mode);
+
+  Peers peers = start_peers(o, &notes);
+  std::vector<Arm> arms;
+  const bool ok = run_repeats(o, arm_specs, peers, &arms);
+  peers = Peers();  // stop them before profiling and reporting
+
+  const std::vector<RowDef> defs = budget_rows(o.rate, o.scripts);
+  std::ostringstream md;
+  nlohmann::json json_arms = nlohmann::json::array();
+  const bool missing = evaluate_and_print_rows(o, defs, arms, md, &json_arms);
+  print_threads();
+
+  nlohmann::json profiles = nlohmann::json::array();
+  if (o.profile) {
+    const std::string dir =
+        o.profile_dir.empty() ? o.out_dir + "/profiles-" + summary.stamp : o.profile_dir;
+    profiles = profile_pass(o, arm_specs.main_options(arm_specs.specs[0]), dir, &notes);
+  }
+  if (!notes.empty()) std::printf("\n");
+  for (const std::string& n : notes) std::printf("note: %s\n", n.c_str());
+  if (g_profile_wrong > 0)
+    std::printf("note: %lld results of the profile pass were wrong or lost (not counted below)\n",
+                static_cast<long long>(g_profile_wrong.load()));
+
+  summary.run_s = static_cast<double>(mono_ns() - run_t0) / 1e9;
+  summary.wrong = g_wrong.load();
+  std::printf("\n%s run took %.1f s; %lld results checked, %lld wrong\n", summary.mode,
+              summary.run_s, static_cast<long long>(g_checked.load()),
+              static_cast<long long>(summary.wrong));
+  const nlohmann::json j = run_json(o, summary, json_arms, profiles, notes, defs, arms);
+  write_artifacts(o, summary, j, run_markdown(o, summary, j, md, profiles, notes));
+
+  if (summary.wrong > 0)
     std::fprintf(stderr, "outrun-perf: %lld results were wrong or missing\n",
-                 static_cast<long long>(wrong));
+                 static_cast<long long>(summary.wrong));
   if (missing) std::fprintf(stderr, "outrun-perf: some rows produced no value\n");
-  return ok && wrong == 0 && !missing ? 0 : 1;
+  return ok && summary.wrong == 0 && !missing ? 0 : 1;
 }
 
 }  // namespace outrun::perf
