@@ -6,7 +6,8 @@
 // and without a dispatcher hop, at the paced rate), Redis (single client, paced, pipelined),
 // InProcess (idle, paced, closed loop), then per arm (HostOptions; two with --ab) the host:
 // idle latency and CPU, paced open loop, closed loop, supervision (kill after T+G, kill a shard),
-// and scripts (RSS with N compiled scripts, warm restart of one shard, kill every shard).
+// and scripts (RSS with N compiled scripts, warm restart of one shard, kill every shard); and
+// outrund as a server beside redis-server (daemon_peer.h: single client, pipelined, server CPU).
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/utsname.h>
@@ -29,9 +30,11 @@
 #include <sstream>
 #include <thread>
 
+#include "daemon_peer.h"
 #include "floors.h"
 #include "latency_histogram.h"
 #include "measure.h"
+#include "outrun/client.h"
 #include "outrun/host.h"
 #include "outrun/in_process.h"
 #include "profiler.h"
@@ -62,6 +65,7 @@ struct Options {
   int keys = 64;  // scripts the paced and closed-loop loads spread over (both shards)
   int redis_clients = 16, redis_depth = 16;
   std::string redis_binary = "redis-server";
+  std::string outrund_binary;  // empty: bin/outrund next to outrun-perf; "none": no daemon rows
   int repeat = 1;
   bool quick = false, smoke = false, verbose = false;
   std::set<std::string> sections;
@@ -74,7 +78,7 @@ struct Options {
 };
 
 const std::vector<std::string> kSections = {"pipe",   "floor", "redis",   "idle", "paced",
-                                            "closed", "kill",  "scripts", "tags"};
+                                            "closed", "kill",  "scripts", "tags", "daemon"};
 
 // Row ids (the first column of the JSON rows) and group names accepted by --rows, mapped to the
 // sections that measure them and their comparisons.
@@ -112,6 +116,14 @@ const std::map<std::string, std::vector<std::string>> kAliases = {
     {"tags", {"paced", "tags"}},
     {"tags_p99", {"paced", "tags"}},
     {"tags_us", {"paced", "tags"}},
+    {"daemon", {"redis", "daemon"}},
+    {"daemon_p50", {"redis", "daemon"}},
+    {"daemon_p99", {"redis", "daemon"}},
+    {"daemon_pipelined", {"redis", "daemon"}},
+    {"daemon_us_pipelined", {"redis", "daemon"}},
+    {"daemon_us_single", {"redis", "daemon"}},
+    {"daemon_switches_single", {"redis", "daemon"}},
+    {"daemon_switches_pipelined", {"redis", "daemon"}},
 };
 
 // ---------------------------------------------------------------- helpers
@@ -524,8 +536,13 @@ void floor_sections(const Options& o, const std::set<std::string>& sel, Figs& f,
 
 void redis_sections(const Options& o, RedisServer& srv, const std::string& sha, Figs& f) {
   int64_t wrong = 0;
-  const LatencyFig single = redis_single_client(srv, sha, o.iterations, &wrong);
+  ProcsCost single_cost;
+  const LatencyFig single = redis_single_client(srv, sha, o.iterations, &wrong, &single_cost);
   put_latency(f, "redis.single", single, false);
+  const double measured = static_cast<double>(std::max<uint64_t>(1, single.n));
+  f["redis.single_server_us_per_eval"] = us(single_cost.cpu_ns) / measured;
+  f["redis.single_server_switches_per_eval"] =
+      static_cast<double>(single_cost.switches()) / measured;
   count_checked(f, static_cast<double>(single.n), static_cast<double>(wrong));
   const PacedFig p = redis_paced(srv, sha, o.rate, o.warmup, o.duration);
   put_latency(f, "redis.paced", p.lat, true);
@@ -542,6 +559,49 @@ void redis_sections(const Options& o, RedisServer& srv, const std::string& sha, 
   f["redis.pipelined_per_s"] = pl.evals_per_s;
   f["redis.pipelined_client_us_per_eval"] = pl.client_cpu_us_per_eval;
   f["redis.pipelined_server_us_per_eval"] = pl.server_cpu_us_per_eval;
+  f["redis.pipelined_server_switches_per_eval"] = pl.server_switches_per_eval;
+  count_checked(f, static_cast<double>(pl.evaluations), static_cast<double>(pl.wrong));
+}
+
+void put_cost(Figs& f, const std::string& prefix, const DaemonCost& c) {
+  f[prefix + "_us_per_eval"] = c.total_us();
+  f[prefix + "_daemon_us_per_eval"] = c.daemon_us;
+  f[prefix + "_workers_us_per_eval"] = c.workers_us;
+  f[prefix + "_daemon_switches_per_eval"] = c.daemon_switches;
+  f[prefix + "_workers_switches_per_eval"] = c.workers_switches;
+  f[prefix + "_daemon_wakeups_per_eval"] = c.daemon_voluntary;
+  f[prefix + "_workers_wakeups_per_eval"] = c.workers_voluntary;
+}
+
+// outrund as a server, the same script, socket kind and client counts as redis_sections: one
+// client through raw frames (and once more through outrun::Client), then pipelined.
+void daemon_sections(const Options& o, const DaemonServer& d, Figs& f) {
+  const DaemonSingleFig single = daemon_single_client(d, o.iterations);
+  put_latency(f, "daemon.single", single.lat, false);
+  put_cost(f, "daemon.single", single.cost);
+  count_checked(f, static_cast<double>(single.lat.n), static_cast<double>(single.wrong));
+  {
+    ClientOptions co;
+    co.socket = d.socket_path();
+    co.name = "outrun-perf";
+    std::unique_ptr<Client> client;
+    if (Error err = Client::connect(co, &client)) {
+      std::fprintf(stderr, "outrun-perf: outrun::Client: %s\n", err.message.c_str());
+      count_checked(f, 1, 1);
+    } else {
+      const std::vector<Script> s = register_keys(*client, o.keys);
+      count_checked(f, static_cast<double>(s.size()), static_cast<double>(warm(*client, s)));
+      int64_t wrong = 0;
+      const IdleFig l = idle_latency(*client, s, o.iterations, &wrong);
+      put_latency(f, "daemon.client", l.lat, false);
+      count_checked(f, static_cast<double>(l.lat.n), static_cast<double>(wrong));
+    }
+  }
+  const DaemonPipelinedFig pl =
+      daemon_pipelined(d, o.redis_clients, o.redis_depth, o.closed_duration);
+  f["daemon.pipelined_per_s"] = pl.evals_per_s;
+  f["daemon.pipelined_client_us_per_eval"] = pl.client_cpu_us_per_eval;
+  put_cost(f, "daemon.pipelined", pl.cost);
   count_checked(f, static_cast<double>(pl.evaluations), static_cast<double>(pl.wrong));
 }
 
@@ -1037,6 +1097,7 @@ bool row_expected(const std::string& fig, const std::set<std::string>& sections)
   if (starts("kill.")) return ran("kill");
   if (starts("scripts.")) return ran("scripts");
   if (starts("tags.")) return ran("tags");
+  if (starts("daemon.")) return ran("daemon");
   if (fig == "all.wrong") return true;
   return false;
 }
@@ -1085,11 +1146,12 @@ std::optional<int> parse_options(int argc, char** argv, Options* out) {
   app.add_option("--keys", o.keys, "scripts the paced and closed loads spread over")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
-  app.add_option("--rows", rows,
-                 "what to measure, comma-separated: sections (pipe floor redis idle paced closed "
-                 "kill scripts), row ids (host_cpu idle_p50 paced_p99 closed_loop warm_restart "
-                 "kill_all ...: see design/budgets.md) or groups (all floors latency cpu "
-                 "supervision rss peer)")
+  app.add_option(
+         "--rows", rows,
+         "what to measure, comma-separated: sections (pipe floor redis idle paced closed "
+         "kill scripts daemon), row ids (host_cpu idle_p50 paced_p99 closed_loop warm_restart "
+         "kill_all ...: see design/budgets.md) or groups (all floors latency cpu "
+         "supervision rss peer)")
       ->capture_default_str();
   app.add_option("--repeat", o.repeat, "repeats (figures: min / median / max)")
       ->check(CLI::Range(1, 100))
@@ -1103,6 +1165,9 @@ std::optional<int> parse_options(int argc, char** argv, Options* out) {
       ->capture_default_str();
   app.add_option("--redis-depth", o.redis_depth, "pipeline depth of the pipelined Redis row")
       ->capture_default_str();
+  app.add_option("--outrund", o.outrund_binary,
+                 "outrund for the daemon rows (default: next to outrun-perf; 'none': no daemon "
+                 "rows)");
   app.add_option("--out", o.out_dir, "folder for artifacts (JSON, Markdown, profiles)")
       ->capture_default_str();
   app.add_option("--json", o.json_path, "also write every figure as JSON here");
@@ -1232,6 +1297,7 @@ void print_run_header(const Options& o, const char* mode) {
 struct Peers {
   std::unique_ptr<RedisServer> redis;
   std::string sha;  // of kRedisScript in `redis`
+  std::unique_ptr<DaemonServer> daemon;
 };
 
 Peers start_peers(const Options& o, std::vector<std::string>* notes) {
@@ -1258,6 +1324,28 @@ Peers start_peers(const Options& o, std::vector<std::string>* notes) {
                        " on a Unix socket, no persistence, EVALSHA " + p.sha);
     }
   }
+  if (o.sections.count("daemon")) {
+    std::string why;
+    DaemonServer::Launch l;
+    l.binary = o.outrund_binary.empty() ? (fs::path(self_exe()).parent_path() / "outrund").string()
+                                        : o.outrund_binary;
+    l.shards = o.shards;
+    l.keys = o.keys;
+    l.script = kScript;
+    if (o.outrund_binary == "none")
+      why = "--outrund none";
+    else
+      p.daemon = DaemonServer::start(l, &why);
+    if (!p.daemon) {
+      notes->push_back("daemon rows: not measured (" + why + ")");
+      std::printf("note: no daemon rows: %s\n", why.c_str());
+    } else {
+      notes->push_back(
+          "outrund " + l.binary + " on a Unix socket, K=" + std::to_string(o.shards) +
+          ", single flight off, the script under " + std::to_string(o.keys) +
+          " keys round robin; its workers: " + std::to_string(p.daemon->worker_pids().size()));
+    }
+  }
   return p;
 }
 
@@ -1278,6 +1366,7 @@ bool run_repeats(const Options& o, const Arms& arms_in, Peers& peers, std::vecto
     Figs shared;
     floor_sections(o, o.sections, shared, no_hooks);
     if (peers.redis) redis_sections(o, *peers.redis, peers.sha, shared);
+    if (peers.daemon) daemon_sections(o, *peers.daemon, shared);
     inprocess_sections(o, o.sections, shared);
     std::vector<std::size_t> order(specs.size());
     for (std::size_t a = 0; a < order.size(); ++a)
@@ -1316,9 +1405,11 @@ bool evaluate_and_print_rows(const Options& o, const std::vector<RowDef>& defs,
     nlohmann::json j = arm_json(a);
     j["rows"] = rows_json(results);
     json_arms->push_back(j);
-    // Every row of a measured section has a value (Redis only appears beside them).
+    // Every row of a measured section has a value (Redis only appears beside them; the daemon
+    // rows are not expected with --outrund none).
     for (const RowResult& r : results)
-      if (!r.present && row_expected(r.def->figure, o.sections)) {
+      if (!r.present && row_expected(r.def->figure, o.sections) &&
+          !(o.outrund_binary == "none" && r.def->figure.rfind("daemon.", 0) == 0)) {
         std::fprintf(stderr, "outrun-perf: row '%s' produced no value\n", r.def->label.c_str());
         missing = true;
       }
@@ -1382,6 +1473,7 @@ nlohmann::json run_json(const Options& o, const RunSummary& s, const nlohmann::j
         {"ab", o.ab},
         {"redis_clients", o.redis_clients},
         {"redis_depth", o.redis_depth},
+        {"outrund", o.outrund_binary},
         {"quick", o.quick},
         {"smoke", o.smoke}}},
       {"script", kScript},
@@ -1493,7 +1585,7 @@ int run(int argc, char** argv) {
   const bool ok = run_repeats(o, arm_specs, peers, &arms);
   peers = Peers();  // stop them before profiling and reporting
 
-  const std::vector<RowDef> defs = budget_rows(o.rate, o.scripts);
+  const std::vector<RowDef> defs = budget_rows(o.rate, o.scripts, o.redis_clients, o.redis_depth);
   std::ostringstream md;
   nlohmann::json json_arms = nlohmann::json::array();
   const bool missing = evaluate_and_print_rows(o, defs, arms, md, &json_arms);
