@@ -252,6 +252,9 @@ bool apply_knob(HostOptions& o, const std::string& name, const std::string& valu
     } else if (name == "fulfill_futures_on_loop") {
       if (!parse_bool(value, &b)) throw std::invalid_argument("bool");
       o.fulfill_futures_on_loop = b;
+    } else if (name == "callbacks_on_loop") {
+      if (!parse_bool(value, &b)) throw std::invalid_argument("bool");
+      o.callbacks_on_loop = b;
     } else if (name == "max_queued_while_down") {
       o.max_queued_while_down = std::stoull(value);
     } else if (name == "restart_delay") {
@@ -285,7 +288,7 @@ bool apply_knob(HostOptions& o, const std::string& name, const std::string& valu
     } else {
       *err = "unknown HostOptions knob '" + name +
              "' (known: shards timeout grace memory_limit start_timeout shutdown_timeout "
-             "fulfill_futures_on_loop "
+             "fulfill_futures_on_loop callbacks_on_loop "
              "max_queued_while_down restart_delay heartbeat_interval silence_limit single_flight "
              "retries "
              "crash_loop_limit crash_loop_window crash_loop_cooldown worker_path "
