@@ -24,6 +24,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "error_wire.h"
 #include "outrun/protocol/client_messages.h"
 #include "outrun/protocol/frame.h"
 #include "outrun/protocol/frame_writer.h"
@@ -404,7 +405,7 @@ int Server::run() {
       std::string why;
       Error e;
       if (!tags::file::load_tags_file(cfg_.tags_file, &defs, &why))
-        e = Error{Status::invalid_argument, why};
+        e = Error{ErrorCode::invalid_argument, why};
       else
         e = tags_->apply(defs, /*replace_all=*/true);
       if (e) {
@@ -912,7 +913,7 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
         return q;
       };
       if (!r.key || !r.source)
-        e = Error{Status::invalid_argument, "register needs a key and a source"};
+        e = Error{ErrorCode::invalid_argument, "register needs a key and a source"};
       else
         e = host_->register_script(*r.key, *r.source, &script, admit);
       uint32_t handle = 0;
@@ -942,8 +943,8 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
         sha = script.sha256();
         shard = static_cast<int>(script.shard());
       }
-      c->writer.write(protocol::encode_registered(
-          f, r.request_id, static_cast<wire::Status>(e.status), e.message, handle, sha, shard));
+      c->writer.write(protocol::encode_registered(f, r.request_id, detail::wire_status(e.code),
+                                                  e.message, handle, sha, shard));
       return true;
     }
     case wire::Body::Evaluate:
@@ -953,7 +954,7 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
       const auto& u = std::get<protocol::UnregisterMsg>(msg);
       Error e;
       if (!u.key) {
-        e = Error{Status::invalid_argument, "unregister needs a key"};
+        e = Error{ErrorCode::invalid_argument, "unregister needs a key"};
       } else {
         e = host_->unregister_script(*u.key);
         if (!e) {
@@ -969,8 +970,8 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
         }
       }
       f.Clear();
-      c->writer.write(protocol::encode_unregistered(
-          f, u.request_id, static_cast<wire::Status>(e.status), e.message));
+      c->writer.write(
+          protocol::encode_unregistered(f, u.request_id, detail::wire_status(e.code), e.message));
       return true;
     }
     case wire::Body::Control: {
@@ -982,7 +983,7 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
       if (admin_command && !c->admin) {
         spdlog::warn("client {} (pid {} uid {}): {} refused: not an admin", c->id, c->pid, c->uid,
                      wire::EnumNameControlCommand(ctl->command));
-        e = Error{Status::invalid_argument,
+        e = Error{ErrorCode::invalid_argument,
                   "permission denied: uid " + std::to_string(c->uid) +
                       " may evaluate but not administer outrund (daemon.admin_uids, admin_gids)"};
       } else
@@ -1005,21 +1006,21 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
             if (!e) spdlog::info("client {} (pid {}): restart shard {}", c->id, c->pid, ctl->shard);
             break;
           default:
-            e = Error{Status::invalid_argument, "unknown control command"};
+            e = Error{ErrorCode::invalid_argument, "unknown control command"};
         }
       // A document must fit one frame with room for the rest of the reply, or the client's
       // reader would drop the connection. A ListScripts page is cut well below (kMaxPageBytes);
       // this is the net under every document: refused instead, the connection goes on.
       if (constexpr std::size_t kMaxDocument = protocol::kMaxFrameSize - 4096;
           json.size() > kMaxDocument) {
-        e = Error{Status::unavailable, "the document is " + std::to_string(json.size()) +
-                                           " bytes, more than a reply frame holds (" +
-                                           std::to_string(kMaxDocument) + ")"};
+        e = Error{ErrorCode::unavailable, "the document is " + std::to_string(json.size()) +
+                                              " bytes, more than a reply frame holds (" +
+                                              std::to_string(kMaxDocument) + ")"};
         json.clear();
       }
       f.Clear();
-      c->writer.write(protocol::encode_control_reply(
-          f, ctl->request_id, static_cast<wire::Status>(e.status), e.message, json));
+      c->writer.write(protocol::encode_control_reply(f, ctl->request_id,
+                                                     detail::wire_status(e.code), e.message, json));
       return true;
     }
     case wire::Body::DefineTags:
@@ -1491,7 +1492,7 @@ void Server::drop_entry(ScriptEntry& e) {
 Error Server::scripts_json(std::string_view after, uint32_t limit, std::string* out) const {
   PageCursor at;
   if (!decode_cursor(after, &at))
-    return {Status::invalid_argument,
+    return {ErrorCode::invalid_argument,
             "ListScripts: 'after' is not a cursor of this daemon (send the \"next\" of the "
             "previous page, or nothing for the first page)"};
   if (limit == 0) limit = kDefaultPageScripts;
@@ -1584,8 +1585,7 @@ void write_changes(protocol::FrameWriter& w, const std::vector<ChangeRef>& items
 void write_tags_reply(protocol::FrameWriter& w, uint64_t request_id, const Error& e,
                       const std::string& json) {
   flatbuffers::FlatBufferBuilder f(256 + json.size());
-  w.write(protocol::encode_tags_reply(f, request_id, static_cast<wire::Status>(e.status), e.message,
-                                      json));
+  w.write(protocol::encode_tags_reply(f, request_id, detail::wire_status(e.code), e.message, json));
 }
 
 std::string dump_json(const nlohmann::ordered_json& j) {
@@ -1674,7 +1674,7 @@ void Server::reload_tags() {
   }
   if (Error e = tags_->apply(defs, /*replace_all=*/true)) {
     spdlog::error("SIGHUP: tags file {}: {}: {}; the running tags are kept", cfg_.tags_file,
-                  to_string(e.status), e.message);
+                  to_string(e.code), e.message);
     return;
   }
   spdlog::info("SIGHUP: defined {} tags from {}", defs.size(), cfg_.tags_file);
@@ -1719,15 +1719,17 @@ bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame
     spdlog::warn("client {} (pid {} uid {}): {} refused: not an admin", c->id, c->pid, c->uid,
                  what);
     write_tags_reply(c->writer, rid,
-                     Error{Status::invalid_argument,
+                     Error{ErrorCode::invalid_argument,
                            "permission denied: uid " + std::to_string(c->uid) +
                                " may use tags but not define or remove them (daemon.admin_uids, "
                                "admin_gids)"},
                      {});
   };
   auto busy = [&](uint64_t rid) {
-    write_tags_reply(c->writer, rid,
-                     Error{Status::busy, "too many tag definitions waiting; try again"}, {});
+    // Busy, as outrund has always answered it (an outrun::Client reads it as unavailable).
+    flatbuffers::FlatBufferBuilder f(256);
+    c->writer.write(protocol::encode_tags_reply(f, rid, wire::Status::Busy,
+                                                "too many tag definitions waiting; try again", {}));
   };
   switch (frame->body_type()) {
     case wire::Body::DefineTags: {
@@ -1738,8 +1740,8 @@ bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame
         return true;
       }
       if (!d->toml) {
-        write_tags_reply(c->writer, rid, Error{Status::invalid_argument, "DefineTags needs toml"},
-                         {});
+        write_tags_reply(c->writer, rid,
+                         Error{ErrorCode::invalid_argument, "DefineTags needs toml"}, {});
         return true;
       }
       spdlog::info("client {} (pid {}): define tags ({} bytes{})", c->id, c->pid, d->toml->size(),
@@ -1748,7 +1750,7 @@ bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame
         std::vector<tags::TagDefinition> defs;
         std::string why;
         if (!tags::file::parse_tags(text, "", &defs, &why)) {
-          write_tags_reply(c->writer, rid, Error{Status::invalid_argument, why}, {});
+          write_tags_reply(c->writer, rid, Error{ErrorCode::invalid_argument, why}, {});
           return;
         }
         std::unordered_set<std::string> defined;
@@ -1778,7 +1780,7 @@ bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame
       }
       std::vector<std::string> ids;
       if (!detail::decode_tag_ids(r->ids, &ids, &why)) {
-        write_tags_reply(c->writer, rid, Error{Status::invalid_argument, why}, {});
+        write_tags_reply(c->writer, rid, Error{ErrorCode::invalid_argument, why}, {});
         return true;
       }
       auto job = [this, c, rid, ids = std::move(ids)] {
@@ -1789,7 +1791,7 @@ bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame
         for (const auto& id : ids)
           if (!known.count(id)) {
             write_tags_reply(c->writer, rid,
-                             Error{Status::invalid_argument, "unknown virtual tag '" + id + "'"},
+                             Error{ErrorCode::invalid_argument, "unknown virtual tag '" + id + "'"},
                              {});
             return;
           }
@@ -1799,10 +1801,10 @@ bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame
           if (tags_->info(id, &info)) continue;
           for (const auto& in : info.definition.inputs)
             if (gone.count(in.tag)) {
-              write_tags_reply(
-                  c->writer, rid,
-                  Error{Status::invalid_argument, "'" + in.tag + "' is an input of '" + id + "'"},
-                  {});
+              write_tags_reply(c->writer, rid,
+                               Error{ErrorCode::invalid_argument,
+                                     "'" + in.tag + "' is an input of '" + id + "'"},
+                               {});
               return;
             }
         }
@@ -1827,8 +1829,8 @@ bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame
       Error e;
       if (constexpr std::size_t kMaxDocument = protocol::kMaxFrameSize - 4096;
           json.size() > kMaxDocument) {
-        e = Error{Status::unavailable, "the tags document is " + std::to_string(json.size()) +
-                                           " bytes, more than a reply frame holds"};
+        e = Error{ErrorCode::unavailable, "the tags document is " + std::to_string(json.size()) +
+                                              " bytes, more than a reply frame holds"};
         json.clear();
       }
       write_tags_reply(c->writer, rid, e, json);
@@ -1841,16 +1843,16 @@ bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame
       std::vector<tags::SourceUpdate> updates;
       if (const auto* items = u->updates) {
         if (items->size() > detail::kMaxUpdatesPerFrame) {
-          e = Error{Status::invalid_argument, "more than " +
-                                                  std::to_string(detail::kMaxUpdatesPerFrame) +
-                                                  " updates in one SourceUpdates"};
+          e = Error{ErrorCode::invalid_argument, "more than " +
+                                                     std::to_string(detail::kMaxUpdatesPerFrame) +
+                                                     " updates in one SourceUpdates"};
         } else {
           updates.reserve(items->size());
           std::size_t budget = protocol::kMaxFrameSize;
           for (const wire::TagValue* tv : *items) {
             tags::Change ch;
             if (!detail::decode_tag_entry(tv, &ch, &budget, &why)) {
-              e = Error{Status::invalid_argument, why};
+              e = Error{ErrorCode::invalid_argument, why};
               break;
             }
             updates.push_back(tags::SourceUpdate{std::move(ch.tag), std::move(ch.value)});
@@ -1868,7 +1870,7 @@ bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame
       std::vector<std::string> ids;
       Error e;
       if (!detail::decode_tag_ids(sb->ids, &ids, &why)) {
-        e = Error{Status::invalid_argument, why};
+        e = Error{ErrorCode::invalid_argument, why};
       } else {
         MutexLock lock(sub_mu_);
         if (sb->cancel) {
@@ -1884,8 +1886,8 @@ bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame
             c->sub_overflow = false;
           }
         } else if (c->sub_ids.size() + ids.size() > kMaxSubscribedIds) {
-          e = Error{Status::invalid_argument, "more than " + std::to_string(kMaxSubscribedIds) +
-                                                  " subscribed ids on one connection"};
+          e = Error{ErrorCode::invalid_argument, "more than " + std::to_string(kMaxSubscribedIds) +
+                                                     " subscribed ids on one connection"};
         } else {
           if (ids.empty())
             c->sub_all = true;
@@ -1903,7 +1905,7 @@ bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame
       Error e;
       std::vector<tags::DataValue> values;
       if (!detail::decode_tag_ids(r->ids, &ids, &why)) {
-        e = Error{Status::invalid_argument, why};
+        e = Error{ErrorCode::invalid_argument, why};
       } else {
         values.resize(ids.size());
         for (std::size_t i = 0; i < ids.size() && !e; ++i) e = tags_->read(ids[i], &values[i]);
@@ -1914,8 +1916,8 @@ bool Server::handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame
       if (!e)
         for (std::size_t i = 0; i < ids.size(); ++i)
           offs.push_back(detail::encode_tag_entry(f, ids[i], values[i]));
-      auto frame_bytes = protocol::encode_tag_values(
-          f, r->request_id, static_cast<wire::Status>(e.status), e.message, offs);
+      auto frame_bytes = protocol::encode_tag_values(f, r->request_id, detail::wire_status(e.code),
+                                                     e.message, offs);
       if (frame_bytes.size() > protocol::kMaxFrameSize) {
         f.Clear();
         frame_bytes = protocol::encode_tag_values(f, r->request_id, wire::Status::Unavailable,
