@@ -1251,7 +1251,8 @@ void Server::refill(int s, const Done* done) {
   }
 }
 
-// A result, on the dispatcher thread of its shard.
+// A result: on the Host's loop thread (host.callbacks_on_loop, the default) or the dispatcher
+// thread of its shard.
 void Server::complete(const Run& run, std::size_t i, Result&& r) {
   const RunItem& it = run.items[i];
   Conn& c = *it.conn;

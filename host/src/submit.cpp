@@ -276,7 +276,9 @@ void Host::Impl::send_slots(Shard& sh, const std::vector<uint32_t>& idxs) {
 }
 
 void Host::Impl::deliver_from_loop(Shard& sh, Completion&& done, Result&& r) {
-  if (!done.runs_caller_code() && opts.fulfill_futures_on_loop)
+  // Futures (no caller code) and, when the application promised they never block, callbacks
+  // are delivered here, on the loop thread: no dispatcher hop.
+  if (done.runs_caller_code() ? opts.callbacks_on_loop : opts.fulfill_futures_on_loop)
     done.deliver(std::move(r), log);
   else
     sh.to_dispatch.push_back(Delivery{std::move(done), std::move(r)});
