@@ -14,11 +14,16 @@ namespace outrun::detail {
 
 inline wire::Status wire_status(ErrorCode c) {
   switch (c) {
-    case ErrorCode::ok: return wire::Status::Ok;
-    case ErrorCode::invalid_argument: return wire::Status::InvalidArgument;
-    case ErrorCode::compile_error: return wire::Status::CompileError;
-    case ErrorCode::unavailable: return wire::Status::Unavailable;
-    case ErrorCode::protocol_error: break;  // a client's own code: outrund never has one
+    case ErrorCode::ok:
+      return wire::Status::Ok;
+    case ErrorCode::invalid_argument:
+      return wire::Status::InvalidArgument;
+    case ErrorCode::compile_error:
+      return wire::Status::CompileError;
+    case ErrorCode::unavailable:
+      return wire::Status::Unavailable;
+    case ErrorCode::protocol_error:
+      break;  // a client's own code: outrund never has one
   }
   return wire::Status::RuntimeError;
 }
@@ -27,11 +32,15 @@ inline wire::Status wire_status(ErrorCode c) {
 // RuntimeError ("outrund sent an unknown status N"), which outrund never sends for a request.
 inline Error error_from_wire(wire::Status status, std::string message) {
   switch (status) {
-    case wire::Status::Ok: return {};
-    case wire::Status::InvalidArgument: return {ErrorCode::invalid_argument, std::move(message)};
-    case wire::Status::CompileError: return {ErrorCode::compile_error, std::move(message)};
+    case wire::Status::Ok:
+      return {};
+    case wire::Status::InvalidArgument:
+      return {ErrorCode::invalid_argument, std::move(message)};
+    case wire::Status::CompileError:
+      return {ErrorCode::compile_error, std::move(message)};
     case wire::Status::RuntimeError:
-    case wire::Status::NeedSource: return {ErrorCode::protocol_error, std::move(message)};
+    case wire::Status::NeedSource:
+      return {ErrorCode::protocol_error, std::move(message)};
     default:  // Unavailable; Busy (tags requests waiting); older daemons: Cancelled, Timeout, ...
       return {ErrorCode::unavailable, std::move(message)};
   }
