@@ -136,6 +136,16 @@ Inputs inputs_for(int64_t i) {
   return {{"a", a}, {"b", a + 1}};
 }
 
+// A setup call (register, kill_shard) that cannot fail with a valid configuration: false, and
+// the error on stderr, when it did. The caller counts it wrong (a script that did not register
+// ends its evaluations invalid_argument, which check() counts wrong too).
+bool setup_ok(const Error& e, const std::string& what) {
+  if (!e) return true;
+  std::fprintf(stderr, "outrun-perf: %s: %s: %s\n", what.c_str(),
+               std::string(to_string(e.code)).c_str(), e.message.c_str());
+  return false;
+}
+
 std::atomic<bool> g_wrong_reported{false};
 bool check(const Result& r, int64_t i) {
   if (r.status == Status::ok && r.value == Value(static_cast<double>(input_a(i)) + 0.5))
@@ -171,7 +181,9 @@ nlohmann::json threads_json(const std::vector<ThreadFig>& threads) {
 std::vector<Script> register_keys(Runner& r, int n) {
   std::vector<Script> s(static_cast<std::size_t>(n));
   for (int k = 0; k < n; ++k)
-    r.register_script("perf.avg." + std::to_string(k), kScript, &s[static_cast<std::size_t>(k)]);
+    setup_ok(r.register_script("perf.avg." + std::to_string(k), kScript,
+                               &s[static_cast<std::size_t>(k)]),
+             "register perf.avg." + std::to_string(k));  // its evaluations are counted wrong
   return s;
 }
 
@@ -714,10 +726,13 @@ bool kill_section(const Options& o, HostOptions ho, Figs& f) {
     return false;
   }
   Script stuck, ok;
-  host->register_script("perf.stuck",
-                        "local s = string.rep('a', 200000) return s:find('.-.-.-.-.-.-.-.-.-b')",
-                        &stuck);
-  host->register_script("perf.ok", kScript, &ok);
+  if (!setup_ok(
+          host->register_script(
+              "perf.stuck",
+              "local s = string.rep('a', 200000) return s:find('.-.-.-.-.-.-.-.-.-b')", &stuck),
+          "register perf.stuck") ||
+      !setup_ok(host->register_script("perf.ok", kScript, &ok), "register perf.ok"))
+    return false;
   const int64_t tg = (int64_t{o.timeout_ms} + o.grace_ms) * 1'000'000;
   LatencyHistogram after_tg, shard_kill;
   int64_t wrong = 0, checked = 0;
@@ -738,7 +753,7 @@ bool kill_section(const Options& o, HostOptions ho, Figs& f) {
     wrong += !check(host->evaluate(ok, inputs_for(i)).get(), i);
     const uint64_t starts = host->shard_stats(shard).starts;
     const int64_t t0 = mono_ns();
-    host->kill_shard(shard);
+    wrong += !setup_ok(host->kill_shard(shard), "kill_shard");
     // The next evaluation, submitted once the host has seen the death and started a new worker.
     wrong += !wait_restarted(*host, shard, starts);
     wrong += !check(host->evaluate(ok, inputs_for(i)).get(), i);
@@ -772,7 +787,9 @@ bool scripts_section(const Options& o, const HostOptions& ho, Figs& f) {
   std::vector<Script> all, on0;
   for (int i = 0; static_cast<int>(on0.size()) < o.scripts; ++i) {
     Script s;
-    host->register_script("tag." + std::to_string(i), tag_source(i), &s);
+    if (!setup_ok(host->register_script("tag." + std::to_string(i), tag_source(i), &s),
+                  "register tag." + std::to_string(i)))
+      return false;
     all.push_back(s);
     if (s.shard() == 0) on0.push_back(s);
   }
@@ -792,7 +809,7 @@ bool scripts_section(const Options& o, const HostOptions& ho, Figs& f) {
   // Warm restart of shard 0.
   uint64_t starts = host->shard_stats(0).starts;
   t0 = mono_ns();
-  host->kill_shard(0);
+  wrong += !setup_ok(host->kill_shard(0), "kill_shard");
   wrong += !wait_restarted(*host, 0, starts);
   const int64_t t_spawned = mono_ns();
   wrong += run_all(*host, on0, 2);
@@ -813,7 +830,7 @@ bool scripts_section(const Options& o, const HostOptions& ho, Figs& f) {
   std::vector<uint64_t> before;
   for (int i = 0; i < host->shards(); ++i) before.push_back(host->shard_stats(i).starts);
   t0 = mono_ns();
-  for (int i = 0; i < host->shards(); ++i) host->kill_shard(i);
+  for (int i = 0; i < host->shards(); ++i) wrong += !setup_ok(host->kill_shard(i), "kill_shard");
   for (int i = 0; i < host->shards(); ++i)
     wrong += !wait_restarted(*host, i, before[static_cast<std::size_t>(i)]);
   wrong += run_all(*host, first, 3);
@@ -825,7 +842,8 @@ bool scripts_section(const Options& o, const HostOptions& ho, Figs& f) {
     t0 = mono_ns();
     std::vector<Script> local(on0.size());
     for (std::size_t k = 0; k < on0.size(); ++k) {
-      ip.register_script(on0[k].key(), on0[k].source(), &local[k]);
+      wrong += !setup_ok(ip.register_script(on0[k].key(), on0[k].source(), &local[k]),
+                         "in-process register " + on0[k].key());
       wrong += ip.run(local[k], {{"a", 2}, {"b", 0}}).status != Status::ok;
     }
     f["scripts.inproc_cold_ms"] = ms(mono_ns() - t0);

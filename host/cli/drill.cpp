@@ -224,7 +224,7 @@ Error register_on_shard(Client& c, const std::string& key_prefix, const char* so
       return {};
     }
   }
-  return {Status::unavailable, "no key of 10000 landed on shard " + std::to_string(shard)};
+  return {ErrorCode::unavailable, "no key of 10000 landed on shard " + std::to_string(shard)};
 }
 
 class Drill {
@@ -274,7 +274,7 @@ class Drill {
     o.socket = socket;
     o.name = std::string("outrun-drill ") + info_.name;
     if (Error e = Client::connect(o, &client_)) {
-      std::cerr << to_string(e.status) << ": " << e.message << "\n";
+      std::cerr << to_string(e.code) << ": " << e.message << "\n";
       return 3;
     }
     shards_ = client_->shards();
@@ -317,7 +317,7 @@ class Drill {
       Script s;
       if (Error e = client_->register_script("drill.load." + std::to_string(i),
                                              "return inputs.x + 1", &s)) {
-        std::cerr << to_string(e.status) << ": " << e.message << "\n";
+        std::cerr << to_string(e.code) << ": " << e.message << "\n";
         return 3;
       }
       load_.push_back(s);
@@ -327,7 +327,7 @@ class Drill {
                       : a_.name == "memory" ? kMemoryBomb
                                             : "return 0";
     if (Error e = register_on_shard(*client_, "drill.fault.", src, 0, &fault_script_)) {
-      std::cerr << to_string(e.status) << ": " << e.message << "\n";
+      std::cerr << to_string(e.code) << ": " << e.message << "\n";
       return 3;
     }
     // Every load script once, so the workers hold them compiled before the clock starts.
@@ -624,7 +624,7 @@ class Drill {
       fault_json = {
           {"status", calls ? std::string(to_string(fault_ev_->status)) : "lost"},
           {"error", (*fault_error_)},
-          {"latency_ms", calls ? (fault_ev_->done_ns - fault_ev_->submit_ns) / 1e6 : -1.0}};
+          {"latency_ms", calls ? static_cast<double>(fault_ev_->done_ns - fault_ev_->submit_ns) / 1e6 : -1.0}};
     }
     std::string observed_what;
     const bool observed = fault_ok_ && fault_observed(before, after, &observed_what);

@@ -72,7 +72,7 @@ int connect_client(std::unique_ptr<Client>* out) {
   o.socket = g_socket;
   o.name = "outrun-cli";
   if (Error err = Client::connect(o, out)) {
-    std::cerr << to_string(err.status) << ": " << err.message << "\n";
+    std::cerr << to_string(err.code) << ": " << err.message << "\n";
     return 3;
   }
   return 0;
@@ -80,16 +80,16 @@ int connect_client(std::unique_ptr<Client>* out) {
 
 // A failure before there is a result: with --json one document on stdout, as for results
 // (shard -1), else "STATUS: message" on stderr.
-int eval_failed(const EvalArgs& a, Status status, const std::string& message, int code) {
+int eval_failed(const EvalArgs& a, ErrorCode error, const std::string& message, int code) {
   if (a.json) {
-    nlohmann::json j{{"status", std::string(to_string(status))},
+    nlohmann::json j{{"status", std::string(to_string(error))},
                      {"value", nullptr},
                      {"error", message},
                      {"shard", -1},
                      {"latency_us", 0}};
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
-    std::cerr << to_string(status) << ": " << message << "\n";
+    std::cerr << to_string(error) << ": " << message << "\n";
   }
   return code;
 }
@@ -97,7 +97,7 @@ int eval_failed(const EvalArgs& a, Status status, const std::string& message, in
 int run_eval(const EvalArgs& a) {
   std::string source = a.source;
   if (!a.in_process && socket_given() && a.host_options_given)
-    return eval_failed(a, Status::invalid_argument,
+    return eval_failed(a, ErrorCode::invalid_argument,
                        "--shards, --timeout, --grace and --memory-limit configure the workers "
                        "this command starts; through outrund (--socket, $OUTRUN_SOCKET) the "
                        "daemon's own settings apply (host.timeout_ms and others in its config)",
@@ -105,7 +105,8 @@ int run_eval(const EvalArgs& a) {
   if (!a.file.empty()) {
     std::ifstream f(a.file, std::ios::binary);
     if (!f)
-      return eval_failed(a, Status::invalid_argument, "cannot read '" + a.file + "'", kExitUsage);
+      return eval_failed(a, ErrorCode::invalid_argument, "cannot read '" + a.file + "'",
+                         kExitUsage);
     std::stringstream ss;
     ss << f.rdbuf();
     source = ss.str();
@@ -114,20 +115,20 @@ int run_eval(const EvalArgs& a) {
   if (!a.inputs_json.empty()) {
     nlohmann::json j = nlohmann::json::parse(a.inputs_json, nullptr, false);
     if (j.is_discarded() || !j.is_object())
-      return eval_failed(a, Status::invalid_argument, "--inputs-json must be a JSON object",
+      return eval_failed(a, ErrorCode::invalid_argument, "--inputs-json must be a JSON object",
                          kExitUsage);
     for (auto it = j.begin(); it != j.end(); ++it) {
       Input in{it.key(), {}};
       std::string err;
       if (!from_json(it.value(), &in.value, &err))
-        return eval_failed(a, Status::invalid_argument, err, kExitUsage);
+        return eval_failed(a, ErrorCode::invalid_argument, err, kExitUsage);
       inputs.push_back(std::move(in));
     }
   }
   for (const auto& kv : a.inputs) {
     const auto eq = kv.find('=');
     if (eq == std::string::npos || eq == 0)
-      return eval_failed(a, Status::invalid_argument, "-i expects NAME=VALUE, got '" + kv + "'",
+      return eval_failed(a, ErrorCode::invalid_argument, "-i expects NAME=VALUE, got '" + kv + "'",
                          kExitUsage);
     inputs.push_back(Input{kv.substr(0, eq), parse_scalar(kv.substr(eq + 1))});
   }
@@ -139,7 +140,7 @@ int run_eval(const EvalArgs& a) {
     co.socket = g_socket;
     co.name = "outrun-cli";
     if (Error err = Client::connect(co, &client))
-      return eval_failed(a, err.status, err.message, kExitNoRunner);
+      return eval_failed(a, err.code, err.message, kExitNoRunner);
     runner = std::move(client);
   } else if (a.in_process) {
     InProcessOptions o;
@@ -154,13 +155,13 @@ int run_eval(const EvalArgs& a) {
     o.memory_limit = static_cast<std::size_t>(a.memory_mb) << 20;
     std::unique_ptr<Host> host;
     if (Error err = Host::create(o, &host))
-      return eval_failed(a, err.status, err.message, kExitNoRunner);
+      return eval_failed(a, err.code, err.message, kExitNoRunner);
     runner = std::move(host);
   }
   Script script;
   if (Error err = runner->register_script(a.key, source, &script))
-    return eval_failed(a, err.status, err.message,
-                       err.status == Status::unavailable ? kExitNoRunner : kExitUsage);
+    return eval_failed(a, err.code, err.message,
+                       err.code == ErrorCode::unavailable ? kExitNoRunner : kExitUsage);
   const auto t0 = std::chrono::steady_clock::now();
   Result r = runner->evaluate(script, std::move(inputs)).get();
   const auto latency_us =
@@ -199,7 +200,7 @@ int run_admin(const std::string& what, StatsFormat fmt, int shard) {
   else if (what == "restart-shard")
     err = c->restart_shard(shard);
   if (err) {
-    std::cerr << to_string(err.status) << ": " << err.message << "\n";
+    std::cerr << to_string(err.code) << ": " << err.message << "\n";
     return 1;
   }
   if (doc.empty()) {
@@ -236,7 +237,7 @@ int run_scripts(bool as_json) {
   for (bool first = true;; first = false) {
     if (Error err = c->scripts_page_json(after, 10000, &page)) {
       if (as_json) std::cout << std::endl;
-      std::cerr << to_string(err.status) << ": " << err.message << "\n";
+      std::cerr << to_string(err.code) << ": " << err.message << "\n";
       return 1;
     }
     nlohmann::json j = nlohmann::json::parse(page, nullptr, false);
@@ -270,7 +271,7 @@ int run_unregister(const std::string& key) {
   std::unique_ptr<Client> c;
   if (int rc = connect_client(&c)) return rc;
   if (Error err = c->unregister_script(key)) {
-    std::cerr << to_string(err.status) << ": " << err.message << "\n";
+    std::cerr << to_string(err.code) << ": " << err.message << "\n";
     return 1;
   }
   std::cout << "unregistered " << key << "\n";
@@ -302,7 +303,7 @@ int run_bench(const BenchArgs& a) {
     o.shards = a.shards;
     std::unique_ptr<Host> h;
     if (Error err = Host::create(o, &h)) {
-      std::cerr << to_string(err.status) << ": " << err.message << "\n";
+      std::cerr << to_string(err.code) << ": " << err.message << "\n";
       return 3;
     }
     runner = std::move(h);
@@ -312,7 +313,7 @@ int run_bench(const BenchArgs& a) {
   for (int t = 0; t < a.clients; ++t)
     if (Error err = runner->register_script("bench." + std::to_string(t),
                                             "return inputs.a + inputs.b", &scripts[t])) {
-      std::cerr << to_string(err.status) << ": " << err.message << "\n";
+      std::cerr << to_string(err.code) << ": " << err.message << "\n";
       return 1;
     }
   const int per = std::max(1, a.count / a.clients);

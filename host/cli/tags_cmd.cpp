@@ -104,7 +104,7 @@ int run_tags(const TagsRunArgs& a) {
     o.shards = a.shards;
     o.timeout = std::chrono::milliseconds(a.timeout_ms);
     if (Error e = Host::create(o, &host)) {
-      std::cerr << "outrun: " << to_string(e.status) << ": " << e.message << "\n";
+      std::cerr << "outrun: " << to_string(e.code) << ": " << e.message << "\n";
       return 3;
     }
     runner = host.get();
@@ -174,7 +174,7 @@ int run_tags(const TagsRunArgs& a) {
     clock = wave.time;
   }
   if (Error e = engine->apply(defs)) {
-    std::cerr << "outrun: " << a.file << ": " << to_string(e.status) << ": " << e.message << "\n";
+    std::cerr << "outrun: " << a.file << ": " << to_string(e.code) << ": " << e.message << "\n";
     return 1;
   }
   for (const auto& id : engine->ids()) order.emplace(id, order.size());
@@ -225,11 +225,11 @@ struct DaemonArgs {
 };
 
 int exit_for(const Error& e) {
-  return e.status == Status::unavailable ? 3 : e.status == Status::invalid_argument ? 2 : 1;
+  return e.code == ErrorCode::unavailable ? 3 : e.code == ErrorCode::invalid_argument ? 2 : 1;
 }
 
 int fail(const Error& e, const std::string& where = {}) {
-  std::cerr << "outrun: " << where << to_string(e.status) << ": " << escape_text(e.message) << "\n";
+  std::cerr << "outrun: " << where << to_string(e.code) << ": " << escape_text(e.message) << "\n";
   return exit_for(e);
 }
 

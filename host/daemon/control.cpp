@@ -5,6 +5,7 @@
 #include <string>
 
 #include "conn.h"
+#include "error_wire.h"
 #include "outrun/protocol/client_messages.h"
 #include "outrun/protocol/frame.h"
 #include "server.h"
@@ -20,7 +21,7 @@ void Server::handle_control(const std::shared_ptr<Conn>& c, const protocol::Cont
   if (admin_command && !c->admin) {
     spdlog::warn("client {} (pid {} uid {}): {} refused: not an admin", c->id, c->pid, c->uid,
                  wire::EnumNameControlCommand(ctl.command));
-    e = Error{Status::invalid_argument,
+    e = Error{ErrorCode::invalid_argument,
               "permission denied: uid " + std::to_string(c->uid) +
                   " may evaluate but not administer outrund (daemon.admin_uids, admin_gids)"};
   } else
@@ -43,21 +44,21 @@ void Server::handle_control(const std::shared_ptr<Conn>& c, const protocol::Cont
         if (!e) spdlog::info("client {} (pid {}): restart shard {}", c->id, c->pid, ctl.shard);
         break;
       default:
-        e = Error{Status::invalid_argument, "unknown control command"};
+        e = Error{ErrorCode::invalid_argument, "unknown control command"};
     }
   // A document must fit one frame with room for the rest of the reply, or the client's
   // reader would drop the connection. A ListScripts page is cut well below (kMaxPageBytes);
   // this is the net under every document: refused instead, the connection goes on.
   if (constexpr std::size_t kMaxDocument = protocol::kMaxFrameSize - 4096;
       json.size() > kMaxDocument) {
-    e = Error{Status::unavailable, "the document is " + std::to_string(json.size()) +
-                                       " bytes, more than a reply frame holds (" +
-                                       std::to_string(kMaxDocument) + ")"};
+    e = Error{ErrorCode::unavailable, "the document is " + std::to_string(json.size()) +
+                                          " bytes, more than a reply frame holds (" +
+                                          std::to_string(kMaxDocument) + ")"};
     json.clear();
   }
   f.Clear();
-  c->writer.write(protocol::encode_control_reply(
-      f, ctl.request_id, static_cast<wire::Status>(e.status), e.message, json));
+  c->writer.write(protocol::encode_control_reply(f, ctl.request_id, detail::wire_status(e.code),
+                                                 e.message, json));
 }
 
 }  // namespace outrun::daemon

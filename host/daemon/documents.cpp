@@ -141,7 +141,7 @@ std::string Server::stats_json(bool shards_only) const {
 Error Server::scripts_json(std::string_view after, uint32_t limit, std::string* out) const {
   PageCursor at;
   if (!decode_cursor(after, &at))
-    return {Status::invalid_argument,
+    return {ErrorCode::invalid_argument,
             "ListScripts: 'after' is not a cursor of this daemon (send the \"next\" of the "
             "previous page, or nothing for the first page)"};
   if (limit == 0) limit = kDefaultPageScripts;

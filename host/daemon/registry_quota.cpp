@@ -9,15 +9,15 @@ Error RegistryQuota::admit(uint32_t uid, std::size_t bytes) const {
   const std::string holds = "uid " + std::to_string(uid) + " holds " + std::to_string(u.scripts) +
                             " scripts of " + std::to_string(u.bytes) + " bytes";
   if (u.scripts >= max_scripts_)
-    return {Status::unavailable, holds +
-                                     "; one more would pass its registry quota "
-                                     "max_registry_scripts_per_uid (" +
-                                     std::to_string(max_scripts_) + " scripts)"};
+    return {ErrorCode::unavailable, holds +
+                                        "; one more would pass its registry quota "
+                                        "max_registry_scripts_per_uid (" +
+                                        std::to_string(max_scripts_) + " scripts)"};
   if (bytes > max_bytes_ || u.bytes > max_bytes_ - bytes)
-    return {Status::unavailable, holds + "; this one (" + std::to_string(bytes) +
-                                     " bytes) would pass its registry quota "
-                                     "max_registry_bytes_per_uid (" +
-                                     std::to_string(max_bytes_) + " bytes)"};
+    return {ErrorCode::unavailable, holds + "; this one (" + std::to_string(bytes) +
+                                        " bytes) would pass its registry quota "
+                                        "max_registry_bytes_per_uid (" +
+                                        std::to_string(max_bytes_) + " bytes)"};
   return {};
 }
 

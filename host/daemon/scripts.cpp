@@ -6,6 +6,7 @@
 #include <string>
 
 #include "conn.h"
+#include "error_wire.h"
 #include "outrun/protocol/client_messages.h"
 #include "server.h"
 
@@ -24,7 +25,7 @@ void Server::handle_register(const std::shared_ptr<Conn>& c, const protocol::Reg
     return q;
   };
   if (!r.key || !r.source)
-    e = Error{Status::invalid_argument, "register needs a key and a source"};
+    e = Error{ErrorCode::invalid_argument, "register needs a key and a source"};
   else
     e = host_->register_script(*r.key, *r.source, &script, admit);
   uint32_t handle = 0;
@@ -54,7 +55,7 @@ void Server::handle_register(const std::shared_ptr<Conn>& c, const protocol::Reg
     sha = script.sha256();
     shard = static_cast<int>(script.shard());
   }
-  c->writer.write(protocol::encode_registered(f, r.request_id, static_cast<wire::Status>(e.status),
+  c->writer.write(protocol::encode_registered(f, r.request_id, detail::wire_status(e.code),
                                               e.message, handle, sha, shard));
 }
 
@@ -62,7 +63,7 @@ void Server::handle_unregister(const std::shared_ptr<Conn>& c, const protocol::U
   flatbuffers::FlatBufferBuilder& f = t_fbb;
   Error e;
   if (!u.key) {
-    e = Error{Status::invalid_argument, "unregister needs a key"};
+    e = Error{ErrorCode::invalid_argument, "unregister needs a key"};
   } else {
     e = host_->unregister_script(*u.key);
     if (!e) {
@@ -77,8 +78,8 @@ void Server::handle_unregister(const std::shared_ptr<Conn>& c, const protocol::U
     }
   }
   f.Clear();
-  c->writer.write(protocol::encode_unregistered(f, u.request_id,
-                                                static_cast<wire::Status>(e.status), e.message));
+  c->writer.write(
+      protocol::encode_unregistered(f, u.request_id, detail::wire_status(e.code), e.message));
 }
 
 void Server::drop_entry(ScriptEntry& e) {

@@ -251,7 +251,7 @@ int Server::run() {
       std::string why;
       Error e;
       if (!tags::file::load_tags_file(cfg_.tags_file, &defs, &why))
-        e = Error{Status::invalid_argument, why};
+        e = Error{ErrorCode::invalid_argument, why};
       else
         e = tags_->apply(defs, /*replace_all=*/true);
       if (e) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "conn.h"
+#include "error_wire.h"
 #include "outrun/protocol/client_messages.h"
 #include "outrun/protocol/frame.h"
 #include "server.h"
@@ -22,8 +23,7 @@ namespace {
 void write_tags_reply(protocol::FrameWriter& w, uint64_t request_id, const Error& e,
                       const std::string& json) {
   flatbuffers::FlatBufferBuilder f(256 + json.size());
-  w.write(protocol::encode_tags_reply(f, request_id, static_cast<wire::Status>(e.status), e.message,
-                                      json));
+  w.write(protocol::encode_tags_reply(f, request_id, detail::wire_status(e.code), e.message, json));
 }
 
 std::string dump_json(const nlohmann::ordered_json& j) {
@@ -35,7 +35,7 @@ constexpr std::size_t kMaxSubscribedIds = 1u << 20;
 void refuse_admin(Conn& c, uint64_t rid, const char* what) REQUIRES(loop_thread) {
   spdlog::warn("client {} (pid {} uid {}): {} refused: not an admin", c.id, c.pid, c.uid, what);
   write_tags_reply(c.writer, rid,
-                   Error{Status::invalid_argument,
+                   Error{ErrorCode::invalid_argument,
                          "permission denied: uid " + std::to_string(c.uid) +
                              " may use tags but not define or remove them (daemon.admin_uids, "
                              "admin_gids)"},
@@ -43,8 +43,10 @@ void refuse_admin(Conn& c, uint64_t rid, const char* what) REQUIRES(loop_thread)
 }
 
 void busy(Conn& c, uint64_t rid) {
-  write_tags_reply(c.writer, rid,
-                   Error{Status::busy, "too many tag definitions waiting; try again"}, {});
+  // Busy, as outrund has always answered it (an outrun::Client reads it as unavailable).
+  flatbuffers::FlatBufferBuilder f(256);
+  c.writer.write(protocol::encode_tags_reply(f, rid, wire::Status::Busy,
+                                             "too many tag definitions waiting; try again", {}));
 }
 
 }  // namespace
@@ -86,7 +88,8 @@ void Server::handle_define_tags(const std::shared_ptr<Conn>& c, const protocol::
     return;
   }
   if (!d.toml) {
-    write_tags_reply(c->writer, rid, Error{Status::invalid_argument, "DefineTags needs toml"}, {});
+    write_tags_reply(c->writer, rid, Error{ErrorCode::invalid_argument, "DefineTags needs toml"},
+                     {});
     return;
   }
   spdlog::info("client {} (pid {}): define tags ({} bytes{})", c->id, c->pid, d.toml->size(),
@@ -95,7 +98,7 @@ void Server::handle_define_tags(const std::shared_ptr<Conn>& c, const protocol::
     std::vector<tags::TagDefinition> defs;
     std::string why;
     if (!tags::file::parse_tags(text, "", &defs, &why)) {
-      write_tags_reply(c->writer, rid, Error{Status::invalid_argument, why}, {});
+      write_tags_reply(c->writer, rid, Error{ErrorCode::invalid_argument, why}, {});
       return;
     }
     std::unordered_set<std::string> defined;
@@ -125,7 +128,7 @@ void Server::handle_remove_tags(const std::shared_ptr<Conn>& c, const protocol::
   }
   std::vector<std::string> ids;
   if (!detail::decode_tag_ids(r.ids, &ids, &why)) {
-    write_tags_reply(c->writer, rid, Error{Status::invalid_argument, why}, {});
+    write_tags_reply(c->writer, rid, Error{ErrorCode::invalid_argument, why}, {});
     return;
   }
   auto job = [this, c, rid, ids = std::move(ids)] {
@@ -136,7 +139,8 @@ void Server::handle_remove_tags(const std::shared_ptr<Conn>& c, const protocol::
     for (const auto& id : ids)
       if (!known.count(id)) {
         write_tags_reply(c->writer, rid,
-                         Error{Status::invalid_argument, "unknown virtual tag '" + id + "'"}, {});
+                         Error{ErrorCode::invalid_argument, "unknown virtual tag '" + id + "'"},
+                         {});
         return;
       }
     for (const auto& id : all) {
@@ -147,7 +151,8 @@ void Server::handle_remove_tags(const std::shared_ptr<Conn>& c, const protocol::
         if (gone.count(in.tag)) {
           write_tags_reply(
               c->writer, rid,
-              Error{Status::invalid_argument, "'" + in.tag + "' is an input of '" + id + "'"}, {});
+              Error{ErrorCode::invalid_argument, "'" + in.tag + "' is an input of '" + id + "'"},
+              {});
           return;
         }
     }
@@ -171,8 +176,8 @@ void Server::handle_list_tags(const std::shared_ptr<Conn>& c, const protocol::Li
   Error e;
   if (constexpr std::size_t kMaxDocument = protocol::kMaxFrameSize - 4096;
       json.size() > kMaxDocument) {
-    e = Error{Status::unavailable, "the tags document is " + std::to_string(json.size()) +
-                                       " bytes, more than a reply frame holds"};
+    e = Error{ErrorCode::unavailable, "the tags document is " + std::to_string(json.size()) +
+                                          " bytes, more than a reply frame holds"};
     json.clear();
   }
   write_tags_reply(c->writer, rid, e, json);
@@ -186,16 +191,16 @@ void Server::handle_source_updates(const std::shared_ptr<Conn>& c,
   std::vector<tags::SourceUpdate> updates;
   if (const auto* items = u.updates) {
     if (items->size() > detail::kMaxUpdatesPerFrame) {
-      e = Error{Status::invalid_argument, "more than " +
-                                              std::to_string(detail::kMaxUpdatesPerFrame) +
-                                              " updates in one SourceUpdates"};
+      e = Error{ErrorCode::invalid_argument, "more than " +
+                                                 std::to_string(detail::kMaxUpdatesPerFrame) +
+                                                 " updates in one SourceUpdates"};
     } else {
       updates.reserve(items->size());
       std::size_t budget = protocol::kMaxFrameSize;
       for (const wire::TagValue* tv : *items) {
         tags::Change ch;
         if (!detail::decode_tag_entry(tv, &ch, &budget, &why)) {
-          e = Error{Status::invalid_argument, why};
+          e = Error{ErrorCode::invalid_argument, why};
           break;
         }
         updates.push_back(tags::SourceUpdate{std::move(ch.tag), std::move(ch.value)});
@@ -213,7 +218,7 @@ void Server::handle_subscribe(const std::shared_ptr<Conn>& c, const protocol::Su
   std::vector<std::string> ids;
   Error e;
   if (!detail::decode_tag_ids(sb.ids, &ids, &why)) {
-    e = Error{Status::invalid_argument, why};
+    e = Error{ErrorCode::invalid_argument, why};
   } else {
     MutexLock lock(sub_mu_);
     if (sb.cancel) {
@@ -229,8 +234,8 @@ void Server::handle_subscribe(const std::shared_ptr<Conn>& c, const protocol::Su
         c->sub_overflow = false;
       }
     } else if (c->sub_ids.size() + ids.size() > kMaxSubscribedIds) {
-      e = Error{Status::invalid_argument, "more than " + std::to_string(kMaxSubscribedIds) +
-                                              " subscribed ids on one connection"};
+      e = Error{ErrorCode::invalid_argument, "more than " + std::to_string(kMaxSubscribedIds) +
+                                                 " subscribed ids on one connection"};
     } else {
       if (ids.empty())
         c->sub_all = true;
@@ -248,7 +253,7 @@ void Server::handle_read_tags(const std::shared_ptr<Conn>& c, const protocol::Re
   Error e;
   std::vector<tags::DataValue> values;
   if (!detail::decode_tag_ids(r.ids, &ids, &why)) {
-    e = Error{Status::invalid_argument, why};
+    e = Error{ErrorCode::invalid_argument, why};
   } else {
     values.resize(ids.size());
     for (std::size_t i = 0; i < ids.size() && !e; ++i) e = tags_->read(ids[i], &values[i]);
@@ -259,8 +264,8 @@ void Server::handle_read_tags(const std::shared_ptr<Conn>& c, const protocol::Re
   if (!e)
     for (std::size_t i = 0; i < ids.size(); ++i)
       offs.push_back(detail::encode_tag_entry(f, ids[i], values[i]));
-  auto frame_bytes = protocol::encode_tag_values(
-      f, r.request_id, static_cast<wire::Status>(e.status), e.message, offs);
+  auto frame_bytes =
+      protocol::encode_tag_values(f, r.request_id, detail::wire_status(e.code), e.message, offs);
   if (frame_bytes.size() > protocol::kMaxFrameSize) {
     f.Clear();
     frame_bytes = protocol::encode_tag_values(f, r.request_id, wire::Status::Unavailable,

@@ -48,7 +48,7 @@ void Server::reload_tags() {
   }
   if (Error e = tags_->apply(defs, /*replace_all=*/true)) {
     spdlog::error("SIGHUP: tags file {}: {}: {}; the running tags are kept", cfg_.tags_file,
-                  to_string(e.status), e.message);
+                  to_string(e.code), e.message);
     return;
   }
   spdlog::info("SIGHUP: defined {} tags from {}", defs.size(), cfg_.tags_file);

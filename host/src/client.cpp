@@ -18,6 +18,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "error_wire.h"
 #include "outrun/protocol/client_messages.h"
 #include "outrun/protocol/frame.h"
 #include "outrun/thread_annotations.h"
@@ -37,18 +38,16 @@ std::string default_client_socket() {
 
 namespace {
 struct Reply {
-  Status status = Status::ok;
-  std::string error;
+  Error error;  // from the reply's wire status by detail::error_from_wire
   std::string json;
   uint32_t handle = 0;
   int shard = -1;
   std::array<uint8_t, 32> sha{};
   std::vector<tags::Change> values;
 };
-Reply failed(Status st, std::string why) {
+Reply failed(ErrorCode code, std::string why) {
   Reply r;
-  r.status = st;
-  r.error = std::move(why);
+  r.error = Error{code, std::move(why)};
   return r;
 }
 }  // namespace
@@ -135,7 +134,7 @@ struct Client::Impl {
       dead_reason = why;
       e.swap(evals);
       for (auto& [id, r] : replies)
-        if (!r) r = failed(Status::unavailable, why);
+        if (!r) r = failed(ErrorCode::unavailable, why);
     }
     cv.notify_all();
     for (auto& [id, cb] : e) cb(Result{st, {}, why, -1});
@@ -189,8 +188,7 @@ struct Client::Impl {
       }
     } else if (auto* reg = std::get_if<protocol::RegisteredMsg>(&m)) {
       Reply rep;
-      rep.status = static_cast<Status>(reg->status);
-      rep.error = std::move(reg->error);
+      rep.error = detail::error_from_wire(reg->status, std::move(reg->error));
       rep.handle = reg->handle;
       rep.shard = reg->shard;
       if (reg->sha256) rep.sha = *reg->sha256;
@@ -198,20 +196,18 @@ struct Client::Impl {
     } else if (auto* reply = std::get_if<protocol::ReplyMsg>(&m)) {
       // Unregistered, ControlReply, TagsReply.
       Reply rep;
-      rep.status = static_cast<Status>(reply->status);
-      rep.error = std::move(reply->error);
+      rep.error = detail::error_from_wire(reply->status, std::move(reply->error));
       rep.json = std::string(reply->json);
       complete(reply->request_id, std::move(rep));
     } else if (auto* tv = std::get_if<protocol::TagValuesMsg>(&m)) {
       Reply rep;
-      rep.status = static_cast<Status>(tv->status);
-      rep.error = std::move(tv->error);
+      rep.error = detail::error_from_wire(tv->status, std::move(tv->error));
       if (tv->values) {
         std::size_t budget = std::size_t{4} * protocol::kMaxFrameSize;
         for (const wire::TagValue* v : *tv->values) {
           tags::Change ch;
           if (!detail::decode_tag_entry(v, &ch, &budget, &why)) {
-            rep = failed(Status::runtime_error, "outrund sent an invalid tag value: " + why);
+            rep = failed(ErrorCode::protocol_error, "outrund sent an invalid tag value: " + why);
             break;
           }
           rep.values.push_back(std::move(ch));
@@ -255,7 +251,7 @@ struct Client::Impl {
     uint64_t id;
     {
       MutexLock lock(mu);
-      if (dead) return failed(Status::unavailable, dead_reason);
+      if (dead) return failed(ErrorCode::unavailable, dead_reason);
       id = next_request++;
       replies.emplace(id, std::nullopt);
     }
@@ -263,13 +259,13 @@ struct Client::Impl {
     if (!send(build(f, id))) {
       MutexLock lock(mu);
       replies.erase(id);
-      return failed(Status::unavailable, "cannot write to outrund");
+      return failed(ErrorCode::unavailable, "cannot write to outrund");
     }
     MutexLock lock(mu);
     const bool got =
         cv.wait_for(mu, reply_timeout, [&]() REQUIRES(mu) { return replies[id].has_value(); });
     Reply r = got ? std::move(*replies[id])
-                  : failed(Status::unavailable, "outrund did not answer in time");
+                  : failed(ErrorCode::unavailable, "outrund did not answer in time");
     replies.erase(id);
     return r;
   }
@@ -294,16 +290,16 @@ Error Client::connect(const ClientOptions& options, std::unique_ptr<Client>* out
   const std::string path = options.socket.empty() ? default_client_socket() : options.socket;
   sockaddr_un a{};
   if (path.size() >= sizeof a.sun_path)
-    return Error{Status::invalid_argument, "socket path too long: " + path};
+    return Error{ErrorCode::invalid_argument, "socket path too long: " + path};
   a.sun_family = AF_UNIX;
   std::memcpy(a.sun_path, path.data(), path.size());
   auto impl = std::make_unique<Impl>();
   impl->reply_timeout = options.reply_timeout;
   impl->fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (impl->fd < 0)
-    return Error{Status::unavailable, std::string("socket: ") + std::strerror(errno)};
+    return Error{ErrorCode::unavailable, std::string("socket: ") + std::strerror(errno)};
   if (::connect(impl->fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
-    return Error{Status::unavailable,
+    return Error{ErrorCode::unavailable,
                  "cannot connect to outrund at " + path + ": " + std::strerror(errno)};
   // The socket is the owner's: whoever listens there must run as our uid or as root, else it
   // may be a squatter waiting for our scripts and inputs. Checked before anything is sent.
@@ -311,13 +307,13 @@ Error Client::connect(const ClientOptions& options, std::unique_ptr<Client>* out
     ucred cred{};
     socklen_t len = sizeof cred;
     if (::getsockopt(impl->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
-      return Error{Status::unavailable,
+      return Error{ErrorCode::unavailable,
                    "cannot check who listens at " + path + ": " + std::strerror(errno)};
     const auto& want = options.server_uids;
     const bool trusted = want.empty() ? cred.uid == ::geteuid() || cred.uid == 0
                                       : std::find(want.begin(), want.end(), cred.uid) != want.end();
     if (!trusted)
-      return Error{Status::unavailable,
+      return Error{ErrorCode::unavailable,
                    "refusing the server at " + path + ": it runs as uid " +
                        std::to_string(cred.uid) + " (pid " + std::to_string(cred.pid) + "), " +
                        (want.empty() ? "neither ours (" + std::to_string(::geteuid()) + ") nor root"
@@ -339,30 +335,31 @@ Error Client::connect(const ClientOptions& options, std::unique_ptr<Client>* out
   while (!got) {
     const long n = reader.read_from(impl->fd);
     if (n <= 0) {
-      return Error{Status::unavailable, n == 0 ? "outrund at " + path + " closed the connection"
-                                               : "no hello from outrund at " + path + ": " +
-                                                     std::strerror(static_cast<int>(-n))};
+      return Error{ErrorCode::unavailable, n == 0 ? "outrund at " + path + " closed the connection"
+                                                  : "no hello from outrund at " + path + ": " +
+                                                        std::strerror(static_cast<int>(-n))};
     }
     if (reader.next(fv))
       got = true;
     else if (reader.error() != protocol::FrameError::kNone)
-      return Error{Status::unavailable, "outrund sent a bad frame"};
+      return Error{ErrorCode::unavailable, "outrund sent a bad frame"};
   }
   protocol::DaemonMessage m;
   std::string why;
   const auto* sh = protocol::decode_daemon_frame(fv.frame, &m, &why)
                        ? std::get_if<protocol::ServerHelloMsg>(&m)
                        : nullptr;
-  if (!sh) return Error{Status::unavailable, "outrund did not answer with its hello"};
+  if (!sh) return Error{ErrorCode::unavailable, "outrund did not answer with its hello"};
   if (sh->error)
-    return Error{Status::unavailable, "outrund refused the connection: " + std::string(*sh->error)};
-  if (!sent) return Error{Status::unavailable, "outrund at " + path + " closed the connection"};
+    return Error{ErrorCode::unavailable,
+                 "outrund refused the connection: " + std::string(*sh->error)};
+  if (!sent) return Error{ErrorCode::unavailable, "outrund at " + path + " closed the connection"};
   if (sh->protocol_version != protocol::kProtocolVersion)
-    return Error{Status::unavailable,
+    return Error{ErrorCode::unavailable,
                  "outrund speaks protocol " + std::to_string(sh->protocol_version)};
   impl->shards = sh->shards;
   if (reader.buffered() != 0)
-    return Error{Status::unavailable, "outrund sent frames before its hello was answered"};
+    return Error{ErrorCode::unavailable, "outrund sent frames before its hello was answered"};
   tv = timeval{};
   ::setsockopt(impl->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   Impl* raw = impl.get();
@@ -381,14 +378,14 @@ bool Client::connected() const {
 Error Client::register_script(std::string_view key, std::string_view source, Script* out) {
   *out = Script();
   if (key.empty() || key.size() > kMaxKeySize)
-    return Error{Status::invalid_argument,
+    return Error{ErrorCode::invalid_argument,
                  "script key must be 1.." + std::to_string(kMaxKeySize) + " bytes"};
   if (source.size() > kMaxSourceSize)
-    return Error{Status::invalid_argument, "script source larger than 1 MiB"};
+    return Error{ErrorCode::invalid_argument, "script source larger than 1 MiB"};
   Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
     return protocol::encode_register(f, id, key, source);
   });
-  if (r.status != Status::ok) return Error{r.status, r.error};
+  if (r.error) return std::move(r.error);
   Script dropped;  // released after the lock
   MutexLock lock(impl_->smu);
   auto it = impl_->by_handle.find(r.handle);
@@ -423,12 +420,12 @@ Error Client::register_script(std::string_view key, std::string_view source, Scr
 
 Error Client::unregister_script(std::string_view key) {
   if (key.empty() || key.size() > kMaxKeySize)
-    return Error{Status::invalid_argument,
+    return Error{ErrorCode::invalid_argument,
                  "script key must be 1.." + std::to_string(kMaxKeySize) + " bytes"};
   Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
     return protocol::encode_unregister(f, id, key);
   });
-  if (r.status != Status::ok) return Error{r.status, r.error};
+  if (r.error) return std::move(r.error);
   Script dropped;  // released after the lock
   MutexLock lock(impl_->smu);
   if (auto k = impl_->by_key.find(std::string(key)); k != impl_->by_key.end()) {
@@ -537,7 +534,7 @@ std::future<Result> Client::evaluate(const Script& script, Inputs inputs) {
 
 namespace {
 Error to_error(const Reply& r) {
-  return r.status == Status::ok ? Error{} : Error{r.status, r.error};
+  return r.error;
 }
 }  // namespace
 
@@ -564,7 +561,7 @@ Error Client::scripts_json(std::string* out) {
     if (Error e = scripts_page_json(after, 10000, &page)) return e;
     const auto doc = nlohmann::json::parse(page, nullptr, false);
     if (doc.is_discarded() || !doc.is_object())
-      return {Status::runtime_error, "outrund sent a ListScripts page that is not JSON"};
+      return {ErrorCode::protocol_error, "outrund sent a ListScripts page that is not JSON"};
     if (auto s = doc.find("scripts"); s != doc.end() && s->is_array()) {
       for (const auto& item : *s) {
         if (!first) *out += ',';
@@ -575,7 +572,7 @@ Error Client::scripts_json(std::string* out) {
     auto next = doc.find("next");  // absent: a daemon from before paging (one page)
     if (next == doc.end() || !next->is_string()) break;
     if (next->get<std::string>() == after)
-      return {Status::runtime_error, "outrund sent the same ListScripts cursor twice"};
+      return {ErrorCode::protocol_error, "outrund sent the same ListScripts cursor twice"};
     after = next->get<std::string>();
   }
   *out += "]}";
@@ -591,11 +588,11 @@ Error Client::restart_shard(int shard) {
 namespace {
 Error check_ids(const std::vector<std::string>& ids) {
   if (ids.size() > detail::kMaxTagIdsPerFrame)
-    return Error{Status::invalid_argument,
+    return Error{ErrorCode::invalid_argument,
                  "more than " + std::to_string(detail::kMaxTagIdsPerFrame) + " ids in one call"};
   for (const auto& id : ids)
     if (id.empty() || id.size() > tags::kMaxTagIdSize)
-      return Error{Status::invalid_argument,
+      return Error{ErrorCode::invalid_argument,
                    "a tag id must be 1.." + std::to_string(tags::kMaxTagIdSize) + " bytes"};
   return {};
 }
@@ -604,7 +601,7 @@ constexpr std::size_t kMaxRequestFrame = protocol::kMaxFrameSize - 64;
 
 Error Client::define_tags(std::string_view toml, bool replace_all, std::string* json) {
   if (toml.size() > kMaxRequestFrame - 1024)
-    return Error{Status::invalid_argument, "the tags text is larger than a frame holds"};
+    return Error{ErrorCode::invalid_argument, "the tags text is larger than a frame holds"};
   Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
     return protocol::encode_define_tags(f, id, toml, replace_all);
   });
@@ -631,7 +628,7 @@ Error Client::list_tags_json(std::string* out) {
 Error Client::update_sources(const std::vector<tags::SourceUpdate>& updates, DateTime time) {
   if (updates.size() > detail::kMaxUpdatesPerFrame)
     return Error{
-        Status::invalid_argument,
+        ErrorCode::invalid_argument,
         "more than " + std::to_string(detail::kMaxUpdatesPerFrame) + " updates in one wave"};
   bool too_big = false;
   Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
@@ -646,7 +643,8 @@ Error Client::update_sources(const std::vector<tags::SourceUpdate>& updates, Dat
     }
     return frame;
   });
-  if (too_big) return Error{Status::invalid_argument, "the updates are larger than a frame holds"};
+  if (too_big)
+    return Error{ErrorCode::invalid_argument, "the updates are larger than a frame holds"};
   return to_error(r);
 }
 
@@ -656,7 +654,7 @@ Error Client::read_tags(const std::vector<std::string>& ids, std::vector<tags::C
   Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
     return protocol::encode_read_tags(f, id, ids);
   });
-  if (r.status == Status::ok) *out = std::move(r.values);
+  if (!r.error) *out = std::move(r.values);
   return to_error(r);
 }
 

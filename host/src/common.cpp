@@ -85,6 +85,22 @@ std::string_view to_string(Status s) {
   return i < std::size(kStatusNames) ? kStatusNames[i] : "unknown";
 }
 
+std::string_view to_string(ErrorCode c) {
+  switch (c) {
+    case ErrorCode::ok:
+      return "ok";
+    case ErrorCode::invalid_argument:
+      return "invalid_argument";
+    case ErrorCode::compile_error:
+      return "compile_error";
+    case ErrorCode::unavailable:
+      return "unavailable";
+    case ErrorCode::protocol_error:
+      return "protocol_error";
+  }
+  return "unknown";
+}
+
 bool parse_status(std::string_view name, Status* out) {
   for (std::size_t i = 0; i < std::size(kStatusNames); ++i) {
     if (kStatusNames[i] == name) {

@@ -52,7 +52,7 @@ std::string find_worker(const std::string& configured) {
 Error Host::Impl::start() {
   worker_path = find_worker(opts.worker_path);
   if (access(worker_path.c_str(), X_OK) != 0)
-    return {Status::invalid_argument,
+    return {ErrorCode::invalid_argument,
             "worker executable '" + worker_path + "' is not executable: " + strerror(errno)};
   if (opts.worker_large_pages) {
     // mimalloc reads its options once, when the worker process loads it: only the environment
@@ -114,8 +114,8 @@ Error Host::Impl::start() {
   const bool ready = start_cv.wait_until(
       start_mu, std::chrono::steady_clock::now() + opts.start_timeout,
       [&]() REQUIRES(start_mu) { return hellos >= opts.shards || !start_error.empty(); });
-  if (!start_error.empty()) return {Status::unavailable, start_error};
-  if (!ready) return {Status::unavailable, "workers did not say hello within the start timeout"};
+  if (!start_error.empty()) return {ErrorCode::unavailable, start_error};
+  if (!ready) return {ErrorCode::unavailable, "workers did not say hello within the start timeout"};
   return {};
 }
 
@@ -150,32 +150,33 @@ uint64_t resident_bytes(int pid) {
 
 Error validate(const HostOptions& options) {
   if (options.shards < 1 || options.shards > 64)
-    return {Status::invalid_argument, "shards must be 1..64"};
-  if (options.timeout.count() <= 0) return {Status::invalid_argument, "timeout must be positive"};
-  if (options.grace.count() < 0) return {Status::invalid_argument, "grace must not be negative"};
+    return {ErrorCode::invalid_argument, "shards must be 1..64"};
+  if (options.timeout.count() <= 0)
+    return {ErrorCode::invalid_argument, "timeout must be positive"};
+  if (options.grace.count() < 0) return {ErrorCode::invalid_argument, "grace must not be negative"};
   if (options.memory_limit < (256u << 10))
-    return {Status::invalid_argument,
+    return {ErrorCode::invalid_argument,
             "memory_limit must be at least 256 KiB (the sandbox's libraries need it)"};
   if (options.worker_script_budget < (1u << 20))
-    return {Status::invalid_argument,
+    return {ErrorCode::invalid_argument,
             "worker_script_budget must be at least 1 MiB (a bare script state costs ~29 KB)"};
   if (options.heartbeat_interval.count() <= 0 ||
       options.silence_limit <= options.heartbeat_interval)
-    return {Status::invalid_argument,
+    return {ErrorCode::invalid_argument,
             "heartbeat_interval must be positive and below silence_limit"};
   if (options.retries < 0 || options.retries > 10)
-    return {Status::invalid_argument, "retries must be 0..10"};
+    return {ErrorCode::invalid_argument, "retries must be 0..10"};
   if (options.crash_loop_limit < 1)
-    return {Status::invalid_argument, "crash_loop_limit must be at least 1"};
+    return {ErrorCode::invalid_argument, "crash_loop_limit must be at least 1"};
   if (options.quarantine_after < 1 || options.quarantine_after > 1000)
-    return {Status::invalid_argument, "quarantine_after must be 1..1000"};
+    return {ErrorCode::invalid_argument, "quarantine_after must be 1..1000"};
   if (options.quarantine_cooldown.count() <= 0)
-    return {Status::invalid_argument, "quarantine_cooldown must be positive"};
+    return {ErrorCode::invalid_argument, "quarantine_cooldown must be positive"};
   if (options.worker_address_space_limit != 0 && options.worker_address_space_limit < (64u << 20))
-    return {Status::invalid_argument,
+    return {ErrorCode::invalid_argument,
             "worker_address_space_limit must be 0 (none) or at least 64 MiB"};
   if (options.max_script_bytes == 0)
-    return {Status::invalid_argument, "max_script_bytes must be positive"};
+    return {ErrorCode::invalid_argument, "max_script_bytes must be positive"};
   return {};
 }
 
@@ -297,8 +298,8 @@ void Host::Impl::wake() {
 namespace {
 Error post_command(Host::Impl& impl, int shards, Host::Impl::CommandKind kind, int shard) {
   if (shard < 0 || shard >= shards)
-    return {Status::invalid_argument, "no shard " + std::to_string(shard)};
-  if (impl.stopping.load()) return {Status::cancelled, "the host is shutting down"};
+    return {ErrorCode::invalid_argument, "no shard " + std::to_string(shard)};
+  if (impl.stopping.load()) return {ErrorCode::unavailable, "the host is shutting down"};
   {
     MutexLock lock(impl.commands_mu);
     impl.commands.emplace_back(kind, shard);

@@ -69,10 +69,10 @@ void ScriptRegistry::freed(ScriptRecord* r) {
 Error ScriptRegistry::add(std::string_view key, std::string_view source, Script* out,
                           const std::function<void(ScriptRecord&)>& on_new, const AdmitFn& admit) {
   if (key.empty() || key.size() > kMaxKeySize)
-    return {Status::invalid_argument,
+    return {ErrorCode::invalid_argument,
             "script key must be 1.." + std::to_string(kMaxKeySize) + " bytes"};
   if (source.size() > kMaxSourceSize)
-    return {Status::invalid_argument,
+    return {ErrorCode::invalid_argument,
             "script source is larger than " + std::to_string(kMaxSourceSize) + " bytes"};
   std::array<uint8_t, 32> digest;
   sha256(source, &digest);  // once per registration, outside the lock
@@ -84,13 +84,13 @@ Error ScriptRegistry::add(std::string_view key, std::string_view source, Script*
       result = it->second;
     } else {
       if (free_ids_.empty() && next_id_ >= (1u << 22))
-        return {Status::invalid_argument, "too many scripts registered"};
+        return {ErrorCode::invalid_argument, "too many scripts registered"};
       const std::size_t bytes = script_record_bytes(key, source);
       if (bytes > max_bytes_ - bytes_)
-        return {Status::unavailable, "the host holds " + std::to_string(records_) + " scripts of " +
-                                         std::to_string(bytes_) +
-                                         " bytes; this one would pass max_script_bytes (" +
-                                         std::to_string(max_bytes_) + ")"};
+        return {ErrorCode::unavailable, "the host holds " + std::to_string(records_) +
+                                            " scripts of " + std::to_string(bytes_) +
+                                            " bytes; this one would pass max_script_bytes (" +
+                                            std::to_string(max_bytes_) + ")"};
       if (admit)
         if (Error e = admit(bytes)) return e;
       auto* r = new ScriptRecord();
@@ -140,7 +140,8 @@ Error ScriptRegistry::remove(std::string_view key) {
     MutexLock lock(shared_->mu);
     auto it = by_key_.find(std::string(key));
     if (it == by_key_.end())
-      return {Status::invalid_argument, "no script is registered under '" + std::string(key) + "'"};
+      return {ErrorCode::invalid_argument,
+              "no script is registered under '" + std::string(key) + "'"};
     const_cast<ScriptRecord*>(it->second.record())->unregistered.store(true);
     gone = std::move(it->second);
     by_key_.erase(it);

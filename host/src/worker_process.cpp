@@ -98,7 +98,7 @@ Error WorkerProcess::spawn(uv_loop_t* loop, Shard* shard, WorkerEvents* events, 
     w->page_region_ =
         std::make_shared<bip::mapped_region>(shm, bip::read_write, 0, protocol::kStatusPageSize);
   } catch (const std::exception& e) {
-    return {Status::unavailable, std::string("cannot create a status page: ") + e.what()};
+    return {ErrorCode::unavailable, std::string("cannot create a status page: ") + e.what()};
   }
   w->page_ = new (w->page_region_->get_address()) protocol::StatusPage();
   w->page_->version.store(protocol::kStatusPageVersion);
@@ -107,7 +107,7 @@ Error WorkerProcess::spawn(uv_loop_t* loop, Shard* shard, WorkerEvents* events, 
   // Frames to the worker go through one socketpair, results back through another.
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, to_worker) != 0 ||
       socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, from_worker) != 0)
-    return {Status::unavailable, std::string("socketpair failed: ") + strerror(errno)};
+    return {ErrorCode::unavailable, std::string("socketpair failed: ") + strerror(errno)};
   fcntl(to_worker[0], F_SETFL, fcntl(to_worker[0], F_GETFL) | O_NONBLOCK);
   fcntl(from_worker[0], F_SETFL, fcntl(from_worker[0], F_GETFL) | O_NONBLOCK);
 
@@ -153,7 +153,7 @@ Error WorkerProcess::spawn(uv_loop_t* loop, Shard* shard, WorkerEvents* events, 
     w->exit_ = ExitStatus{};
     w->close_handle(reinterpret_cast<uv_handle_t*>(&w->process_));
     w->close_handle(reinterpret_cast<uv_handle_t*>(&w->err_pipe_));
-    return {Status::unavailable, "cannot start worker '" + spec.path + "': " + uv_strerror(rc)};
+    return {ErrorCode::unavailable, "cannot start worker '" + spec.path + "': " + uv_strerror(rc)};
   }
   cleanup.dismiss();
   w->pid_ = w->process_.pid;

@@ -909,10 +909,10 @@ namespace {
 
 Error validate(const TagDefinition& d) {
   auto bad = [&](std::string why) {
-    return Error{Status::invalid_argument, "tag '" + d.id + "': " + why};
+    return Error{ErrorCode::invalid_argument, "tag '" + d.id + "': " + why};
   };
   if (d.id.empty() || d.id.size() > kMaxTagIdSize)
-    return {Status::invalid_argument,
+    return {ErrorCode::invalid_argument,
             "a tag id must be 1.." + std::to_string(kMaxTagIdSize) + " bytes"};
   for (unsigned char ch : d.id)
     if (ch < 0x20 || ch == 0x7f) return bad("the id contains a control character");
@@ -982,9 +982,9 @@ Engine::Engine(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Error Engine::create(Runner& runner, TagsOptions options, std::unique_ptr<Engine>* out) {
   if (options.retry_delay.count() <= 0)
-    return {Status::invalid_argument, "retry_delay must be positive"};
+    return {ErrorCode::invalid_argument, "retry_delay must be positive"};
   if (options.wait_timeout.count() <= 0)
-    return {Status::invalid_argument, "wait_timeout must be positive"};
+    return {ErrorCode::invalid_argument, "wait_timeout must be positive"};
   auto impl = std::make_shared<Impl>(runner, std::move(options));
   Impl* p = impl.get();
   p->timer_thread = std::thread([p] { p->timer_loop(); });
@@ -1018,7 +1018,7 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
   for (const auto& d : defs) {
     if (auto err = validate(d)) return err;
     if (!ids.insert(d.id).second)
-      return {Status::invalid_argument, "tag '" + d.id + "' is defined twice"};
+      return {ErrorCode::invalid_argument, "tag '" + d.id + "' is defined twice"};
   }
   struct Plan {
     const TagDefinition* def;
@@ -1034,7 +1034,7 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
   std::vector<std::string> removed;
   {
     MutexLock lock(m.mu);
-    if (m.closing) return {Status::unavailable, "the tags engine is closing"};
+    if (m.closing) return {ErrorCode::unavailable, "the tags engine is closing"};
     std::map<std::string, const TagDefinition*> proposed;
     if (!replace_all)
       for (auto& n : m.nodes)
@@ -1044,16 +1044,17 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
       for (auto& n : m.nodes)
         if (n->alive && n->is_virtual && !proposed.count(n->id)) removed.push_back(n->id);
     if (proposed.size() > kMaxTags)
-      return {Status::invalid_argument, "more than " + std::to_string(kMaxTags) + " tags"};
+      return {ErrorCode::invalid_argument, "more than " + std::to_string(kMaxTags) + " tags"};
     std::size_t new_sources = 0;
     for (const auto& d : defs)
       for (const auto& in : d.inputs)
         if (!proposed.count(in.tag) && m.find(in.tag) == nullptr) ++new_sources;
     if (m.sources + new_sources > m.opts.max_sources)
-      return {Status::invalid_argument, "the definitions need more than max_sources (" +
-                                            std::to_string(m.opts.max_sources) + ") source tags"};
+      return {ErrorCode::invalid_argument, "the definitions need more than max_sources (" +
+                                               std::to_string(m.opts.max_sources) +
+                                               ") source tags"};
     const std::string cycle = Impl::find_cycle(proposed);
-    if (!cycle.empty()) return {Status::invalid_argument, "cycle: " + cycle};
+    if (!cycle.empty()) return {ErrorCode::invalid_argument, "cycle: " + cycle};
     for (const auto& d : defs) {
       Plan p;
       p.def = &d;
@@ -1071,7 +1072,7 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
     if (p.script.valid()) continue;
     const std::string wrapped = detail::wrap_script(p.def->script);
     if (auto err = m.runner.register_script("tag:" + p.def->id, wrapped, &p.script))
-      return {err.status, "tag '" + p.def->id + "': " + err.message};
+      return {err.code, "tag '" + p.def->id + "': " + err.message};
     p.new_script = true;
   }
   // Pause: no wave may run while states move and the graph changes.
@@ -1085,7 +1086,8 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
       m.start_waves(&out);
       lock.unlock();
       run_dispatches(std::move(out));
-      return {Status::unavailable, "evaluations still running after wait_timeout; nothing changed"};
+      return {ErrorCode::unavailable,
+              "evaluations still running after wait_timeout; nothing changed"};
     }
   }
   auto unpause = [&](std::vector<Dispatch>* out) REQUIRES(m.mu) {
@@ -1123,11 +1125,11 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
     Result r = wait_result(f, m.opts.wait_timeout);
     if (r.status != Status::ok && !failure) {
       if (r.status == Status::compile_error)
-        failure = {Status::compile_error,
+        failure = {ErrorCode::compile_error,
                    "tag '" + p->def->id + "': " + user_lines(r.error, *p->def)};
-      else
-        failure = {r.status, "tag '" + p->def->id + "': " + std::string(to_string(r.status)) +
-                                 ": " + r.error};
+      else  // the check did not run (the runner is down, busy, ...): the status is in the message
+        failure = {ErrorCode::unavailable, "tag '" + p->def->id + "': " +
+                                               std::string(to_string(r.status)) + ": " + r.error};
     }
   }
   std::vector<Dispatch> out;
@@ -1222,11 +1224,11 @@ Error Engine::remove(std::string_view id) {
   MutexLock lock(m.mu);
   Node* n = m.find(id);
   if (n == nullptr || !n->is_virtual)
-    return {Status::invalid_argument, "'" + std::string(id) + "' is not a virtual tag"};
+    return {ErrorCode::invalid_argument, "'" + std::string(id) + "' is not a virtual tag"};
   if (!n->dependents.empty()) {
     std::string users;
     for (uint32_t d : n->dependents) users += (users.empty() ? "" : ", ") + m.nodes[d]->id;
-    return {Status::invalid_argument, "tag '" + std::string(id) + "' is an input of " + users};
+    return {ErrorCode::invalid_argument, "tag '" + std::string(id) + "' is an input of " + users};
   }
   ++m.paused;
   const bool quiet = m.cv.wait_for(m.mu, m.opts.wait_timeout,
@@ -1245,7 +1247,8 @@ Error Engine::remove(std::string_view id) {
   run_dispatches(std::move(out));
   m.deliver();
   if (!quiet)
-    return {Status::unavailable, "evaluations still running after wait_timeout; nothing changed"};
+    return {ErrorCode::unavailable,
+            "evaluations still running after wait_timeout; nothing changed"};
   return m.runner.unregister_script(key);
 }
 
@@ -1263,20 +1266,20 @@ Error Engine::update(const std::vector<SourceUpdate>& updates, DateTime time) {
   std::vector<Dispatch> out;
   {
     MutexLock lock(m.mu);
-    if (m.closing) return {Status::unavailable, "the tags engine is closing"};
+    if (m.closing) return {ErrorCode::unavailable, "the tags engine is closing"};
     std::size_t new_sources = 0;
     for (const auto& u : updates) {
       if (u.tag.empty() || u.tag.size() > kMaxTagIdSize)
-        return {Status::invalid_argument,
+        return {ErrorCode::invalid_argument,
                 "a tag id must be 1.." + std::to_string(kMaxTagIdSize) + " bytes"};
       const Node* n = m.find(u.tag);
       if (n != nullptr && n->is_virtual)
-        return {Status::invalid_argument,
+        return {ErrorCode::invalid_argument,
                 "'" + u.tag + "' is a virtual tag: its value comes from its script"};
       if (n == nullptr) ++new_sources;
     }
     if (m.sources + new_sources > m.opts.max_sources)
-      return {Status::invalid_argument,
+      return {ErrorCode::invalid_argument,
               "more than max_sources (" + std::to_string(m.opts.max_sources) + ") source tags"};
     for (const auto& u : updates) {
       uint32_t idx;
@@ -1321,7 +1324,7 @@ Error Engine::read(std::string_view id, DataValue* out) {
   Impl& m = *impl_;
   MutexLock lock(m.mu);
   Node* n = m.find(id);
-  if (n == nullptr) return {Status::invalid_argument, "unknown tag '" + std::string(id) + "'"};
+  if (n == nullptr) return {ErrorCode::invalid_argument, "unknown tag '" + std::string(id) + "'"};
   if (n->is_virtual && n->def.trigger.kind == TriggerKind::on_read) {
     const DateTime now = m.now();
     const auto age = std::chrono::microseconds(now.unix_micros() - n->last_eval_time.unix_micros());
@@ -1342,7 +1345,7 @@ Error Engine::read(std::string_view id, DataValue* out) {
       });
       n = m.find(id);
       if (n == nullptr)
-        return {Status::invalid_argument, "tag '" + std::string(id) + "' was removed"};
+        return {ErrorCode::invalid_argument, "tag '" + std::string(id) + "' was removed"};
     }
   }
   *out = n->value;
@@ -1356,7 +1359,7 @@ Error Engine::trigger(std::string_view id) {
     MutexLock lock(m.mu);
     Node* n = m.find(id);
     if (n == nullptr || !n->is_virtual)
-      return {Status::invalid_argument, "'" + std::string(id) + "' is not a virtual tag"};
+      return {ErrorCode::invalid_argument, "'" + std::string(id) + "' is not a virtual tag"};
     m.add_root(*n);
     m.start_waves(&out);
   }
@@ -1411,7 +1414,7 @@ Error Engine::info(std::string_view id, TagInfo* out) const {
   const Impl& m = *impl_;
   MutexLock lock(m.mu);
   const Node* n = m.find(id);
-  if (n == nullptr) return {Status::invalid_argument, "unknown tag '" + std::string(id) + "'"};
+  if (n == nullptr) return {ErrorCode::invalid_argument, "unknown tag '" + std::string(id) + "'"};
   out->definition = n->def;
   out->value = n->value;
   out->counters = n->counters;

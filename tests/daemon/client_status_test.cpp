@@ -123,7 +123,8 @@ struct FakeDaemon {
 }  // namespace
 
 TEST_CASE(
-    "outrun::Client: a status it does not know ends that answer runtime_error, nothing else") {
+    "outrun::Client: a status it does not know ends that answer runtime_error (a request: "
+    "protocol_error), nothing else") {
   FakeDaemon d;
   outrun::ClientOptions o;
   o.socket = d.path;
@@ -151,10 +152,10 @@ TEST_CASE(
   }
   std::string json;
   const outrun::Error e = c->stats_json(&json);
-  CHECK(e.status == outrun::Status::runtime_error);
+  CHECK(e.code == outrun::ErrorCode::protocol_error);
   CHECK(e.message == "outrund sent an unknown status 200");
   const outrun::Error u = c->unregister_script("k");
-  CHECK(u.status == outrun::Status::runtime_error);
+  CHECK(u.code == outrun::ErrorCode::protocol_error);
   CHECK(u.message == "outrund sent an unknown status 11");
   CHECK(c->connected());
   c.reset();

@@ -211,7 +211,7 @@ TEST_CASE("outrund: a uid that is not allowed is refused") {
   o.socket = d.socket;
   std::unique_ptr<outrun::Client> c;
   outrun::Error e = outrun::Client::connect(o, &c);
-  CHECK(e.status == outrun::Status::unavailable);
+  CHECK(e.code == outrun::ErrorCode::unavailable);
   CHECK(e.message.find("permission denied") != std::string::npos);
   CHECK(!c);
   CHECK(d.stop() == 0);
@@ -413,7 +413,7 @@ TEST_CASE("outrun::Client: a daemon that dies ends what is in flight `unavailabl
   CHECK(!c->connected());
   CHECK(c->evaluate(s, {}).get().status == outrun::Status::unavailable);
   std::string js;
-  CHECK(c->stats_json(&js).status == outrun::Status::unavailable);
+  CHECK(c->stats_json(&js).code == outrun::ErrorCode::unavailable);
 }
 
 TEST_CASE("outrund: SIGHUP reopens the log file") {
@@ -474,7 +474,7 @@ TEST_CASE("outrund: registrations past max_script_bytes_mb are refused, the daem
   outrun::Script a, b;
   REQUIRE(!c->register_script("big.a", big, &a));
   const outrun::Error e = c->register_script("big.b", big, &b);
-  CHECK(e.status == outrun::Status::unavailable);
+  CHECK(e.code == outrun::ErrorCode::unavailable);
   CHECK(e.message.find("max_script_bytes") != std::string::npos);
   CHECK(c->evaluate(a, {}).get().value == outrun::Value(int64_t{1}));
   check_client_works(d, "after.full");
@@ -548,9 +548,9 @@ TEST_CASE("outrund: unregister through outrun::Client and outrun unregister, mem
   CHECK(r.error == "script 'unreg.k' was unregistered");
   // Unknown keys.
   outrun::Error e = c->unregister_script("unreg.k");
-  CHECK(e.status == outrun::Status::invalid_argument);
+  CHECK(e.code == outrun::ErrorCode::invalid_argument);
   CHECK(e.message.find("unreg.k") != std::string::npos);
-  CHECK(c->unregister_script("never.registered").status == outrun::Status::invalid_argument);
+  CHECK(c->unregister_script("never.registered").code == outrun::ErrorCode::invalid_argument);
   // The key registers again, with a new handle.
   outrun::Script again;
   REQUIRE(!c->register_script("unreg.k", "return 6", &again));

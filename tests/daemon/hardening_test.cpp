@@ -283,7 +283,7 @@ TEST_CASE("outrun::Client refuses a listener of another uid before it sends anyt
   o.socket = path;
   std::unique_ptr<outrun::Client> c;
   const outrun::Error e = outrun::Client::connect(o, &c);
-  CHECK(e.status == outrun::Status::unavailable);
+  CHECK(e.code == outrun::ErrorCode::unavailable);
   CHECK(e.message.find("runs as uid 65534") != std::string::npos);
   CHECK(e.message.find("nothing was sent") != std::string::npos);
   CHECK(!c);
@@ -304,11 +304,11 @@ TEST_CASE(
   Daemon d({"--config", conf.path});
   auto c = d.client();
   outrun::Error e = c->kill_shard(0);
-  CHECK(e.status == outrun::Status::invalid_argument);
+  CHECK(e.code == outrun::ErrorCode::invalid_argument);
   CHECK(e.message.find("permission denied") != std::string::npos);
   CHECK(e.message.find("admin_uids") != std::string::npos);
   e = c->restart_shard(1);
-  CHECK(e.status == outrun::Status::invalid_argument);
+  CHECK(e.code == outrun::ErrorCode::invalid_argument);
   // Evaluation and reading the stats are still allowed, and no shard was touched.
   outrun::Script s;
   REQUIRE(!c->register_script("k", "return 6 * 7", &s));
@@ -457,7 +457,7 @@ TEST_CASE("outrun::Client server_uids names who may listen, replacing our uid an
   o.server_uids = {4242};  // the daemon runs as us (root in CI): now not trusted
   std::unique_ptr<outrun::Client> c;
   outrun::Error e = outrun::Client::connect(o, &c);
-  CHECK(e.status == outrun::Status::unavailable);
+  CHECK(e.code == outrun::ErrorCode::unavailable);
   CHECK(e.message.find("not one of ClientOptions::server_uids") != std::string::npos);
   o.server_uids = {4242, static_cast<uint32_t>(geteuid())};
   e = outrun::Client::connect(o, &c);
@@ -632,7 +632,7 @@ TEST_CASE("measure: an honest client's latency while another floods, RSS, pipeli
   MESSAGE("outrund: " << bin);
   auto pct = [](std::vector<double> v, double q) {
     std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[std::min(v.size() - 1, static_cast<std::size_t>(q * v.size()))];
+    return v.empty() ? 0.0 : v[std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())))];
   };
   {  // 1. A flooder keeps 2,000 evaluations of ~0.1 ms queued; the honest one runs closed loop.
     Daemon d({"--single-flight", "off"}, bin);
@@ -767,7 +767,7 @@ TEST_CASE("outrund: registry quota per uid: one uid cannot take the whole regist
     outrun::Script s;
     for (int i = 0; i < 3; ++i) REQUIRE(!c->register_script("root." + std::to_string(i), big, &s));
     const outrun::Error e = c->register_script("root.3", big, &s);
-    CHECK(e.status == outrun::Status::unavailable);  // the status of max_script_bytes
+    CHECK(e.code == outrun::ErrorCode::unavailable);  // the status of max_script_bytes
     INFO(e.message);
     CHECK(e.message.find("uid 0 holds 3 scripts of " + std::to_string(3 * big_cost) + " bytes") !=
           std::string::npos);
@@ -794,7 +794,7 @@ TEST_CASE("outrund: registry quota per uid: one uid cannot take the whole regist
     // Replacing root's key: the new record is nobody's; root's old one stays charged to root.
     if (c->register_script("root.0", "return 2", &s)) _exit(95);
     const outrun::Error e = c->register_script("nobody.3", big, &s);
-    if (e.status != outrun::Status::unavailable) _exit(96);
+    if (e.code != outrun::ErrorCode::unavailable) _exit(96);
     if (e.message.find("uid 65534 holds 4 scripts") == std::string::npos) _exit(97);
     _exit(0);
   }
@@ -808,7 +808,7 @@ TEST_CASE("outrund: registry quota per uid: one uid cannot take the whole regist
 
   auto c = d.client();
   outrun::Script s;
-  CHECK(c->register_script("root.3", big, &s).status == outrun::Status::unavailable);
+  CHECK(c->register_script("root.3", big, &s).code == outrun::ErrorCode::unavailable);
   REQUIRE(!c->unregister_script("root.1"));  // frees root's charge of it
   CHECK(usage("0")["scripts"] == 2);
   CHECK(usage("0")["bytes"] == 2 * big_cost);
@@ -832,7 +832,7 @@ TEST_CASE("outrund: registry quota per uid counts scripts too (max_registry_scri
   for (int i = 0; i < 3; ++i)
     REQUIRE(!c->register_script("n." + std::to_string(i), "return 1", &s));
   const outrun::Error e = c->register_script("n.3", "return 1", &s);
-  CHECK(e.status == outrun::Status::unavailable);
+  CHECK(e.code == outrun::ErrorCode::unavailable);
   CHECK(e.message.find("max_registry_scripts_per_uid (3 scripts)") != std::string::npos);
   REQUIRE(!c->register_script("n.0", "return 1", &s));  // held already: no new record
   REQUIRE(!c->unregister_script("n.0"));

@@ -155,7 +155,7 @@ TEST_CASE(
   CHECK(values[1].tag == "a");
   CHECK(values[1].value.status == tags::codes::BadSensorFailure);
   outrun::Error e = c->read_tags({"u", "nope"}, &values);
-  CHECK(e.status == outrun::Status::invalid_argument);
+  CHECK(e.code == outrun::ErrorCode::invalid_argument);
   CHECK(e.message.find("nope") != std::string::npos);
 
   // ListTags: both, with counters.
@@ -170,7 +170,7 @@ TEST_CASE(
   REQUIRE(!c->remove_tags({"u"}));
   REQUIRE(!c->list_tags_json(&json));
   CHECK(nlohmann::json::parse(json)["tags"].size() == 1);
-  CHECK(c->remove_tags({"zz"}).status == outrun::Status::invalid_argument);
+  CHECK(c->remove_tags({"zz"}).code == outrun::ErrorCode::invalid_argument);
 }
 
 TEST_CASE("outrund tags: a compile error or a bad text answers its error and changes nothing") {
@@ -181,10 +181,10 @@ TEST_CASE("outrund tags: a compile error or a bad text answers its error and cha
   REQUIRE(!c->list_tags_json(&before));
   outrun::Error e = c->define_tags("[[tag]]\nid = \"f\"\ninputs = [\"a\"]\nscript = \"return (\"\n",
                                    /*replace_all=*/true);
-  CHECK(e.status == outrun::Status::compile_error);
+  CHECK(e.code == outrun::ErrorCode::compile_error);
   CHECK(e.message.find("f") != std::string::npos);
   e = c->define_tags("[[tag]]\nid = \"g\"\nbogus = 1\nscript = \"return 1\"\n", false);
-  CHECK(e.status == outrun::Status::invalid_argument);
+  CHECK(e.code == outrun::ErrorCode::invalid_argument);
   CHECK(e.message.rfind("3:", 0) == 0);  // LINE:COL: message
   REQUIRE(!c->list_tags_json(&after));
   auto strip = [](std::string s) {
@@ -205,9 +205,9 @@ TEST_CASE("outrund tags: DefineTags and RemoveTags need an admin uid; updates an
   Daemon d({"--config", conf});
   auto c = d.client();
   outrun::Error e = c->define_tags(kTags, false);
-  CHECK(e.status == outrun::Status::invalid_argument);
+  CHECK(e.code == outrun::ErrorCode::invalid_argument);
   CHECK(e.message.find("permission denied") != std::string::npos);
-  CHECK(c->remove_tags({"f"}).status == outrun::Status::invalid_argument);
+  CHECK(c->remove_tags({"f"}).code == outrun::ErrorCode::invalid_argument);
   CHECK(!c->update_sources({good("a", outrun::Value(1.0))}));
   std::string json;
   REQUIRE(!c->list_tags_json(&json));
@@ -381,7 +381,7 @@ TEST_CASE("outrund tags: malformed or wrong-direction tags frames disconnect onl
   // Too many ids: refused, the connection stays.
   std::vector<std::string> many(5000, "x");
   std::vector<tags::Change> v;
-  CHECK(c->read_tags(many, &v).status == outrun::Status::invalid_argument);  // checked locally
+  CHECK(c->read_tags(many, &v).code == outrun::ErrorCode::invalid_argument);  // checked locally
   // The others go on.
   REQUIRE(!c->update_sources({good("a", outrun::Value(2.0))}));
   CHECK(col.wait([](auto& m) { return m.count("f") > 0; }));

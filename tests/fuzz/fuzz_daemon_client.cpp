@@ -72,7 +72,7 @@ struct ServerTestAccess {
     if (Error e = tags::Engine::create(*s.host_, std::move(to), &s.tags_)) return e;
     s.tags_thread_ = std::thread([&s] { s.tags_thread_main(); });
     std::string err;
-    if (!s.open_socket(&err)) return Error{Status::unavailable, err};
+    if (!s.open_socket(&err)) return Error{ErrorCode::unavailable, err};
     uv_loop_init(&s.loop_);
     s.loop_.data = &s;
     uv_poll_init(&s.loop_, &s.listen_poll_, s.listen_fd_);

@@ -158,7 +158,7 @@ TEST_CASE("budget: worker_script_budget is validated") {
   HostOptions o = one_shard(kMiB - 1);
   std::unique_ptr<Host> host;
   const Error err = Host::create(o, &host);
-  CHECK(err.status == Status::invalid_argument);
+  CHECK(err.code == ErrorCode::invalid_argument);
   CHECK(err.message.find("worker_script_budget") != std::string::npos);
   CHECK(!host);
 }

@@ -193,11 +193,11 @@ TEST_CASE("Host: bad handles and bad inputs are invalid_argument, not a crash") 
   CHECK(host->evaluate(s, std::move(many)).get().status == Status::invalid_argument);
 
   Script tmp;
-  CHECK(host->register_script("", "return 1", &tmp).status == Status::invalid_argument);
-  CHECK(host->register_script(std::string(kMaxKeySize + 1, 'k'), "return 1", &tmp).status ==
-        Status::invalid_argument);
-  CHECK(host->register_script("big", std::string(kMaxSourceSize + 1, ' '), &tmp).status ==
-        Status::invalid_argument);
+  CHECK(host->register_script("", "return 1", &tmp).code == ErrorCode::invalid_argument);
+  CHECK(host->register_script(std::string(kMaxKeySize + 1, 'k'), "return 1", &tmp).code ==
+        ErrorCode::invalid_argument);
+  CHECK(host->register_script("big", std::string(kMaxSourceSize + 1, ' '), &tmp).code ==
+        ErrorCode::invalid_argument);
   // The host still works.
   CHECK(host->evaluate(s, {}).get().status == Status::ok);
 }
@@ -315,19 +315,19 @@ TEST_CASE("Host: create fails clearly for a missing worker or bad options") {
   o.worker_path = "/nonexistent/outrun-worker";
   std::unique_ptr<Host> host;
   Error err = Host::create(o, &host);
-  CHECK(err.status == Status::invalid_argument);
+  CHECK(err.code == ErrorCode::invalid_argument);
   CHECK(err.message.find("/nonexistent/outrun-worker") != std::string::npos);
   CHECK(!host);
   o.worker_path = "/bin/true";  // starts, but never says hello
   err = Host::create(o, &host);
-  CHECK(err.status == Status::unavailable);
+  CHECK(err.code == ErrorCode::unavailable);
   CHECK(!host);
   o.worker_path = OUTRUN_TEST_WORKER;
   o.shards = 0;
-  CHECK(Host::create(o, &host).status == Status::invalid_argument);
+  CHECK(Host::create(o, &host).code == ErrorCode::invalid_argument);
   o.shards = 1;
   o.max_script_bytes = 0;
-  CHECK(Host::create(o, &host).status == Status::invalid_argument);
+  CHECK(Host::create(o, &host).code == ErrorCode::invalid_argument);
   CHECK(test::child_pids().empty());
 }
 
@@ -353,11 +353,11 @@ TEST_CASE("Host: registered scripts hold at most max_script_bytes, past it, unav
   // 4 records held: a fifth does not fit.
   Script s;
   Error err = host->register_script("k4", source(4), &s);
-  CHECK(err.status == Status::unavailable);
+  CHECK(err.code == ErrorCode::unavailable);
   CHECK(err.message.find("max_script_bytes (" + std::to_string(o.max_script_bytes) + ")") !=
         std::string::npos);
   // Neither does a new source for a key already held (its old record stays valid)...
-  CHECK(host->register_script("k0", source(40), &s).status == Status::unavailable);
+  CHECK(host->register_script("k0", source(40), &s).code == ErrorCode::unavailable);
   // ...but a script already held registers again, and whatever is held runs.
   CHECK(!host->register_script("k1", source(1), &s));
   CHECK(s.record() == held[1].record());
@@ -481,9 +481,9 @@ void check_unregister_semantics(Runner& r) {
   CHECK(got[1].value == Value(int64_t{2}));
   // Unknown keys, and a key unregistered twice.
   Error e = r.unregister_script("unreg.never");
-  CHECK(e.status == Status::invalid_argument);
+  CHECK(e.code == ErrorCode::invalid_argument);
   CHECK(e.message.find("unreg.never") != std::string::npos);
-  CHECK(r.unregister_script("unreg.a").status == Status::invalid_argument);
+  CHECK(r.unregister_script("unreg.a").code == ErrorCode::invalid_argument);
   // The key registers again: a fresh record (the same source too), and it runs.
   Script again = reg(r, "unreg.a", "return 1");
   CHECK(again.record() != s.record());

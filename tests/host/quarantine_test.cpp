@@ -197,12 +197,12 @@ TEST_CASE("Quarantine: its options are validated") {
   HostOptions o = options();
   o.quarantine_after = 0;
   Error err = Host::create(o, &host);
-  CHECK(err.status == Status::invalid_argument);
+  CHECK(err.code == ErrorCode::invalid_argument);
   CHECK(err.message.find("quarantine_after") != std::string::npos);
   o = options();
   o.quarantine_cooldown = 0ms;
   err = Host::create(o, &host);
-  CHECK(err.status == Status::invalid_argument);
+  CHECK(err.code == ErrorCode::invalid_argument);
   CHECK(err.message.find("quarantine_cooldown") != std::string::npos);
   CHECK(!host);
 }

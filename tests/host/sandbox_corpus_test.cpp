@@ -755,8 +755,10 @@ std::string describe(const Result& r) {
 // Registers and evaluates; a registration refused is the case's result.
 Result run_case(Runner& runner, const Case& c, const Inputs& inputs) {
   Script s;
-  if (Error err = runner.register_script(c.name, c.source, &s))
-    return Result{err.status, Value(), err.message, -1};
+  if (Error err = runner.register_script(c.name, c.source, &s))  // its code as the case's status
+    return Result{
+        err.code == ErrorCode::invalid_argument ? Status::invalid_argument : Status::unavailable,
+        Value(), err.message, -1};
   return runner.evaluate(s, inputs).get();
 }
 

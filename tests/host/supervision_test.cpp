@@ -273,7 +273,7 @@ TEST_CASE("Supervision: kill_shard and restart_shard lose nothing") {
     CHECK(c.calls[i] == 1);
     CHECK(c.results[i].status == Status::ok);
   }
-  CHECK(host->kill_shard(7).status == Status::invalid_argument);
+  CHECK(host->kill_shard(7).code == ErrorCode::invalid_argument);
 }
 
 TEST_CASE("Supervision: a caller that awaits and resubmits is never refused by itself") {
@@ -521,8 +521,9 @@ TEST_CASE("Supervision: callbacks that submit and drill while the host is destro
     for (int i = 0; i < 200; ++i) {
       h->evaluate(b, {}, [h, a, &outer, &inner](Result) {
         ++outer;
-        h->kill_shard(0);
-        h->restart_shard(1);
+        // Done, or unavailable once ~Host began: either is right here.
+        (void)h->kill_shard(0);
+        (void)h->restart_shard(1);
         h->evaluate(a, {}, [&inner](Result) { ++inner; });
       });
     }

@@ -471,7 +471,7 @@ TEST_CASE("tags: a definition that would make a cycle is refused, naming the pat
   rig.define(tag("C", "return inputs.B", {"B"}));
   Error err = rig.engine->define(tag("A", "return inputs.C", {"C"}));
   REQUIRE(err);
-  CHECK(err.status == Status::invalid_argument);
+  CHECK(err.code == ErrorCode::invalid_argument);
   CHECK(err.message.find("A -> C -> B -> A") != std::string::npos);
   err = rig.engine->define(tag("D", "return 1", {"D"}));
   CHECK(err.message.find("D -> D") != std::string::npos);
@@ -482,7 +482,7 @@ TEST_CASE("tags: a definition that would make a cycle is refused, naming the pat
   err = rig.engine->remove("B");
   CHECK(err.message.find("input of C") != std::string::npos);
   // Writing a virtual tag is refused.
-  CHECK(rig.engine->update({src("B", Value(1))}, at(2)).status == Status::invalid_argument);
+  CHECK(rig.engine->update({src("B", Value(1))}, at(2)).code == ErrorCode::invalid_argument);
 }
 
 TEST_CASE("tags: a diamond is glitch-free: each wave evaluates each tag once, never half a wave") {
@@ -549,7 +549,7 @@ TEST_CASE(
   // A compile error: refused, nothing changes.
   Error err = rig.engine->define(tag("Count", "state.n = ( + 1\nreturn", {"X"}));
   REQUIRE(err);
-  CHECK(err.status == Status::compile_error);
+  CHECK(err.code == ErrorCode::compile_error);
   CHECK(err.message.find("Count") != std::string::npos);
   CHECK(err.message.find(":1:") != std::string::npos);
   rig.update({src("X", Value(10))}, at(10));
@@ -744,7 +744,7 @@ TEST_CASE("tags: bad definitions are clear errors") {
   per.trigger.kind = tags::TriggerKind::periodic;
   per.trigger.period = 0ms;
   expect(per, "period");
-  CHECK(rig.engine->define(tag("A", "return (", {})).status == Status::compile_error);
+  CHECK(rig.engine->define(tag("A", "return (", {})).code == ErrorCode::compile_error);
   CHECK(rig.engine->ids().empty());
 }
 

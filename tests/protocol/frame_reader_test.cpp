@@ -688,7 +688,7 @@ TEST_CASE("FrameReader: random garbage with a plausible length is malformed") {
     if (trial % 2 == 0) {
       // Half the trials get an in-range, aligned root offset, so they reach the table checks
       // instead of failing on the first offset.
-      store_le32(body.data(), 4 * (1 + rng() % (len / 4)));
+      store_le32(body.data(), static_cast<uint32_t>(4 * (1 + rng() % (len / 4))));
     }
     FrameReader reader;
     FrameView view;

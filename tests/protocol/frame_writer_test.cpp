@@ -104,7 +104,7 @@ struct SocketPair {
 
 // Reads everything that has arrived on the (non-blocking) peer and collects its frames.
 struct Peer {
-  explicit Peer(int fd) : fd(fd) {}
+  explicit Peer(int peer_fd) : fd(peer_fd) {}
   // Returns bytes read.
   std::size_t pump() {
     std::size_t total = 0;
