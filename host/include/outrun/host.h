@@ -220,6 +220,13 @@ class Host final : public Runner {
   Error unregister_script(std::string_view key) override;
   void evaluate(const Script& script, Inputs inputs, Callback done) override;
   std::future<Result> evaluate(const Script& script, Inputs inputs) override;
+  // Waits on this thread. While it waits the caller may read its shard's results itself
+  // (leader/follower, design/threading.md): it then also releases the slots of, and fulfils the
+  // futures of, other evaluations of that shard it reads, and posts their callbacks to the
+  // shard's dispatcher (a callback never runs on the caller). The loop thread keeps the
+  // timers, kills, deaths and restarts. The slot is released before this returns; the result is
+  // the one evaluate() would have given.
+  Result evaluate_sync(const Script& script, Inputs inputs) override;
   void evaluate_batch(std::vector<Request> requests, BatchCallback done) override;
 
   int shards() const;
