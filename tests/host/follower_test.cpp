@@ -94,6 +94,27 @@ TEST_CASE("Follower: after sync calls (the loop stopped polling) callbacks, futu
   }
 }
 
+TEST_CASE("Follower: a future sent behind a leader's evaluation is read after the leader returns") {
+  // The leader reads its own result, the loop stops polling meanwhile (it woke for that result
+  // while the leader held the token), and the future's result comes later in its own frame:
+  // giving the token up must make the loop poll again.
+  auto host = test::start_host(base_options());
+  Script lead = reg(*host, "lead", kBusy1ms);
+  Script later = reg(*host, "later",
+                     "local t = os.clock() while os.clock() - t < 0.003 do end return inputs.x");
+  for (int round = 0; round < 100; ++round) {
+    std::future<Result> f;
+    std::thread sender([&] {
+      std::this_thread::sleep_for(200us);
+      f = host->evaluate(later, {{"x", round}});
+    });
+    CHECK(host->evaluate_sync(lead, {{"x", round}}).value == Value(2 * round));
+    sender.join();
+    REQUIRE(f.wait_for(5s) == std::future_status::ready);
+    CHECK(f.get().value == Value(round));
+  }
+}
+
 TEST_CASE("Follower: many waiting threads on one shard and on two, with callbacks and futures") {
   auto o = base_options();
   o.shards = 2;
