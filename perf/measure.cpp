@@ -45,12 +45,14 @@ std::vector<TaskStat> task_stats(int pid) {
     const bool ok = std::fscanf(f, "%lld %lld %lld", &on_cpu, &waiting, &slices) == 3;
     std::fclose(f);
     if (!ok) continue;
-    TaskStat t{std::atoi(e->d_name), on_cpu, slices, 0};
+    TaskStat t{std::atoi(e->d_name), on_cpu, slices, 0, 0};
     if (FILE* st = std::fopen((task + "/status").c_str(), "r")) {
       char line[256];
       while (std::fgets(line, sizeof line, st))
         if (std::strncmp(line, "voluntary_ctxt_switches:", 24) == 0)
           t.wakeups = std::atoll(line + 24);
+        else if (std::strncmp(line, "nonvoluntary_ctxt_switches:", 27) == 0)
+          t.preemptions = std::atoll(line + 27);
       std::fclose(st);
     }
     out.push_back(t);
@@ -65,6 +67,18 @@ int64_t procs_wakeups(const std::vector<int>& pids) {
     if (pid > 0)
       for (const TaskStat& t : task_stats(pid)) sum += t.wakeups;
   return sum;
+}
+
+ProcsCost procs_cost(const std::vector<int>& pids) {
+  ProcsCost c;
+  for (int pid : pids)
+    if (pid > 0)
+      for (const TaskStat& t : task_stats(pid)) {
+        c.cpu_ns += t.cpu_ns;
+        c.voluntary += t.wakeups;
+        c.involuntary += t.preemptions;
+      }
+  return c;
 }
 
 void Window::start() {

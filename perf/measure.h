@@ -50,6 +50,7 @@ struct TaskStat {
   int64_t cpu_ns = 0;
   int64_t slices = 0;
   int64_t wakeups = 0;
+  int64_t preemptions = 0;  // involuntary context switches (status: nonvoluntary_ctxt_switches)
 };
 std::vector<TaskStat> task_stats(int pid);  // every live thread of `pid`
 
@@ -62,6 +63,18 @@ inline int64_t procs_cpu_ns(const std::vector<int>& pids) {
 }
 // Wake-ups (voluntary context switches), summed over every thread of `pids`.
 int64_t procs_wakeups(const std::vector<int>& pids);
+
+// On-CPU time and context switches (voluntary: wake-ups; involuntary: preemptions) of
+// processes, summed over their live threads: take one before a window and subtract it from one
+// after. A thread that ended inside the window is not counted.
+struct ProcsCost {
+  int64_t cpu_ns = 0, voluntary = 0, involuntary = 0;
+  int64_t switches() const { return voluntary + involuntary; }
+};
+ProcsCost procs_cost(const std::vector<int>& pids);
+inline ProcsCost operator-(const ProcsCost& a, const ProcsCost& b) {
+  return {a.cpu_ns - b.cpu_ns, a.voluntary - b.voluntary, a.involuntary - b.involuntary};
+}
 
 // Resident set of a process, KB (VmRSS).
 long rss_kb(int pid);

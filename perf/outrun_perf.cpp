@@ -6,7 +6,8 @@
 // and without a dispatcher hop, at the paced rate), Redis (single client, paced, pipelined),
 // InProcess (idle, paced, closed loop), then per arm (HostOptions; two with --ab) the host:
 // idle latency and CPU, paced open loop, closed loop, supervision (kill after T+G, kill a shard),
-// and scripts (RSS with N compiled scripts, warm restart of one shard, kill every shard).
+// and scripts (RSS with N compiled scripts, warm restart of one shard, kill every shard); and
+// outrund as a server beside redis-server (daemon_peer.h: single client, pipelined, server CPU).
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/utsname.h>
@@ -24,13 +25,16 @@
 #include <iostream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
 
+#include "daemon_peer.h"
 #include "floors.h"
 #include "latency_histogram.h"
 #include "measure.h"
+#include "outrun/client.h"
 #include "outrun/host.h"
 #include "outrun/in_process.h"
 #include "profiler.h"
@@ -61,6 +65,7 @@ struct Options {
   int keys = 64;  // scripts the paced and closed-loop loads spread over (both shards)
   int redis_clients = 16, redis_depth = 16;
   std::string redis_binary = "redis-server";
+  std::string outrund_binary;  // empty: bin/outrund next to outrun-perf; "none": no daemon rows
   int repeat = 1;
   bool quick = false, smoke = false, verbose = false;
   std::set<std::string> sections;
@@ -73,7 +78,7 @@ struct Options {
 };
 
 const std::vector<std::string> kSections = {"pipe",   "floor", "redis",   "idle", "paced",
-                                            "closed", "kill",  "scripts", "tags"};
+                                            "closed", "kill",  "scripts", "tags", "daemon"};
 
 // Row ids (the first column of the JSON rows) and group names accepted by --rows, mapped to the
 // sections that measure them and their comparisons.
@@ -111,6 +116,14 @@ const std::map<std::string, std::vector<std::string>> kAliases = {
     {"tags", {"paced", "tags"}},
     {"tags_p99", {"paced", "tags"}},
     {"tags_us", {"paced", "tags"}},
+    {"daemon", {"redis", "daemon"}},
+    {"daemon_p50", {"redis", "daemon"}},
+    {"daemon_p99", {"redis", "daemon"}},
+    {"daemon_pipelined", {"redis", "daemon"}},
+    {"daemon_us_pipelined", {"redis", "daemon"}},
+    {"daemon_us_single", {"redis", "daemon"}},
+    {"daemon_switches_single", {"redis", "daemon"}},
+    {"daemon_switches_pipelined", {"redis", "daemon"}},
 };
 
 // ---------------------------------------------------------------- helpers
@@ -239,6 +252,9 @@ bool apply_knob(HostOptions& o, const std::string& name, const std::string& valu
     } else if (name == "fulfill_futures_on_loop") {
       if (!parse_bool(value, &b)) throw std::invalid_argument("bool");
       o.fulfill_futures_on_loop = b;
+    } else if (name == "callbacks_on_loop") {
+      if (!parse_bool(value, &b)) throw std::invalid_argument("bool");
+      o.callbacks_on_loop = b;
     } else if (name == "max_queued_while_down") {
       o.max_queued_while_down = std::stoull(value);
     } else if (name == "restart_delay") {
@@ -272,7 +288,7 @@ bool apply_knob(HostOptions& o, const std::string& name, const std::string& valu
     } else {
       *err = "unknown HostOptions knob '" + name +
              "' (known: shards timeout grace memory_limit start_timeout shutdown_timeout "
-             "fulfill_futures_on_loop "
+             "fulfill_futures_on_loop callbacks_on_loop "
              "max_queued_while_down restart_delay heartbeat_interval silence_limit single_flight "
              "retries "
              "crash_loop_limit crash_loop_window crash_loop_cooldown worker_path "
@@ -526,8 +542,13 @@ void floor_sections(const Options& o, const std::set<std::string>& sel, Figs& f,
 
 void redis_sections(const Options& o, RedisServer& srv, const std::string& sha, Figs& f) {
   int64_t wrong = 0;
-  const LatencyFig single = redis_single_client(srv, sha, o.iterations, &wrong);
+  ProcsCost single_cost;
+  const LatencyFig single = redis_single_client(srv, sha, o.iterations, &wrong, &single_cost);
   put_latency(f, "redis.single", single, false);
+  const double measured = static_cast<double>(std::max<uint64_t>(1, single.n));
+  f["redis.single_server_us_per_eval"] = us(single_cost.cpu_ns) / measured;
+  f["redis.single_server_switches_per_eval"] =
+      static_cast<double>(single_cost.switches()) / measured;
   count_checked(f, static_cast<double>(single.n), static_cast<double>(wrong));
   const PacedFig p = redis_paced(srv, sha, o.rate, o.warmup, o.duration);
   put_latency(f, "redis.paced", p.lat, true);
@@ -544,6 +565,49 @@ void redis_sections(const Options& o, RedisServer& srv, const std::string& sha, 
   f["redis.pipelined_per_s"] = pl.evals_per_s;
   f["redis.pipelined_client_us_per_eval"] = pl.client_cpu_us_per_eval;
   f["redis.pipelined_server_us_per_eval"] = pl.server_cpu_us_per_eval;
+  f["redis.pipelined_server_switches_per_eval"] = pl.server_switches_per_eval;
+  count_checked(f, static_cast<double>(pl.evaluations), static_cast<double>(pl.wrong));
+}
+
+void put_cost(Figs& f, const std::string& prefix, const DaemonCost& c) {
+  f[prefix + "_us_per_eval"] = c.total_us();
+  f[prefix + "_daemon_us_per_eval"] = c.daemon_us;
+  f[prefix + "_workers_us_per_eval"] = c.workers_us;
+  f[prefix + "_daemon_switches_per_eval"] = c.daemon_switches;
+  f[prefix + "_workers_switches_per_eval"] = c.workers_switches;
+  f[prefix + "_daemon_wakeups_per_eval"] = c.daemon_voluntary;
+  f[prefix + "_workers_wakeups_per_eval"] = c.workers_voluntary;
+}
+
+// outrund as a server, the same script, socket kind and client counts as redis_sections: one
+// client through raw frames (and once more through outrun::Client), then pipelined.
+void daemon_sections(const Options& o, const DaemonServer& d, Figs& f) {
+  const DaemonSingleFig single = daemon_single_client(d, o.iterations);
+  put_latency(f, "daemon.single", single.lat, false);
+  put_cost(f, "daemon.single", single.cost);
+  count_checked(f, static_cast<double>(single.lat.n), static_cast<double>(single.wrong));
+  {
+    ClientOptions co;
+    co.socket = d.socket_path();
+    co.name = "outrun-perf";
+    std::unique_ptr<Client> client;
+    if (Error err = Client::connect(co, &client)) {
+      std::fprintf(stderr, "outrun-perf: outrun::Client: %s\n", err.message.c_str());
+      count_checked(f, 1, 1);
+    } else {
+      const std::vector<Script> s = register_keys(*client, o.keys);
+      count_checked(f, static_cast<double>(s.size()), static_cast<double>(warm(*client, s)));
+      int64_t wrong = 0;
+      const IdleFig l = idle_latency(*client, s, o.iterations, &wrong);
+      put_latency(f, "daemon.client", l.lat, false);
+      count_checked(f, static_cast<double>(l.lat.n), static_cast<double>(wrong));
+    }
+  }
+  const DaemonPipelinedFig pl =
+      daemon_pipelined(d, o.redis_clients, o.redis_depth, o.closed_duration);
+  f["daemon.pipelined_per_s"] = pl.evals_per_s;
+  f["daemon.pipelined_client_us_per_eval"] = pl.client_cpu_us_per_eval;
+  put_cost(f, "daemon.pipelined", pl.cost);
   count_checked(f, static_cast<double>(pl.evaluations), static_cast<double>(pl.wrong));
 }
 
@@ -1043,6 +1107,7 @@ bool row_expected(const std::string& fig, const std::set<std::string>& sections)
   if (starts("kill.")) return ran("kill");
   if (starts("scripts.")) return ran("scripts");
   if (starts("tags.")) return ran("tags");
+  if (starts("daemon.")) return ran("daemon");
   if (fig == "all.wrong") return true;
   return false;
 }
@@ -1054,13 +1119,15 @@ std::string timestamp() {
   return b;
 }
 
-}  // namespace
+// ---------------------------------------------------------------- the steps of run()
 
-int run(int argc, char** argv) {
+// The command line into *o (with --quick/--smoke defaults and --rows resolved to sections).
+// Returns the exit code when the run must end here (--help, a bad flag or row), else nullopt.
+std::optional<int> parse_options(int argc, char** argv, Options* out) {
   CLI::App app{
       "outrun-perf: every budget row of BRIEF §5, beside InProcess, this machine's floors and "
       "Redis, in one run"};
-  Options o;
+  Options& o = *out;
   std::string rows = "all", profile_rows;
   app.add_flag("--quick", o.quick, "short run (< 2 min on 2 cores)");
   app.add_flag("--smoke", o.smoke,
@@ -1089,11 +1156,12 @@ int run(int argc, char** argv) {
   app.add_option("--keys", o.keys, "scripts the paced and closed loads spread over")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
-  app.add_option("--rows", rows,
-                 "what to measure, comma-separated: sections (pipe floor redis idle paced closed "
-                 "kill scripts), row ids (host_cpu idle_p50 paced_p99 closed_loop warm_restart "
-                 "kill_all ...: see design/budgets.md) or groups (all floors latency cpu "
-                 "supervision rss peer)")
+  app.add_option(
+         "--rows", rows,
+         "what to measure, comma-separated: sections (pipe floor redis idle paced closed "
+         "kill scripts daemon), row ids (host_cpu idle_p50 paced_p99 closed_loop warm_restart "
+         "kill_all ...: see design/budgets.md) or groups (all floors latency cpu "
+         "supervision rss peer)")
       ->capture_default_str();
   app.add_option("--repeat", o.repeat, "repeats (figures: min / median / max)")
       ->check(CLI::Range(1, 100))
@@ -1107,6 +1175,9 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--redis-depth", o.redis_depth, "pipeline depth of the pipelined Redis row")
       ->capture_default_str();
+  app.add_option("--outrund", o.outrund_binary,
+                 "outrund for the daemon rows (default: next to outrun-perf; 'none': no daemon "
+                 "rows)");
   app.add_option("--out", o.out_dir, "folder for artifacts (JSON, Markdown, profiles)")
       ->capture_default_str();
   app.add_option("--json", o.json_path, "also write every figure as JSON here");
@@ -1121,7 +1192,11 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--verbose", o.verbose,
                "keep the host's warnings (kills during the drills) on stderr");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
   o.profile = app.count("--profile") > 0;
 
   auto unless_given = [&](const char* flag, auto& var, auto value) {
@@ -1167,19 +1242,39 @@ int run(int argc, char** argv) {
     while (std::getline(in, item, ','))
       if (!item.empty()) o.profile_rows.push_back(item);
   }
-  if (!o.verbose) spdlog::set_level(spdlog::level::err);
-  // The hosts it starts log only errors (all with --verbose), to stderr.
-  const LogSink host_log = stderr_log_sink(o.verbose ? LogLevel::debug : LogLevel::error);
+  return std::nullopt;
+}
 
-  // Arms.
+// The arms: one ("default") or the two sides of --ab, and the HostOptions each gives.
+struct Arms {
   std::vector<ArmSpec> specs;
+  HostOptions base;  // --shards and the log sink, before any knob
+
+  // The arm's knobs over `base`.
+  HostOptions plain_options(const ArmSpec& a) const {
+    HostOptions ho = base;
+    std::string err;
+    for (const auto& [k, v] : a.knobs) apply_knob(ho, k, v, &err);
+    return ho;
+  }
+  // The loads keep several evaluations of a key in flight: single flight off unless an arm says.
+  HostOptions main_options(const ArmSpec& a) const {
+    HostOptions ho = plain_options(a);
+    if (!a.sets_single_flight) ho.single_flight = SingleFlight::off;
+    return ho;
+  }
+};
+
+// False (with the message printed) when --ab does not name two valid arms.
+bool build_arms(const Options& o, const LogSink& host_log, Arms* out) {
+  std::vector<ArmSpec>& specs = out->specs;
   if (o.ab.empty()) {
     specs.push_back({"default", "as given", {}, false});
   } else {
     const auto bar = o.ab.find('|');
     if (bar == std::string::npos) {
       std::fprintf(stderr, "outrun-perf: --ab needs two arms: 'a=1|a=2'\n");
-      return 2;
+      return false;
     }
     specs.resize(2);
     specs[0].name = "A";
@@ -1188,30 +1283,15 @@ int run(int argc, char** argv) {
     if (!parse_arm(o.ab.substr(0, bar), &specs[0], &err) ||
         !parse_arm(o.ab.substr(bar + 1), &specs[1], &err)) {
       std::fprintf(stderr, "outrun-perf: --ab: %s\n", err.c_str());
-      return 2;
+      return false;
     }
   }
-  HostOptions base;
-  base.shards = o.shards;
-  base.log = host_log;
-  auto plain_options = [&](const ArmSpec& a) {
-    HostOptions ho = base;
-    std::string err;
-    for (const auto& [k, v] : a.knobs) apply_knob(ho, k, v, &err);
-    return ho;
-  };
-  // The loads keep several evaluations of a key in flight: single flight off unless an arm says.
-  auto main_options = [&](const ArmSpec& a) {
-    HostOptions ho = plain_options(a);
-    if (!a.sets_single_flight) ho.single_flight = SingleFlight::off;
-    return ho;
-  };
+  out->base.shards = o.shards;
+  out->base.log = host_log;
+  return true;
+}
 
-  const std::string stamp = timestamp();
-  const std::string loadavg_at_start = slurp("/proc/loadavg");
-  std::vector<std::string> notes;
-  const int64_t run_t0 = mono_ns();
-  const char* mode = o.smoke ? "smoke" : o.quick ? "quick" : "full";
+void print_run_header(const Options& o, const char* mode) {
   std::printf(
       "outrun-perf (%s run): K=%d, rate %.0f/s, paced window %.1f s (+%.1f s warm-up), closed loop "
       "%.1f s, "
@@ -1220,37 +1300,73 @@ int run(int argc, char** argv) {
       o.grace_ms, o.repeat, o.ab.empty() ? "" : ", A/B ", o.ab.c_str());
   std::printf("script: %s   Redis script: %s\n", kScript, kRedisScript);
   std::fflush(stdout);
+}
 
-  // Redis: one server for the whole run.
+// The servers the harness compares against, one each for the whole run (absent: not measured,
+// with a note saying why).
+struct Peers {
   std::unique_ptr<RedisServer> redis;
-  std::string sha;
+  std::string sha;  // of kRedisScript in `redis`
+  std::unique_ptr<DaemonServer> daemon;
+};
+
+Peers start_peers(const Options& o, std::vector<std::string>* notes) {
+  Peers p;
   if (o.sections.count("redis")) {
     std::string why;
     if (o.redis_binary == "none") {
       why = "--redis-server none";
     } else {
-      redis = RedisServer::start(o.redis_binary, &why);
-      if (redis) {
-        sha = redis->load_script();
-        if (sha.empty()) {
+      p.redis = RedisServer::start(o.redis_binary, &why);
+      if (p.redis) {
+        p.sha = p.redis->load_script();
+        if (p.sha.empty()) {
           why = "SCRIPT LOAD failed";
-          redis.reset();
+          p.redis.reset();
         }
       }
     }
-    if (!redis) {
-      notes.push_back("Redis column: not measured (" + why + ")");
+    if (!p.redis) {
+      notes->push_back("Redis column: not measured (" + why + ")");
       std::printf("note: no Redis column: %s\n", why.c_str());
     } else {
-      notes.push_back("Redis " + redis->version() + " on a Unix socket, no persistence, EVALSHA " +
-                      sha);
+      notes->push_back("Redis " + p.redis->version() +
+                       " on a Unix socket, no persistence, EVALSHA " + p.sha);
     }
   }
+  if (o.sections.count("daemon")) {
+    std::string why;
+    DaemonServer::Launch l;
+    l.binary = o.outrund_binary.empty() ? (fs::path(self_exe()).parent_path() / "outrund").string()
+                                        : o.outrund_binary;
+    l.shards = o.shards;
+    l.keys = o.keys;
+    l.script = kScript;
+    if (o.outrund_binary == "none")
+      why = "--outrund none";
+    else
+      p.daemon = DaemonServer::start(l, &why);
+    if (!p.daemon) {
+      notes->push_back("daemon rows: not measured (" + why + ")");
+      std::printf("note: no daemon rows: %s\n", why.c_str());
+    } else {
+      notes->push_back(
+          "outrund " + l.binary + " on a Unix socket, K=" + std::to_string(o.shards) +
+          ", single flight off, the script under " + std::to_string(o.keys) +
+          " keys round robin; its workers: " + std::to_string(p.daemon->worker_pids().size()));
+    }
+  }
+  return p;
+}
 
-  std::vector<Arm> arms(specs.size());
+// Every repeat: the sections shared by the arms (floors, peers, InProcess), then each arm's
+// host sections, in ABBA order; one sample per arm and repeat. False when a host did not start.
+bool run_repeats(const Options& o, const Arms& arms_in, Peers& peers, std::vector<Arm>* arms) {
+  const std::vector<ArmSpec>& specs = arms_in.specs;
+  arms->resize(specs.size());
   for (std::size_t a = 0; a < specs.size(); ++a) {
-    arms[a].name = specs[a].name;
-    arms[a].spec = specs[a].spec;
+    (*arms)[a].name = specs[a].name;
+    (*arms)[a].spec = specs[a].spec;
   }
   const HookFactory no_hooks = [](const std::string&, Host*) { return WindowHooks{}; };
   bool ok = true;
@@ -1259,90 +1375,95 @@ int run(int argc, char** argv) {
     g_diag["loadavg_per_repeat"].push_back(slurp("/proc/loadavg"));
     Figs shared;
     floor_sections(o, o.sections, shared, no_hooks);
-    if (redis) redis_sections(o, *redis, sha, shared);
+    if (peers.redis) redis_sections(o, *peers.redis, peers.sha, shared);
+    if (peers.daemon) daemon_sections(o, *peers.daemon, shared);
     inprocess_sections(o, o.sections, shared);
     std::vector<std::size_t> order(specs.size());
     for (std::size_t a = 0; a < order.size(); ++a)
       order[a] = r % 2 ? order.size() - 1 - a : a;  // ABBA
     for (std::size_t a : order) {
       Figs f = shared;
-      ok &= host_main_sections(o, main_options(specs[a]), o.sections, f, no_hooks,
+      ok &= host_main_sections(o, arms_in.main_options(specs[a]), o.sections, f, no_hooks,
                                specs[a].name + " (" + specs[a].spec + ")");
-      if (o.sections.count("kill")) ok &= kill_section(o, plain_options(specs[a]), f);
-      if (o.sections.count("scripts")) ok &= scripts_section(o, plain_options(specs[a]), f);
+      const HostOptions plain = arms_in.plain_options(specs[a]);
+      if (o.sections.count("kill")) ok &= kill_section(o, plain, f);
+      if (o.sections.count("scripts")) ok &= scripts_section(o, plain, f);
       if (o.sections.count("tags"))
         ok &=
-            tags_section(TagsParams{o.rate, o.warmup, o.duration, 250}, plain_options(specs[a]), f,
+            tags_section(TagsParams{o.rate, o.warmup, o.duration, 250}, plain, f,
                          [&f](double checked, double wrong) { count_checked(f, checked, wrong); });
       derive(f);
-      arms[a].samples.push_back(std::move(f));
+      (*arms)[a].samples.push_back(std::move(f));
     }
   }
-  redis.reset();  // stop it before profiling and reporting
-  for (Arm& a : arms) a.aggregate();
+  for (Arm& a : *arms) a.aggregate();
+  return ok;
+}
 
-  const std::vector<RowDef> defs = budget_rows(o.rate, o.scripts);
-  std::ostringstream md;
-  nlohmann::json json_arms = nlohmann::json::array();
+// The budget rows judged per arm: printed (text), into `md` and `json_arms`. False when a row of
+// a measured section produced no value.
+bool evaluate_and_print_rows(const Options& o, const std::vector<RowDef>& defs,
+                             const std::vector<Arm>& arms, std::ostringstream& md,
+                             nlohmann::json* json_arms) {
   bool missing = false;
   for (const Arm& a : arms) {
     const std::vector<RowResult> results = evaluate_rows(defs, a);
-    std::printf("\n%s\n", specs.size() > 1 ? ("arm " + a.name + ": " + a.spec).c_str() : "");
+    std::printf("\n%s\n", arms.size() > 1 ? ("arm " + a.name + ": " + a.spec).c_str() : "");
     std::printf("%s", text_table(results, o.repeat > 1).c_str());
-    md << (specs.size() > 1 ? "\n### arm " + a.name + ": `" + a.spec + "`\n\n" : "\n")
+    md << (arms.size() > 1 ? "\n### arm " + a.name + ": `" + a.spec + "`\n\n" : "\n")
        << markdown_table(results, o.repeat > 1);
     nlohmann::json j = arm_json(a);
     j["rows"] = rows_json(results);
-    json_arms.push_back(j);
-    // Every row of a measured section has a value (Redis only appears beside them).
+    json_arms->push_back(j);
+    // Every row of a measured section has a value (Redis only appears beside them; the daemon
+    // rows are not expected with --outrund none).
     for (const RowResult& r : results)
-      if (!r.present && row_expected(r.def->figure, o.sections)) {
+      if (!r.present && row_expected(r.def->figure, o.sections) &&
+          !(o.outrund_binary == "none" && r.def->figure.rfind("daemon.", 0) == 0)) {
         std::fprintf(stderr, "outrun-perf: row '%s' produced no value\n", r.def->label.c_str());
         missing = true;
       }
   }
-  if (specs.size() == 2) {
+  if (arms.size() == 2) {
     std::printf("\nA/B, median per row (B/A > 1: B is higher):\n%s",
                 ab_table(defs, arms[0], arms[1], false).c_str());
     md << "\n### A/B, median per row\n\n" << ab_table(defs, arms[0], arms[1], true);
   }
-  if (g_diag.contains("threads")) {
-    std::printf(
-        "\nThreads of this process over the paced window (last repeat): %% of a core / wake-ups "
-        "per "
-        "evaluation; 'main' is the pacing (caller) thread\n");
-    for (const auto& [name, list] : g_diag["threads"].items()) {
-      std::printf("  %-40s", name.c_str());
-      for (const auto& t : list)
-        if (t["cpu_pct"].get<double>() >= 0.5)
-          std::printf("  %s%.1f%% / %.2f", t["main"].get<bool>() ? "main " : "",
-                      t["cpu_pct"].get<double>(), t["wakeups_per_eval"].get<double>());
-      std::printf("\n");
-    }
+  return missing;
+}
+
+// The per-thread breakdowns of the paced windows (last repeat), as text.
+void print_threads() {
+  if (!g_diag.contains("threads")) return;
+  std::printf(
+      "\nThreads of this process over the paced window (last repeat): %% of a core / wake-ups "
+      "per "
+      "evaluation; 'main' is the pacing (caller) thread\n");
+  for (const auto& [name, list] : g_diag["threads"].items()) {
+    std::printf("  %-40s", name.c_str());
+    for (const auto& t : list)
+      if (t["cpu_pct"].get<double>() >= 0.5)
+        std::printf("  %s%.1f%% / %.2f", t["main"].get<bool>() ? "main " : "",
+                    t["cpu_pct"].get<double>(), t["wakeups_per_eval"].get<double>());
+    std::printf("\n");
   }
+}
 
-  nlohmann::json profiles = nlohmann::json::array();
-  if (o.profile) {
-    const std::string dir =
-        o.profile_dir.empty() ? o.out_dir + "/profiles-" + stamp : o.profile_dir;
-    profiles = profile_pass(o, main_options(specs[0]), dir, &notes);
-  }
+// What the run ended with, for the JSON document and the artifacts.
+struct RunSummary {
+  std::string stamp, loadavg_at_start;
+  const char* mode = "full";
+  double run_s = 0;
+  int64_t wrong = 0;
+};
 
-  if (!notes.empty()) std::printf("\n");
-  for (const std::string& n : notes) std::printf("note: %s\n", n.c_str());
-  if (g_profile_wrong > 0)
-    std::printf("note: %lld results of the profile pass were wrong or lost (not counted below)\n",
-                static_cast<long long>(g_profile_wrong.load()));
-
-  const double run_s = static_cast<double>(mono_ns() - run_t0) / 1e9;
-  const int64_t wrong = g_wrong.load();
-  std::printf("\n%s run took %.1f s; %lld results checked, %lld wrong\n", mode, run_s,
-              static_cast<long long>(g_checked.load()), static_cast<long long>(wrong));
-
+nlohmann::json run_json(const Options& o, const RunSummary& s, const nlohmann::json& json_arms,
+                        const nlohmann::json& profiles, const std::vector<std::string>& notes,
+                        const std::vector<RowDef>& defs, const std::vector<Arm>& arms) {
   nlohmann::json j{
       {"tool", "outrun-perf"},
-      {"mode", mode},
-      {"timestamp", stamp},
+      {"mode", s.mode},
+      {"timestamp", s.stamp},
       {"git", run_command("git -C '" OUTRUN_SOURCE_DIR "' describe --always --dirty 2>/dev/null")},
       {"machine", machine_json()},
       {"options",
@@ -1362,6 +1483,7 @@ int run(int argc, char** argv) {
         {"ab", o.ab},
         {"redis_clients", o.redis_clients},
         {"redis_depth", o.redis_depth},
+        {"outrund", o.outrund_binary},
         {"quick", o.quick},
         {"smoke", o.smoke}}},
       {"script", kScript},
@@ -1370,17 +1492,21 @@ int run(int argc, char** argv) {
       {"profiles", profiles},
       {"diagnostics", g_diag},
       {"notes", notes},
-      {"run_seconds", run_s},
+      {"run_seconds", s.run_s},
       {"results_checked", g_checked.load()},
-      {"results_wrong", wrong},
+      {"results_wrong", s.wrong},
   };
-  j["machine"]["loadavg_at_start"] = loadavg_at_start;
+  j["machine"]["loadavg_at_start"] = s.loadavg_at_start;
   j["machine"]["loadavg_at_end"] = slurp("/proc/loadavg");
-  if (specs.size() == 2) j["ab"] = ab_json(defs, arms[0], arms[1]);
+  if (arms.size() == 2) j["ab"] = ab_json(defs, arms[0], arms[1]);
+  return j;
+}
 
-  std::error_code ec;
-  fs::create_directories(o.out_dir, ec);
-  const std::string header = std::string("outrun-perf ") + mode + " run, " + stamp +
+// The Markdown report: the tables already in `md`, then threads, profiles and notes.
+std::string run_markdown(const Options& o, const RunSummary& s, const nlohmann::json& j,
+                         std::ostringstream& md, const nlohmann::json& profiles,
+                         const std::vector<std::string>& notes) {
+  const std::string header = std::string("outrun-perf ") + s.mode + " run, " + s.stamp +
                              ", K=" + std::to_string(o.shards) + ", " +
                              j["machine"]["cpu_model"].get<std::string>() + ", " +
                              std::to_string(sysconf(_SC_NPROCESSORS_ONLN)) + " cores\n";
@@ -1423,25 +1549,83 @@ int run(int argc, char** argv) {
   }
   if (!notes.empty()) md << "\n";
   for (const std::string& n : notes) md << "- note: " << n << "\n";
-  const std::string markdown = "## " + header + md.str();
+  return "## " + header + md.str();
+}
+
+// <out>/outrun-perf-<time>.{json,md}, and the copies --json and --markdown ask for.
+void write_artifacts(const Options& o, const RunSummary& s, const nlohmann::json& j,
+                     const std::string& markdown) {
   auto write = [&](const std::string& path, const std::string& text) {
     std::ofstream f(path);
     f << text;
     if (!f) std::fprintf(stderr, "outrun-perf: cannot write %s\n", path.c_str());
   };
+  std::error_code ec;
+  fs::create_directories(o.out_dir, ec);
   if (!ec) {
-    write(o.out_dir + "/outrun-perf-" + stamp + ".json", j.dump(2) + "\n");
-    write(o.out_dir + "/outrun-perf-" + stamp + ".md", markdown);
-    std::printf("artifacts: %s/outrun-perf-%s.{json,md}\n", o.out_dir.c_str(), stamp.c_str());
+    write(o.out_dir + "/outrun-perf-" + s.stamp + ".json", j.dump(2) + "\n");
+    write(o.out_dir + "/outrun-perf-" + s.stamp + ".md", markdown);
+    std::printf("artifacts: %s/outrun-perf-%s.{json,md}\n", o.out_dir.c_str(), s.stamp.c_str());
   }
   if (!o.json_path.empty()) write(o.json_path, j.dump(2) + "\n");
   if (!o.markdown_path.empty()) write(o.markdown_path, markdown);
+}
 
-  if (wrong > 0)
+}  // namespace
+
+int run(int argc, char** argv) {
+  Options o;
+  if (std::optional<int> code = parse_options(argc, argv, &o)) return *code;
+  if (!o.verbose) spdlog::set_level(spdlog::level::err);
+  // The hosts it starts log only errors (all with --verbose), to stderr.
+  const LogSink host_log = stderr_log_sink(o.verbose ? LogLevel::debug : LogLevel::error);
+  Arms arm_specs;
+  if (!build_arms(o, host_log, &arm_specs)) return 2;
+
+  RunSummary summary;
+  summary.stamp = timestamp();
+  summary.loadavg_at_start = slurp("/proc/loadavg");
+  summary.mode = o.smoke ? "smoke" : o.quick ? "quick" : "full";
+  std::vector<std::string> notes;
+  const int64_t run_t0 = mono_ns();
+  print_run_header(o, summary.mode);
+
+  Peers peers = start_peers(o, &notes);
+  std::vector<Arm> arms;
+  const bool ok = run_repeats(o, arm_specs, peers, &arms);
+  peers = Peers();  // stop them before profiling and reporting
+
+  const std::vector<RowDef> defs = budget_rows(o.rate, o.scripts, o.redis_clients, o.redis_depth);
+  std::ostringstream md;
+  nlohmann::json json_arms = nlohmann::json::array();
+  const bool missing = evaluate_and_print_rows(o, defs, arms, md, &json_arms);
+  print_threads();
+
+  nlohmann::json profiles = nlohmann::json::array();
+  if (o.profile) {
+    const std::string dir =
+        o.profile_dir.empty() ? o.out_dir + "/profiles-" + summary.stamp : o.profile_dir;
+    profiles = profile_pass(o, arm_specs.main_options(arm_specs.specs[0]), dir, &notes);
+  }
+  if (!notes.empty()) std::printf("\n");
+  for (const std::string& n : notes) std::printf("note: %s\n", n.c_str());
+  if (g_profile_wrong > 0)
+    std::printf("note: %lld results of the profile pass were wrong or lost (not counted below)\n",
+                static_cast<long long>(g_profile_wrong.load()));
+
+  summary.run_s = static_cast<double>(mono_ns() - run_t0) / 1e9;
+  summary.wrong = g_wrong.load();
+  std::printf("\n%s run took %.1f s; %lld results checked, %lld wrong\n", summary.mode,
+              summary.run_s, static_cast<long long>(g_checked.load()),
+              static_cast<long long>(summary.wrong));
+  const nlohmann::json j = run_json(o, summary, json_arms, profiles, notes, defs, arms);
+  write_artifacts(o, summary, j, run_markdown(o, summary, j, md, profiles, notes));
+
+  if (summary.wrong > 0)
     std::fprintf(stderr, "outrun-perf: %lld results were wrong or missing\n",
-                 static_cast<long long>(wrong));
+                 static_cast<long long>(summary.wrong));
   if (missing) std::fprintf(stderr, "outrun-perf: some rows produced no value\n");
-  return ok && wrong == 0 && !missing ? 0 : 1;
+  return ok && summary.wrong == 0 && !missing ? 0 : 1;
 }
 
 }  // namespace outrun::perf

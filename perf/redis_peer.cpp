@@ -353,7 +353,7 @@ std::string RedisServer::load_script() {
 }
 
 LatencyFig redis_single_client(const RedisServer& server, const std::string& sha, int iterations,
-                               int64_t* wrong) {
+                               int64_t* wrong, ProcsCost* server_cost) {
   Resp c(server.socket_path());
   if (!c.ok()) {
     ++*wrong;
@@ -363,7 +363,10 @@ LatencyFig redis_single_client(const RedisServer& server, const std::string& sha
   std::string cmd;
   Reply r;
   std::atomic<bool> reported{false};
+  const std::vector<int> pids = {server.pid()};
+  ProcsCost at_start;
   for (int i = 0; i < iterations + 200; ++i) {
+    if (i == 200) at_start = procs_cost(pids);
     cmd.clear();
     append_evalsha(cmd, sha, input_of(i));
     const int64_t t0 = mono_ns();
@@ -378,6 +381,7 @@ LatencyFig redis_single_client(const RedisServer& server, const std::string& sha
     }
     if (i >= 200) h.record(dt);
   }
+  if (server_cost) *server_cost = procs_cost(pids) - at_start;
   return latency_of(h);
 }
 
@@ -448,6 +452,7 @@ RedisPipelinedFig redis_pipelined(const RedisServer& server, const std::string& 
   std::atomic<bool> reported{false};
   Window w;
   w.pids = {server.pid()};
+  const ProcsCost server0 = procs_cost(w.pids);
   w.start();
   const int64_t end = w.wall0 + static_cast<int64_t>(seconds * 1e9);
   for (auto& c : conns) send_batch(c);
@@ -493,12 +498,14 @@ RedisPipelinedFig redis_pipelined(const RedisServer& server, const std::string& 
     }
   }
   w.stop();
+  const ProcsCost server_cost = procs_cost(w.pids) - server0;
   close(ep);
   for (auto& c : conns) f.evaluations += c.received;
   const double n = static_cast<double>(std::max<int64_t>(1, f.evaluations));
   f.evals_per_s = static_cast<double>(f.evaluations) / (static_cast<double>(w.wall_ns) / 1e9);
   f.client_cpu_us_per_eval = us(w.cpu_ns) / n;
   f.server_cpu_us_per_eval = us(w.others_ns) / n;
+  f.server_switches_per_eval = static_cast<double>(server_cost.switches()) / n;
   return f;
 }
 

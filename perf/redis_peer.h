@@ -9,6 +9,7 @@
 #include <string>
 
 #include "floors.h"
+#include "measure.h"
 
 namespace outrun::perf {
 
@@ -40,15 +41,17 @@ class RedisServer {
 
 struct RedisPipelinedFig {
   double evals_per_s = 0;
-  double client_cpu_us_per_eval = 0;  // this process
-  double server_cpu_us_per_eval = 0;  // redis-server
+  double client_cpu_us_per_eval = 0;    // this process
+  double server_cpu_us_per_eval = 0;    // redis-server
+  double server_switches_per_eval = 0;  // redis-server: voluntary + involuntary
   int64_t evaluations = 0;
   int64_t wrong = 0;
 };
 
-// One client, one request at a time.
+// One client, one request at a time. *server (when given): what redis-server spent over the
+// measured requests.
 LatencyFig redis_single_client(const RedisServer& server, const std::string& sha, int iterations,
-                               int64_t* wrong);
+                               int64_t* wrong, ProcsCost* server_cost = nullptr);
 // One connection, open loop paced at `rate`: a pacing thread writes, a reader thread reads the
 // replies in order; latency from the intended send time. other_* = redis-server.
 PacedFig redis_paced(const RedisServer& server, const std::string& sha, double rate,

@@ -107,6 +107,7 @@ std::string beside_cell(const RowResult& r, const char* sep) {
 
 std::string figure_unit(const std::string& id) {
   if (id.find("_wakeups_per_") != std::string::npos) return "wakeups";
+  if (id.find("_switches_per_") != std::string::npos) return "wakeups";
   if (ends(id, "_us") || ends(id, "_us_per_eval") || ends(id, "_us_per_msg") ||
       ends(id, "_us_net") || ends(id, "_us_per_update"))
     return "µs";
@@ -161,9 +162,10 @@ const char* verdict_text(Verdict v) {
   }
 }
 
-std::vector<RowDef> budget_rows(double rate, int scripts) {
+std::vector<RowDef> budget_rows(double rate, int scripts, int clients, int depth) {
   const std::string r = rate_text(rate);
   const std::string n = std::to_string(scripts);
+  const std::string cd = std::to_string(clients) + " clients × depth " + std::to_string(depth);
   std::vector<RowDef> rows = {
       {"host_cpu",
        "host CPU at " + r + " evals/s (raw, % of a core)",
@@ -362,6 +364,65 @@ std::vector<RowDef> budget_rows(double rate, int scripts) {
         {"keep_state", "tags.keep_state_host_us_per_update"},
         {"workers", "tags.workers_us_per_update"},
         {"InProcess", "tags.inproc_host_us_per_update"}}},
+      // outrund against redis-server, each through the harness's raw client (daemon_peer.h,
+      // redis_peer.h), the same script, one Unix socket per client.
+      {"daemon_p50",
+       "outrund, 1 client, one at a time (raw frames), p50",
+       "daemon.single_p50_us",
+       none(),
+       at_most_and_other(1e300, "redis.single_p50_us", 1.5, "≤ 1.5× redis-server p50"),
+       {{"redis-server (raw RESP)", "redis.single_p50_us"},
+        {"outrund via outrun::Client", "daemon.client_p50_us"},
+        {"in-process Host", "host.idle_p50_us"}}},
+      {"daemon_p99",
+       "outrund, 1 client, one at a time (raw frames), p99",
+       "daemon.single_p99_us",
+       none(),
+       none(),
+       {{"redis-server (raw RESP)", "redis.single_p99_us"},
+        {"outrund via outrun::Client", "daemon.client_p99_us"}}},
+      {"daemon_pipelined",
+       "outrund pipelined, " + cd + ", every answer checked",
+       "daemon.pipelined_per_s",
+       none(),
+       at_least_and_other(0, "redis.pipelined_per_s", 1.0, "≥ redis-server pipelined"),
+       {{"redis-server", "redis.pipelined_per_s"},
+        {"client CPU per evaluation", "daemon.pipelined_client_us_per_eval"},
+        {"Redis client", "redis.pipelined_client_us_per_eval"}}},
+      {"daemon_us_pipelined",
+       "outrund + workers on-CPU per evaluation, pipelined",
+       "daemon.pipelined_us_per_eval",
+       none(),
+       at_most_and_other(1e300, "redis.pipelined_server_us_per_eval", 1.0, "≤ redis-server's"),
+       {{"outrund", "daemon.pipelined_daemon_us_per_eval"},
+        {"workers", "daemon.pipelined_workers_us_per_eval"},
+        {"redis-server", "redis.pipelined_server_us_per_eval"}}},
+      {"daemon_us_single",
+       "outrund + workers on-CPU per evaluation, 1 client",
+       "daemon.single_us_per_eval",
+       none(),
+       none(),
+       {{"outrund", "daemon.single_daemon_us_per_eval"},
+        {"workers", "daemon.single_workers_us_per_eval"},
+        {"redis-server", "redis.single_server_us_per_eval"}}},
+      {"daemon_switches_single",
+       "outrund threads' context switches per evaluation, 1 client (vol. + invol.)",
+       "daemon.single_daemon_switches_per_eval",
+       none(),
+       none(),
+       {{"voluntary", "daemon.single_daemon_wakeups_per_eval"},
+        {"workers", "daemon.single_workers_switches_per_eval"},
+        {"workers voluntary", "daemon.single_workers_wakeups_per_eval"},
+        {"redis-server", "redis.single_server_switches_per_eval"}}},
+      {"daemon_switches_pipelined",
+       "outrund threads' context switches per evaluation, pipelined (vol. + invol.)",
+       "daemon.pipelined_daemon_switches_per_eval",
+       none(),
+       none(),
+       {{"voluntary", "daemon.pipelined_daemon_wakeups_per_eval"},
+        {"workers", "daemon.pipelined_workers_switches_per_eval"},
+        {"workers voluntary", "daemon.pipelined_workers_wakeups_per_eval"},
+        {"redis-server", "redis.pipelined_server_switches_per_eval"}}},
       {"wrong",
        "wrong or missing results",
        "all.wrong",

@@ -49,8 +49,9 @@ struct RowDef {
   std::vector<std::pair<std::string, std::string>> beside;  // label, figure id
 };
 
-// The rows, in BRIEF §5 order, then information rows. `rate` names the paced rate in labels.
-std::vector<RowDef> budget_rows(double rate, int scripts);
+// The rows, in BRIEF §5 order, then information rows. `rate` names the paced rate in labels;
+// `clients` × `depth`, the pipelined rows'.
+std::vector<RowDef> budget_rows(double rate, int scripts, int clients, int depth);
 
 std::string figure_unit(const std::string& id);
 std::string format_value(double v, const std::string& unit);

@@ -179,6 +179,8 @@ bool read_host(const toml::table& t, HostOptions* h, Reader& r) {
         h->worker_address_space_limit = static_cast<std::size_t>(v) << 20;
     } else if (key == "worker_large_pages") {
       ok = r.boolean(n, key, &h->worker_large_pages);
+    } else if (key == "callbacks_on_loop") {
+      ok = r.boolean(n, key, &h->callbacks_on_loop);
     } else if (key == "worker_path") {
       ok = r.string(n, key, &h->worker_path);
     } else if (key == "start_timeout_ms") {
@@ -341,6 +343,7 @@ std::string to_toml(const DaemonConfig& c) {
       {"shutdown_timeout_ms", static_cast<int64_t>(h.shutdown_timeout.count())},
       {"max_script_bytes_mb", static_cast<int64_t>(h.max_script_bytes >> 20)},
       {"worker_large_pages", h.worker_large_pages},
+      {"callbacks_on_loop", h.callbacks_on_loop},
       {"max_queued_while_down", static_cast<int64_t>(h.max_queued_while_down)},
       {"restart_delay_ms", static_cast<int64_t>(h.restart_delay.count())},
       {"heartbeat_interval_ms", static_cast<int64_t>(h.heartbeat_interval.count())},

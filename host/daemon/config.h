@@ -49,7 +49,12 @@ struct DaemonConfig {
   std::size_t max_registry_bytes_per_uid = 0;
   std::size_t max_registry_scripts_per_uid = std::size_t{1} << 21;  // half of the 2^22 record ids
   // [host]
-  HostOptions host;
+  // The daemon's result callbacks never block (D-inline): they run on the Host's loop thread.
+  HostOptions host = [] {
+    HostOptions h;
+    h.callbacks_on_loop = true;
+    return h;
+  }();
 };
 
 std::string default_socket_path();

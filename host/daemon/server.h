@@ -23,6 +23,25 @@
 #include "outrun/tags.h"
 #include "outrun/thread_annotations.h"
 #include "registry_quota.h"
+#include "scheduler.h"
+
+// outrund's version (the build's project version; 0.0.0 in a program that compiles these
+// sources without it, such as the fuzz target).
+#ifndef OUTRUN_VERSION
+#define OUTRUN_VERSION "0.0.0"
+#endif
+
+namespace outrun::protocol {
+struct RegisterMsg;
+struct UnregisterMsg;
+struct ControlMsg;
+struct DefineTagsMsg;
+struct RemoveTagsMsg;
+struct ListTagsMsg;
+struct SourceUpdatesMsg;
+struct SubscribeMsg;
+struct ReadTagsMsg;
+}  // namespace outrun::protocol
 
 namespace outrun::daemon {
 
@@ -52,43 +71,6 @@ struct ScriptEntry {
 };
 inline constexpr int kHandleIdBits = 22;  // record ids are < 2^22
 inline constexpr uint32_t kHandleIdMask = (1u << kHandleIdBits) - 1;
-
-// The daemon's scheduler (design/daemon.md "Scheduler"): evaluations a client sent wait here,
-// per client and per shard, until their shard's window has room; the window is filled from the
-// clients in turn.
-struct Queued {
-  Request rq;
-  std::shared_ptr<ScriptEntry> entry;
-  uint64_t id = 0;  // the client's Evaluation.id
-  uint64_t t0 = 0;  // when it was read, µs (latency)
-};
-
-// One client's queue for one shard. Guarded by that shard's ShardSched::mu.
-struct ConnShard {
-  std::deque<Queued> q;
-  bool in_ring = false;  // in ShardSched::ring
-};
-
-// Window bounds: W = clamp(kWindowTargetUs / service, kWindowMin, kWindowMax), with `service`
-// the shard's smoothed time per evaluation (from completions).
-inline constexpr double kWindowTargetUs = 2000;
-inline constexpr uint32_t kWindowMin = 2;
-inline constexpr uint32_t kWindowMax = 1024;
-inline constexpr uint32_t kQuantum = 16;  // evaluations a client may take per turn
-
-struct ShardSched {
-  // Guards everything below and every Conn's ConnShard of this shard (Conn::sched[shard]: not
-  // annotated, an array indexed by shard).
-  Mutex mu;
-  // Clients with queued evaluations for this shard that may be fed (not held), in turn order.
-  std::deque<Conn*> ring GUARDED_BY(mu);
-  uint32_t used GUARDED_BY(mu) = 0;                        // submitted to the Host, not completed
-  uint32_t window GUARDED_BY(mu) = 8;                      // W, from service_us
-  double service_us GUARDED_BY(mu) = kWindowTargetUs / 8;  // smoothed time per evaluation
-  // The last completion (service = done - max(sent, this)).
-  uint64_t last_done_us GUARDED_BY(mu) = 0;
-  uint64_t queued GUARDED_BY(mu) = 0;  // in the clients' queues
-};
 
 struct Counters {
   std::array<std::atomic<uint64_t>, kStatusCount> by_status{};
@@ -150,9 +132,29 @@ class Server {
   void accept_all() REQUIRES(loop_thread);
   void conn_event(Conn* c, int status, int events) REQUIRES(loop_thread);
   void handle_frames(const std::shared_ptr<Conn>& c) REQUIRES(loop_thread);
-  // False: a violation.
+  // The hello, then one handler per message body. False: a violation.
   bool handle_frame(const std::shared_ptr<Conn>& c, const void* frame) REQUIRES(loop_thread);
-  bool handle_tags_frame(const std::shared_ptr<Conn>& c, const void* frame) REQUIRES(loop_thread);
+  // Register, Unregister (scripts.cpp).
+  void handle_register(const std::shared_ptr<Conn>& c, const protocol::RegisterMsg& r)
+      REQUIRES(loop_thread);
+  void handle_unregister(const std::shared_ptr<Conn>& c, const protocol::UnregisterMsg& u)
+      REQUIRES(loop_thread);
+  // Stats, Shards, ListScripts, KillShard, RestartShard (control.cpp).
+  void handle_control(const std::shared_ptr<Conn>& c, const protocol::ControlMsg& ctl)
+      REQUIRES(loop_thread);
+  // The tags frames (tags_frames.cpp).
+  void handle_define_tags(const std::shared_ptr<Conn>& c, const protocol::DefineTagsMsg& d)
+      REQUIRES(loop_thread);
+  void handle_remove_tags(const std::shared_ptr<Conn>& c, const protocol::RemoveTagsMsg& r)
+      REQUIRES(loop_thread);
+  void handle_list_tags(const std::shared_ptr<Conn>& c, const protocol::ListTagsMsg& l)
+      REQUIRES(loop_thread);
+  void handle_source_updates(const std::shared_ptr<Conn>& c, const protocol::SourceUpdatesMsg& u)
+      REQUIRES(loop_thread);
+  void handle_subscribe(const std::shared_ptr<Conn>& c, const protocol::SubscribeMsg& sb)
+      REQUIRES(loop_thread);
+  void handle_read_tags(const std::shared_ptr<Conn>& c, const protocol::ReadTagsMsg& r)
+      REQUIRES(loop_thread);
   // Admits and queues the items of an Evaluate frame (`items`: its Vector of Evaluation, or
   // null) from `start`; false when it stopped because the client is over
   // max_client_queued_bytes (the rest waits in Conn::paused_*).

@@ -285,7 +285,11 @@ void Host::Impl::send_slots(Shard& sh, const std::vector<uint32_t>& idxs) {
 }
 
 void Host::Impl::deliver_read(Completion&& done, Result&& r, std::vector<Delivery>* to_dispatch) {
-  if (done.wakes_waiter() || (!done.runs_caller_code() && opts.fulfill_futures_on_loop))
+  // Waiters and futures (no caller code) and, when the application promised they never block
+  // and this is the loop thread, callbacks are delivered here: no dispatcher hop. A leader
+  // (follower.cpp) never runs a callback.
+  if (done.wakes_waiter() || (done.runs_caller_code() ? opts.callbacks_on_loop && on_loop_thread()
+                                                      : opts.fulfill_futures_on_loop))
     done.deliver(std::move(r), log);
   else
     to_dispatch->push_back(Delivery{std::move(done), std::move(r)});

@@ -90,6 +90,18 @@ struct HostOptions {
   // code). false: through the shard's dispatcher thread, like callbacks.
   bool fulfill_futures_on_loop = true;
 
+  // Opt-in: callbacks (evaluate's and evaluate_batch's) run on the I/O loop thread, where their
+  // results are read, instead of on the shard's dispatcher thread: one thread hop fewer per
+  // evaluation (design/decisions.md D-inline). Only for callbacks that never block: while one
+  // runs, no shard's results are read, no heartbeat or deadline is checked and no worker is
+  // restarted. Such a callback may submit evaluations (the result comes later), call kill_shard,
+  // restart_shard and the stats calls, and take locks nobody holds for long; it must not wait
+  // for another evaluation (a future's get() or evaluate_sync never returns: the loop is the
+  // one that would fulfil it), sleep, or destroy the Host. Refusals at submission (invalid handle,
+  // cancelled, crash loop, ...) still go through the dispatcher, so a callback never runs inside
+  // evaluate().
+  bool callbacks_on_loop = false;
+
   // Bytes all script records may cost together: key, source and chunk name of each plus
   // kScriptRecordOverhead (runner.h). The host keeps every source (a restarted worker gets it
   // again); a key registered again with a new source keeps its old record while a handle or an
@@ -193,7 +205,8 @@ struct ScriptCrashStats {
 };
 
 // Thread-safe: every member may be called from any thread, concurrently, including from inside
-// a callback (which runs on a shard's dispatcher thread, never on the caller's). Not copyable or
+// a callback (which runs on a shard's dispatcher thread, or on the loop thread with
+// callbacks_on_loop; never on the caller's). Not copyable or
 // movable: the workers, the loop thread and the dispatchers belong to this object.
 // Preconditions: a `Script` passed in comes from this Host's register_script (another runner's
 // handle, or an empty one, ends `invalid_argument`); the Host outlives no callback (the
@@ -223,8 +236,9 @@ class Host final : public Runner {
   // Waits on this thread. While it waits the caller may read its shard's results itself
   // (leader/follower, design/threading.md): it then also releases the slots of, and fulfils the
   // futures of, other evaluations of that shard it reads, and posts their callbacks to the
-  // shard's dispatcher (a callback never runs on the caller). The loop thread keeps the
-  // timers, kills, deaths and restarts. The slot is released before this returns; the result is
+  // shard's dispatcher (a callback never runs on the caller, callbacks_on_loop or not). It must
+  // not be called from a callback that runs on the loop (callbacks_on_loop). The loop thread keeps
+  // the timers, kills, deaths and restarts. The slot is released before this returns; the result is
   // the one evaluate() would have given.
   Result evaluate_sync(const Script& script, Inputs inputs) override;
   void evaluate_batch(std::vector<Request> requests, BatchCallback done) override;

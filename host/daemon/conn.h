@@ -1,0 +1,98 @@
+// outrund's connection to one client (design/daemon.md "Threads and ownership"): its socket, reader
+// and writer, its per-shard queues and budget state, its tags subscription; and the two ways a
+// frame is written to a client outside a reply (a result, a refusing ServerHello).
+#pragma once
+
+#include <flatbuffers/flatbuffers.h>
+#include <sys/types.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_set>
+
+#include "outrun/protocol/frame.h"
+#include "outrun/protocol/frame_writer.h"
+#include "outrun/runner.h"
+#include "outrun/tags.h"
+#include "outrun/thread_annotations.h"
+#include "scheduler.h"
+#include "server.h"
+
+namespace outrun::daemon {
+
+// One client. Shared by the loop (conns_, the poll handle) and every callback of an evaluation
+// it submitted, so a result that arrives after the client left writes to a closed writer and
+// is dropped; the fd is closed when the last reference goes (never reused under a writer).
+struct Conn : std::enable_shared_from_this<Conn> {
+  Conn(Server* s, int fd_, uint64_t id_)
+      : server(s),
+        fd(fd_),
+        id(id_),
+        writer(fd_, [this] { server->want_write(shared_from_this()); }) {}
+  ~Conn() { ::close(fd); }
+
+  Server* server;
+  const int fd;
+  const uint64_t id;
+  protocol::FrameWriter writer;
+  std::atomic<uint32_t> inflight{0};  // admitted: queued in the daemon or in the Host
+  // Scheduler (design/daemon.md "Scheduler"): a queue per shard, each guarded by its shard's
+  // ShardSched::mu. `held`: over max_client_queued_bytes, neither read nor fed until it drains
+  // below half (set by the loop or a dispatcher, cleared by the loop). `over_limit`: past the
+  // hard limit, the loop disconnects it.
+  std::unique_ptr<ConnShard[]> sched;
+  std::atomic<bool> held{false};
+  std::atomic<bool> over_limit{false};
+
+  // Loop thread only.
+  uv_poll_t poll{};
+  protocol::FrameReader reader GUARDED_BY(loop_thread);
+  bool hello GUARDED_BY(loop_thread) = false;
+  bool reading GUARDED_BY(loop_thread) = true;
+  // The items of an Evaluate frame, handled up to paused_item when the client went over its
+  // budget; the reader is not touched until it is finished (the frame stays valid).
+  const flatbuffers::Vector<flatbuffers::Offset<wire::Evaluation>>* paused_frame
+      GUARDED_BY(loop_thread) = nullptr;
+  uint32_t paused_item GUARDED_BY(loop_thread) = 0;
+  // What the rest of its inputs may decode to.
+  std::size_t paused_budget GUARDED_BY(loop_thread) = 0;
+  // Polling for writability (the socket was full).
+  bool write_wait GUARDED_BY(loop_thread) = false;
+  bool closing GUARDED_BY(loop_thread) = false;
+  int events GUARDED_BY(loop_thread) = 0;
+  uid_t uid GUARDED_BY(loop_thread) = 0;
+  gid_t gid GUARDED_BY(loop_thread) = 0;
+  pid_t pid GUARDED_BY(loop_thread) = 0;
+  // May send KillShard/RestartShard (daemon.admin_uids, admin_gids).
+  bool admin GUARDED_BY(loop_thread) = false;
+  std::chrono::steady_clock::time_point accepted GUARDED_BY(loop_thread);
+  std::string name GUARDED_BY(loop_thread);
+
+  // Tags subscription (design/daemon.md "Subscribers"), guarded by Server::sub_mu_.
+  bool gone = false;  // closed: never subscribed again
+  bool sub_all = false;
+  std::unordered_set<std::string> sub_ids;
+  bool sub_overflow = false;  // over max_subscriber_bytes: only the latest value per tag is kept
+  std::map<std::string, tags::DataValue> sub_latest;
+};
+
+// The thread's builder for what the daemon writes to clients (replies, results); kept for its
+// capacity. Tags changes use their own (t_changes_fbb).
+inline thread_local flatbuffers::FlatBufferBuilder t_fbb(4096);
+// Changes are encoded with their own builder: on_tag_changes can run inside a frame's handling
+// (an update whose wave completes at once), which uses t_fbb.
+inline thread_local flatbuffers::FlatBufferBuilder t_changes_fbb(4096);
+
+// One Results frame of one result, to the client's writer (any thread).
+void send_result(Conn& c, uint64_t id, const Result& r);
+// A ServerHello with `why` as its error, straight to the socket (best effort, never blocks):
+// for a client refused before or at its hello.
+void reply_error_hello(int fd, const std::string& why);
+
+}  // namespace outrun::daemon

@@ -1,0 +1,283 @@
+// A client's connection on the loop thread: its poll events, reading and verifying its frames
+// (the hello, then each body to its handler), closing it; and its byte budget: held while over
+// max_client_queued_bytes, disconnected past kHardLimitFactor times it (design/daemon.md
+// "Byte budget per client").
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+
+#include <cstring>
+#include <string>
+#include <variant>
+
+#include "conn.h"
+#include "outrun/protocol/client_messages.h"
+#include "outrun/protocol/frame.h"
+#include "server.h"
+#include "wire_codec.h"
+
+namespace outrun::daemon {
+
+void send_result(Conn& c, uint64_t id, const Result& r) {
+  auto& f = t_fbb;
+  f.Clear();
+  const bool ok = r.status == Status::ok;
+  const auto item = protocol::build_result(
+      f, id, static_cast<wire::Status>(r.status),
+      ok ? detail::encode_value(f, r.value) : flatbuffers::Offset<wire::Value>(),
+      ok ? std::string_view() : std::string_view(r.error));
+  c.writer.write(protocol::finish_results(f, {&item, 1}));
+}
+
+void reply_error_hello(int fd, const std::string& why) {
+  flatbuffers::FlatBufferBuilder f(256);
+  auto bytes = protocol::encode_server_hello(f, OUTRUN_VERSION, 0, 0, why);
+  (void)!::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+void Server::update_poll(Conn* c) {
+  if (c->closing) return;
+  int ev = 0;
+  const bool held = c->held.load(std::memory_order_relaxed);
+  if (c->write_wait)
+    ev |= UV_WRITABLE;
+  else if (c->reading && !held)
+    ev |= UV_READABLE;  // a client that does not read its results is not read
+  // Not read while over its budget: its disconnect is still seen (and cancels its queue).
+  if (held) ev |= UV_DISCONNECT;
+  if (ev == c->events) return;
+  c->events = ev;
+  if (ev == 0)
+    uv_poll_stop(&c->poll);
+  else
+    uv_poll_start(&c->poll, ev, &Server::on_conn);
+}
+
+void Server::on_conn(uv_poll_t* h, int status, int events) {
+  loop_thread.assert_here();
+  auto* c = static_cast<Conn*>(h->data);
+  c->server->conn_event(c, status, events);
+}
+
+void Server::conn_event(Conn* c, int status, int events) {
+  if (c->closing) return;
+  if (status < 0) {
+    close_conn(c, uv_strerror(status));
+    return;
+  }
+  auto self = conns_.at(c);
+  if ((events & UV_DISCONNECT) && c->held.load(std::memory_order_relaxed)) {
+    close_conn(c, "disconnected while over max_client_queued_bytes");
+    return;
+  }
+  if (events & UV_WRITABLE) {
+    switch (c->writer.flush_from_loop()) {
+      case protocol::FrameWriter::Flush::kDone:
+        c->write_wait = false;
+        flush_subscriber(c);  // a subscriber that was over its budget gets its latest values
+        break;
+      case protocol::FrameWriter::Flush::kMore:
+        break;
+      case protocol::FrameWriter::Flush::kClosed:
+        close_conn(c, "write failed");
+        return;
+    }
+    if (c->held.load(std::memory_order_relaxed))
+      maybe_resume(c);  // may keep write_wait, read frames, or close
+    if (c->closing) return;
+    update_poll(c);
+  }
+  if ((events & UV_READABLE) && c->reading && !c->held.load(std::memory_order_relaxed) &&
+      !c->paused_frame) {
+    const long n = c->reader.read_from(c->fd);
+    if (n == -EAGAIN) return;
+    if (n <= 0) {
+      close_conn(c, n == 0 ? "disconnected" : std::strerror(static_cast<int>(-n)));
+      return;
+    }
+    handle_frames(self);
+  }
+}
+
+void Server::close_conn(Conn* c, const char* why) {
+  if (c->closing) return;
+  c->closing = true;
+  c->writer.close();
+  cancel_queued(c);
+  {
+    MutexLock lock(sub_mu_);
+    c->gone = true;
+    subscribers_.erase(c);
+    c->sub_latest.clear();
+  }
+  spdlog::debug("client {} closed: {} ({} in flight dropped)", c->id, why, c->inflight.load());
+  pending_.erase(c->id);
+  auto it = conns_.find(c);
+  // The poll handle lives in the Conn: keep the Conn until libuv is done with it.
+  auto* keep = new std::shared_ptr<Conn>(it->second);
+  conns_.erase(it);
+  c->poll.data = keep;
+  uv_close(reinterpret_cast<uv_handle_t*>(&c->poll),
+           [](uv_handle_t* h) { delete static_cast<std::shared_ptr<Conn>*>(h->data); });
+}
+
+void Server::handle_frames(const std::shared_ptr<Conn>& c) {
+  protocol::FrameView fv;
+  while (!c->closing) {
+    if (c->held.load(std::memory_order_relaxed)) return;  // maybe_resume() goes on
+    if (const auto* ev = c->paused_frame) {
+      c->paused_frame = nullptr;
+      if (!evaluate_items(c, ev, c->paused_item)) return;  // over its budget again
+      continue;
+    }
+    // Every frame may be answered: none is handled while the client is over its budget.
+    if (over_budget(*c)) {
+      hold(c.get());
+      return;
+    }
+    if (!c->reader.next(fv)) break;
+    if (!handle_frame(c, fv.frame)) {
+      ++violations_;
+      spdlog::warn("client {} (pid {}) violated the protocol; disconnected", c->id, c->pid);
+      close_conn(c.get(), "protocol violation");
+      return;
+    }
+  }
+  if (!c->closing && c->reader.error() != protocol::FrameError::kNone) {
+    ++violations_;
+    spdlog::warn("client {} (pid {}) sent a bad frame ({}); disconnected", c->id, c->pid,
+                 protocol::to_string(c->reader.error()));
+    close_conn(c.get(), "bad frame");
+  }
+}
+
+bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr) {
+  const auto* frame = static_cast<const wire::Frame*>(frame_ptr);
+  flatbuffers::FlatBufferBuilder& f = t_fbb;
+  protocol::ClientMessage msg;
+  std::string why;
+  if (!protocol::decode_client_frame(frame, &msg, &why)) return false;
+  if (!c->hello) {
+    const auto* h = std::get_if<protocol::ClientHelloMsg>(&msg);
+    if (!h) return false;
+    if (h->protocol_version != protocol::kProtocolVersion) {
+      reply_error_hello(c->fd, "protocol version " + std::to_string(h->protocol_version) +
+                                   " not supported; outrund speaks " +
+                                   std::to_string(protocol::kProtocolVersion));
+      return false;
+    }
+    c->hello = true;
+    pending_.erase(c->id);
+    c->name = std::string(h->client_name.substr(0, 64));
+    f.Clear();
+    c->writer.write(protocol::encode_server_hello(f, OUTRUN_VERSION, host_->shards(),
+                                                  cfg_.max_inflight_per_client));
+    return true;
+  }
+  switch (frame->body_type()) {
+    case wire::Body::Register:
+      handle_register(c, std::get<protocol::RegisterMsg>(msg));
+      return true;
+    case wire::Body::Evaluate:
+      evaluate_items(c, std::get<protocol::EvaluateMsg>(msg).items, 0);
+      return true;
+    case wire::Body::Unregister:
+      handle_unregister(c, std::get<protocol::UnregisterMsg>(msg));
+      return true;
+    case wire::Body::Control:
+      handle_control(c, std::get<protocol::ControlMsg>(msg));
+      return true;
+    case wire::Body::DefineTags:
+      handle_define_tags(c, std::get<protocol::DefineTagsMsg>(msg));
+      return true;
+    case wire::Body::RemoveTags:
+      handle_remove_tags(c, std::get<protocol::RemoveTagsMsg>(msg));
+      return true;
+    case wire::Body::ListTags:
+      handle_list_tags(c, std::get<protocol::ListTagsMsg>(msg));
+      return true;
+    case wire::Body::SourceUpdates:
+      handle_source_updates(c, std::get<protocol::SourceUpdatesMsg>(msg));
+      return true;
+    case wire::Body::Subscribe:
+      handle_subscribe(c, std::get<protocol::SubscribeMsg>(msg));
+      return true;
+    case wire::Body::ReadTags:
+      handle_read_tags(c, std::get<protocol::ReadTagsMsg>(msg));
+      return true;
+    default:
+      return false;  // a second hello (decode_client_frame refused a frame only the daemon sends)
+  }
+}
+
+bool Server::over_budget(Conn& c) {
+  const std::size_t q = c.writer.queued_bytes();
+  uint64_t peak = queued_peak_bytes_.load(std::memory_order_relaxed);
+  while (q > peak &&
+         !queued_peak_bytes_.compare_exchange_weak(peak, q, std::memory_order_relaxed)) {
+  }
+  return q > cfg_.max_client_queued_bytes;
+}
+
+// Loop thread: the client is over its budget. Its frames are not handled (the one in progress
+// waits in paused_frame), its socket is not read, its queued evaluations are not fed (the
+// dispatchers drop it from their turns), until maybe_resume().
+void Server::hold(Conn* c) {
+  if (!c->held.exchange(true)) {
+    held_total_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::debug(
+        "client {}: over max_client_queued_bytes ({} bytes queued); not read until it "
+        "drains",
+        c->id, c->writer.queued_bytes());
+  }
+  c->write_wait = true;
+  update_poll(c);
+}
+
+void Server::maybe_resume(Conn* c) {
+  if (c->closing || !c->held.load(std::memory_order_relaxed)) return;
+  if (c->writer.queued_bytes() > cfg_.max_client_queued_bytes / 2) {
+    c->write_wait = true;  // keep watching it drain
+    return;
+  }
+  c->held.store(false, std::memory_order_relaxed);
+  for (int s = 0; s < host_->shards(); ++s) {
+    bool any = false;
+    {
+      ShardSched& sh = sched_[s];
+      MutexLock lock(sh.mu);
+      ConnShard& cs = c->sched[s];
+      if (!cs.in_ring && !cs.q.empty()) {
+        cs.in_ring = true;
+        sh.ring.push_back(c);
+      }
+      any = cs.in_ring;
+    }
+    if (any) refill(s, nullptr);
+  }
+  update_poll(c);
+  handle_frames(conns_.at(c));  // the paused frame, then what was read
+}
+
+// Loop thread, when the connection closes: what it still has queued in the daemon ends
+
+// Loop thread: a dispatcher saw the client's unread answers pass the hard limit.
+void Server::disconnect_over_limit(Conn* c) {
+  over_limit_.fetch_add(1, std::memory_order_relaxed);
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_limit_warning_ >= std::chrono::seconds(10)) {
+    spdlog::warn(
+        "client {} (pid {}) disconnected: {} bytes of answers unread, over {} × "
+        "max_client_queued_bytes ({}){}",
+        c->id, c->pid, c->writer.queued_bytes(), kHardLimitFactor, cfg_.max_client_queued_bytes,
+        limit_warnings_skipped_
+            ? " (" + std::to_string(limit_warnings_skipped_) + " more since the last warning)"
+            : std::string());
+    last_limit_warning_ = now;
+    limit_warnings_skipped_ = 0;
+  } else {
+    ++limit_warnings_skipped_;
+  }
+  close_conn(c, "over the hard limit of queued answers");
+}
+
+}  // namespace outrun::daemon

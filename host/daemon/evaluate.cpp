@@ -1,0 +1,112 @@
+// Evaluate frames: each evaluation checked (handle, draining, max_inflight_per_client, its inputs
+// decoded within the frame's budget) and refused at once or queued for its shard's window
+// (design/daemon.md "Scheduler").
+#include <string>
+
+#include "conn.h"
+#include "outrun/protocol/frame.h"
+#include "server.h"
+#include "wire_codec.h"
+
+namespace outrun::daemon {
+
+bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_ptr, uint32_t start) {
+  const auto* items =
+      static_cast<const flatbuffers::Vector<flatbuffers::Offset<wire::Evaluation>>*>(items_ptr);
+  if (!items) return true;
+  const uint64_t t0 = now_us();
+  // What the inputs of this frame may decode to, shared subtrees counted per use: without it,
+  // one small frame of shared subtrees could keep the loop decoding millions of values. Kept
+  // across a pause, so a frame resumed in parts has one budget.
+  if (start == 0) c->paused_budget = protocol::kMaxFrameSize;
+  std::size_t& decode_budget = c->paused_budget;
+  uint32_t admitted = 0;
+  bool paused = false;
+  const uint32_t n = items->size();
+  for (uint32_t k = start; k < n; ++k) {
+    const wire::Evaluation* e = items->Get(k);
+    Result refused;
+    refused.status = Status::ok;
+    const uint32_t idx = e->script_id() & kHandleIdMask;
+    const ScriptEntry* entry = idx < scripts_.size() ? scripts_[idx].get() : nullptr;
+    if (!entry || entry->gen != e->script_id() >> kHandleIdBits) {
+      refused = Result{Status::invalid_argument,
+                       {},
+                       "unknown script handle " + std::to_string(e->script_id()),
+                       -1};
+    } else if (!entry->script.valid()) {
+      refused =
+          Result{Status::invalid_argument, {}, "script '" + entry->key + "' was unregistered", -1};
+    } else if (draining_) {
+      refused = Result{Status::unavailable, {}, "outrund is stopping", -1};
+    } else if (c->inflight.load(std::memory_order_relaxed) + admitted >=
+               cfg_.max_inflight_per_client) {
+      refused = Result{Status::busy,
+                       {},
+                       "too many evaluations in flight for this client (max_inflight_per_client)",
+                       -1};
+    }
+    Inputs inputs;
+    if (refused.status == Status::ok && e->inputs()) {
+      inputs.reserve(e->inputs()->size());
+      for (const wire::Input* in : *e->inputs()) {
+        Value v;
+        if (in->value() && !detail::decode_value(in->value(), &v, &decode_budget)) {
+          refused = Result{Status::invalid_argument,
+                           {},
+                           decode_budget == 0
+                               ? "the inputs of this frame decode to more than " +
+                                     std::to_string(protocol::kMaxFrameSize) +
+                                     " bytes (a shared subtree counts each time it is used)"
+                               : "input '" + in->name()->str() + "' is not a valid value",
+                           -1};
+          break;
+        }
+        inputs.push_back(Input{in->name()->str(), std::move(v)});
+      }
+    }
+    if (refused.status != Status::ok) {
+      // An answer is written now: not while the client is over its budget (a frame of a million
+      // refused evaluations would otherwise queue a million answers).
+      if (over_budget(*c)) {
+        c->paused_frame = items;
+        c->paused_item = k;
+        paused = true;
+        break;
+      }
+      counters_.by_status[static_cast<int>(refused.status)].fetch_add(1, std::memory_order_relaxed);
+      send_result(*c, e->id(), refused);
+      continue;
+    }
+    const uint32_t shard = entry->script.shard();
+    admit_[shard].push_back(
+        Queued{Request{entry->script, std::move(inputs)}, scripts_[idx], e->id(), t0});
+    ++admitted;
+  }
+  if (admitted > 0) {
+    c->inflight.fetch_add(admitted, std::memory_order_relaxed);
+    counters_.inflight.fetch_add(admitted, std::memory_order_relaxed);
+    const bool held = c->held.load(std::memory_order_relaxed);
+    for (std::size_t s = 0; s < admit_.size(); ++s) {
+      std::vector<Queued>& add = admit_[s];
+      if (add.empty()) continue;
+      {
+        ShardSched& sh = sched_[s];
+        MutexLock lock(sh.mu);
+        ConnShard& cs = c->sched[s];
+        for (Queued& q : add) cs.q.push_back(std::move(q));
+        sh.queued += add.size();
+        if (!cs.in_ring && !held) {
+          cs.in_ring = true;
+          sh.ring.push_back(c.get());
+        }
+      }
+      add.clear();
+      refill(static_cast<int>(s), nullptr);
+    }
+  }
+  if (paused) hold(c.get());
+  return !paused;
+}
+
+}  // namespace outrun::daemon

@@ -1,0 +1,177 @@
+// The per-shard windows (design/daemon.md "Scheduler"): W from each shard's service time, filled
+// from the clients in turn, kQuantum each; completions on the dispatchers; cancelling what a
+// closed client left queued.
+#include "scheduler.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "conn.h"
+#include "server.h"
+
+namespace outrun::daemon {
+
+void Server::init_scheduler() {
+  const int n = host_->shards();
+  sched_ = std::make_unique<ShardSched[]>(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    ShardSched& sh = sched_[i];
+    MutexLock lock(sh.mu);  // no other thread has it yet: for the analysis
+    sh.window = kWindowMin;
+    sh.service_us = kWindowTargetUs / kWindowMin;
+  }
+  admit_.resize(static_cast<std::size_t>(n));
+}
+
+namespace {
+// Statuses of evaluations a worker ran: only their durations say how long one takes.
+bool ran_in_worker(Status s) {
+  switch (s) {
+    case Status::ok:
+    case Status::compile_error:
+    case Status::runtime_error:
+    case Status::timeout:
+    case Status::killed:
+    case Status::memory_limit:
+      return true;
+    default:
+      return false;
+  }
+}
+}  // namespace
+
+// Fills shard `s`'s window from the clients in turn, up to kQuantum each per turn, and submits
+// what it took as one Host call (one frame to the worker where the Host can). `done`: called
+// for a completion, whose window accounting happens here under the same lock; the window is then
+// refilled only once a quarter of it is free (or it is empty), so completions that arrive one at
+// a time still submit in runs.
+void Server::refill(int s, const Done* done) {
+  ShardSched& sh = sched_[s];
+  std::shared_ptr<Run> run;
+  std::vector<Request> batch;
+  std::vector<std::shared_ptr<Conn>> newly_held;  // allocates only when one is
+  {
+    MutexLock lock(sh.mu);
+    if (done) {
+      --sh.used;
+      if (done->ran) {
+        // A worker runs its evaluations in order: this one started when it was sent or when the
+        // previous one ended, whichever was later.
+        const uint64_t began = std::max(done->sent_us, sh.last_done_us);
+        const double sample =
+            done->now_us > began ? static_cast<double>(done->now_us - began) : 0.0;
+        sh.service_us += (sample - sh.service_us) / 8;
+        const double w = kWindowTargetUs / std::max(sh.service_us, 1.0);
+        sh.window = static_cast<uint32_t>(
+            std::clamp(w, static_cast<double>(kWindowMin), static_cast<double>(kWindowMax)));
+      }
+      sh.last_done_us = std::max(sh.last_done_us, done->now_us);
+      if (sh.used > 0 &&
+          (sh.used >= sh.window || sh.window - sh.used < std::max<uint32_t>(1, sh.window / 4)))
+        return;
+    }
+    if (sh.ring.empty() || sh.used >= sh.window) return;
+    while (sh.used < sh.window && !sh.ring.empty()) {
+      Conn* c = sh.ring.front();
+      sh.ring.pop_front();
+      ConnShard& cs = c->sched[s];
+      if (c->held.load(std::memory_order_relaxed) || over_budget(*c)) {
+        cs.in_ring = false;  // the loop puts it back when it resumes
+        if (!c->held.exchange(true)) {
+          held_total_.fetch_add(1, std::memory_order_relaxed);
+          newly_held.push_back(c->shared_from_this());
+        }
+        continue;
+      }
+      if (!run) {
+        run = std::make_shared<Run>();
+        run->shard = s;
+      }
+      std::shared_ptr<Conn> self = c->shared_from_this();
+      for (uint32_t k = 0; k < kQuantum && sh.used < sh.window && !cs.q.empty(); ++k) {
+        Queued& q = cs.q.front();
+        batch.push_back(std::move(q.rq));
+        run->items.push_back(RunItem{self, std::move(q.entry), q.id, q.t0});
+        cs.q.pop_front();
+        ++sh.used;
+        --sh.queued;
+      }
+      if (cs.q.empty())
+        cs.in_ring = false;
+      else
+        sh.ring.push_back(c);
+    }
+    if (run) run->sent_us = now_us();
+  }
+  for (auto& c : newly_held) want_write(c);  // the loop stops reading it and watches it drain
+  if (batch.empty()) return;
+  if (batch.size() == 1) {
+    host_->evaluate(batch[0].script, std::move(batch[0].inputs),
+                    [this, run](Result r) { complete(*run, 0, std::move(r)); });
+  } else {
+    host_->evaluate_batch(std::move(batch), [this, run](std::size_t i, Result r) {
+      complete(*run, i, std::move(r));
+    });
+  }
+}
+
+// A result: on the Host's loop thread (host.callbacks_on_loop, the default) or the dispatcher
+// thread of its shard.
+void Server::complete(const Run& run, std::size_t i, Result&& r) {
+  const RunItem& it = run.items[i];
+  Conn& c = *it.conn;
+  const uint64_t now = now_us();
+  const uint64_t us = now - it.t0;
+  counters_.latency.record(us);
+  counters_.shard_latency[run.shard].record(us);
+  const int st = static_cast<int>(r.status);
+  counters_.by_status[st].fetch_add(1, std::memory_order_relaxed);
+  it.entry->by_status[st].fetch_add(1, std::memory_order_relaxed);
+  // Released before the result is written: a client that sends its next evaluation as soon as
+  // this one's result arrives is never counted over its limit (and answered busy).
+  c.inflight.fetch_sub(1, std::memory_order_relaxed);
+  counters_.inflight.fetch_sub(1, std::memory_order_relaxed);
+  const bool ran = ran_in_worker(r.status);
+  send_result(c, it.id, r);
+  // Results of what is in the window still arrive while the client is held; past the hard limit
+  // (a few huge results), the loop disconnects it.
+  if (c.writer.queued_bytes() > kHardLimitFactor * cfg_.max_client_queued_bytes &&
+      !c.over_limit.exchange(true))
+    want_write(it.conn);
+  const Done d{run.sent_us, now, ran};
+  refill(run.shard, &d);
+}
+
+// Loop thread, when the connection closes: what it still has queued in the daemon ends
+// `cancelled` at once (counted; nobody receives it) and is freed; what is in the Host finishes.
+void Server::cancel_queued(Conn* c) {
+  c->paused_frame = nullptr;
+  if (!c->sched) return;
+  uint64_t n = 0;
+  for (int s = 0; s < counters_.shards; ++s) {
+    std::deque<Queued> gone;
+    {
+      ShardSched& sh = sched_[s];
+      MutexLock lock(sh.mu);
+      ConnShard& cs = c->sched[s];
+      if (cs.in_ring) {
+        sh.ring.erase(std::find(sh.ring.begin(), sh.ring.end(), c));
+        cs.in_ring = false;
+      }
+      gone.swap(cs.q);
+      sh.queued -= gone.size();
+    }
+    for (const Queued& q : gone)
+      q.entry->by_status[static_cast<int>(Status::cancelled)].fetch_add(1,
+                                                                        std::memory_order_relaxed);
+    n += gone.size();
+  }
+  if (n == 0) return;
+  counters_.by_status[static_cast<int>(Status::cancelled)].fetch_add(n, std::memory_order_relaxed);
+  c->inflight.fetch_sub(static_cast<uint32_t>(n), std::memory_order_relaxed);
+  counters_.inflight.fetch_sub(n, std::memory_order_relaxed);
+  spdlog::debug("client {}: {} queued evaluations cancelled", c->id, n);
+}
+
+}  // namespace outrun::daemon

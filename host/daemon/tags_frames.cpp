@@ -1,0 +1,272 @@
+// The tags frames (design/protocol.md "Tags frames", design/daemon.md "Tags"): DefineTags and
+// RemoveTags (admins only, run on the tags thread), ListTags and its document, SourceUpdates,
+// Subscribe, ReadTags.
+#include <spdlog/spdlog.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "conn.h"
+#include "outrun/protocol/client_messages.h"
+#include "outrun/protocol/frame.h"
+#include "server.h"
+#include "tags_file.h"
+#include "tags_wire.h"
+
+namespace outrun::daemon {
+
+namespace {
+
+void write_tags_reply(protocol::FrameWriter& w, uint64_t request_id, const Error& e,
+                      const std::string& json) {
+  flatbuffers::FlatBufferBuilder f(256 + json.size());
+  w.write(protocol::encode_tags_reply(f, request_id, static_cast<wire::Status>(e.status), e.message,
+                                      json));
+}
+
+std::string dump_json(const nlohmann::ordered_json& j) {
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+constexpr std::size_t kMaxSubscribedIds = 1u << 20;
+
+void refuse_admin(Conn& c, uint64_t rid, const char* what) REQUIRES(loop_thread) {
+  spdlog::warn("client {} (pid {} uid {}): {} refused: not an admin", c.id, c.pid, c.uid, what);
+  write_tags_reply(c.writer, rid,
+                   Error{Status::invalid_argument,
+                         "permission denied: uid " + std::to_string(c.uid) +
+                             " may use tags but not define or remove them (daemon.admin_uids, "
+                             "admin_gids)"},
+                   {});
+}
+
+void busy(Conn& c, uint64_t rid) {
+  write_tags_reply(c.writer, rid,
+                   Error{Status::busy, "too many tag definitions waiting; try again"}, {});
+}
+
+}  // namespace
+
+std::string Server::tags_list_json() const {
+  nlohmann::ordered_json arr = nlohmann::ordered_json::array();
+  for (const std::string& id : tags_->ids()) {
+    tags::TagInfo info;
+    if (tags_->info(id, &info)) continue;  // removed meanwhile
+    nlohmann::ordered_json d = tags::file::definition_to_json(info.definition);
+    nlohmann::ordered_json j;
+    j["id"] = id;
+    for (const char* k :
+         {"type", "trigger", "period_ms", "max_age_ms", "timestamps", "inputs", "keep_state"})
+      if (d.contains(k)) j[k] = d[k];
+    j["value"] = tags::file::change_to_json(id, info.value);
+    const tags::TagCounters& tc = info.counters;
+    nlohmann::ordered_json by_status = nlohmann::ordered_json::object();
+    for (int i = 0; i < kStatusCount; ++i)
+      if (tc.by_status[i])
+        by_status[std::string(to_string(static_cast<Status>(i)))] = tc.by_status[i];
+    j["counters"] = {{"evaluations", tc.evaluations},
+                     {"by_status", by_status},
+                     {"coalesced", tc.coalesced},
+                     {"busy", tc.busy},
+                     {"changes", tc.changes},
+                     {"last_error", tc.last_error},
+                     {"last_duration_us", tc.last_duration.count()}};
+    j["version"] = info.version;
+    arr.push_back(std::move(j));
+  }
+  return dump_json(nlohmann::ordered_json{{"tags", arr}});
+}
+
+void Server::handle_define_tags(const std::shared_ptr<Conn>& c, const protocol::DefineTagsMsg& d) {
+  const uint64_t rid = d.request_id;
+  if (!c->admin) {
+    refuse_admin(*c, rid, "DefineTags");
+    return;
+  }
+  if (!d.toml) {
+    write_tags_reply(c->writer, rid, Error{Status::invalid_argument, "DefineTags needs toml"}, {});
+    return;
+  }
+  spdlog::info("client {} (pid {}): define tags ({} bytes{})", c->id, c->pid, d.toml->size(),
+               d.replace_all ? ", replace all" : "");
+  auto job = [this, c, rid, text = std::string(*d.toml), replace = d.replace_all] {
+    std::vector<tags::TagDefinition> defs;
+    std::string why;
+    if (!tags::file::parse_tags(text, "", &defs, &why)) {
+      write_tags_reply(c->writer, rid, Error{Status::invalid_argument, why}, {});
+      return;
+    }
+    std::unordered_set<std::string> defined;
+    for (const auto& def : defs) defined.insert(def.id);
+    nlohmann::ordered_json removed = nlohmann::ordered_json::array();
+    if (replace)
+      for (const auto& id : tags_->ids())
+        if (!defined.count(id)) removed.push_back(id);
+    if (Error e = tags_->apply(defs, replace)) {
+      write_tags_reply(c->writer, rid, e, {});
+      return;
+    }
+    nlohmann::ordered_json ids = nlohmann::ordered_json::array();
+    for (const auto& def : defs) ids.push_back(def.id);
+    write_tags_reply(c->writer, rid, {},
+                     dump_json(nlohmann::ordered_json{{"defined", ids}, {"removed", removed}}));
+  };
+  if (!post_tags_job(std::move(job))) busy(*c, rid);
+}
+
+void Server::handle_remove_tags(const std::shared_ptr<Conn>& c, const protocol::RemoveTagsMsg& r) {
+  std::string why;
+  const uint64_t rid = r.request_id;
+  if (!c->admin) {
+    refuse_admin(*c, rid, "RemoveTags");
+    return;
+  }
+  std::vector<std::string> ids;
+  if (!detail::decode_tag_ids(r.ids, &ids, &why)) {
+    write_tags_reply(c->writer, rid, Error{Status::invalid_argument, why}, {});
+    return;
+  }
+  auto job = [this, c, rid, ids = std::move(ids)] {
+    // All or none: every id must be a virtual tag, and no tag that stays may use one.
+    std::unordered_set<std::string> gone(ids.begin(), ids.end());
+    const std::vector<std::string> all = tags_->ids();  // topological order
+    std::unordered_set<std::string> known(all.begin(), all.end());
+    for (const auto& id : ids)
+      if (!known.count(id)) {
+        write_tags_reply(c->writer, rid,
+                         Error{Status::invalid_argument, "unknown virtual tag '" + id + "'"}, {});
+        return;
+      }
+    for (const auto& id : all) {
+      if (gone.count(id)) continue;
+      tags::TagInfo info;
+      if (tags_->info(id, &info)) continue;
+      for (const auto& in : info.definition.inputs)
+        if (gone.count(in.tag)) {
+          write_tags_reply(
+              c->writer, rid,
+              Error{Status::invalid_argument, "'" + in.tag + "' is an input of '" + id + "'"}, {});
+          return;
+        }
+    }
+    nlohmann::ordered_json removed = nlohmann::ordered_json::array();
+    for (auto it = all.rbegin(); it != all.rend(); ++it) {  // dependents first
+      if (!gone.count(*it)) continue;
+      if (Error e = tags_->remove(*it)) {
+        write_tags_reply(c->writer, rid, e, {});
+        return;
+      }
+      removed.push_back(*it);
+    }
+    write_tags_reply(c->writer, rid, {}, dump_json(nlohmann::ordered_json{{"removed", removed}}));
+  };
+  if (!post_tags_job(std::move(job))) busy(*c, rid);
+}
+
+void Server::handle_list_tags(const std::shared_ptr<Conn>& c, const protocol::ListTagsMsg& l) {
+  const uint64_t rid = l.request_id;
+  std::string json = tags_list_json();
+  Error e;
+  if (constexpr std::size_t kMaxDocument = protocol::kMaxFrameSize - 4096;
+      json.size() > kMaxDocument) {
+    e = Error{Status::unavailable, "the tags document is " + std::to_string(json.size()) +
+                                       " bytes, more than a reply frame holds"};
+    json.clear();
+  }
+  write_tags_reply(c->writer, rid, e, json);
+}
+
+void Server::handle_source_updates(const std::shared_ptr<Conn>& c,
+                                   const protocol::SourceUpdatesMsg& u) {
+  std::string why;
+  const uint64_t rid = u.request_id;
+  Error e;
+  std::vector<tags::SourceUpdate> updates;
+  if (const auto* items = u.updates) {
+    if (items->size() > detail::kMaxUpdatesPerFrame) {
+      e = Error{Status::invalid_argument, "more than " +
+                                              std::to_string(detail::kMaxUpdatesPerFrame) +
+                                              " updates in one SourceUpdates"};
+    } else {
+      updates.reserve(items->size());
+      std::size_t budget = protocol::kMaxFrameSize;
+      for (const wire::TagValue* tv : *items) {
+        tags::Change ch;
+        if (!detail::decode_tag_entry(tv, &ch, &budget, &why)) {
+          e = Error{Status::invalid_argument, why};
+          break;
+        }
+        updates.push_back(tags::SourceUpdate{std::move(ch.tag), std::move(ch.value)});
+      }
+    }
+  }
+  if (!e && !updates.empty())
+    e = u.time == 0 ? tags_->update(updates) : tags_->update(updates, DateTime{u.time});
+  if (rid != 0 || e) write_tags_reply(c->writer, rid, e, {});
+}
+
+void Server::handle_subscribe(const std::shared_ptr<Conn>& c, const protocol::SubscribeMsg& sb) {
+  std::string why;
+  const uint64_t rid = sb.request_id;
+  std::vector<std::string> ids;
+  Error e;
+  if (!detail::decode_tag_ids(sb.ids, &ids, &why)) {
+    e = Error{Status::invalid_argument, why};
+  } else {
+    MutexLock lock(sub_mu_);
+    if (sb.cancel) {
+      if (ids.empty()) {
+        c->sub_all = false;
+        c->sub_ids.clear();
+      } else {
+        for (const auto& id : ids) c->sub_ids.erase(id);
+      }
+      if (!c->sub_all && c->sub_ids.empty()) {
+        subscribers_.erase(c.get());
+        c->sub_latest.clear();
+        c->sub_overflow = false;
+      }
+    } else if (c->sub_ids.size() + ids.size() > kMaxSubscribedIds) {
+      e = Error{Status::invalid_argument, "more than " + std::to_string(kMaxSubscribedIds) +
+                                              " subscribed ids on one connection"};
+    } else {
+      if (ids.empty())
+        c->sub_all = true;
+      else
+        c->sub_ids.insert(ids.begin(), ids.end());
+      subscribers_[c.get()] = c;
+    }
+  }
+  write_tags_reply(c->writer, rid, e, {});
+}
+
+void Server::handle_read_tags(const std::shared_ptr<Conn>& c, const protocol::ReadTagsMsg& r) {
+  std::string why;
+  std::vector<std::string> ids;
+  Error e;
+  std::vector<tags::DataValue> values;
+  if (!detail::decode_tag_ids(r.ids, &ids, &why)) {
+    e = Error{Status::invalid_argument, why};
+  } else {
+    values.resize(ids.size());
+    for (std::size_t i = 0; i < ids.size() && !e; ++i) e = tags_->read(ids[i], &values[i]);
+  }
+  auto& f = t_changes_fbb;
+  f.Clear();
+  std::vector<flatbuffers::Offset<wire::TagValue>> offs;
+  if (!e)
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      offs.push_back(detail::encode_tag_entry(f, ids[i], values[i]));
+  auto frame_bytes = protocol::encode_tag_values(
+      f, r.request_id, static_cast<wire::Status>(e.status), e.message, offs);
+  if (frame_bytes.size() > protocol::kMaxFrameSize) {
+    f.Clear();
+    frame_bytes = protocol::encode_tag_values(f, r.request_id, wire::Status::Unavailable,
+                                              "the values are more than a frame holds", {});
+  }
+  c->writer.write(frame_bytes);
+}
+
+}  // namespace outrun::daemon

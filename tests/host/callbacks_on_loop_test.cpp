@@ -1,0 +1,122 @@
+// HostOptions::callbacks_on_loop: callbacks run where their results are read (the loop thread),
+// refusals still go through the dispatcher, and a callback may submit and drill from there.
+#include <atomic>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "host_support.h"
+
+namespace outrun {
+namespace {
+
+using namespace std::chrono_literals;
+using test::reg;
+
+std::unique_ptr<Host> loop_host(bool callbacks_on_loop, int shards = 2) {
+  HostOptions o;
+  o.shards = shards;
+  o.timeout = 1000ms;
+  o.grace = 5000ms;
+  o.single_flight = SingleFlight::off;
+  o.callbacks_on_loop = callbacks_on_loop;
+  o.worker_path = OUTRUN_TEST_WORKER;
+  return test::start_host(o);
+}
+
+// The threads the callbacks of 400 evaluations spread over two shards ran on.
+std::set<std::thread::id> callback_threads(Host& host, test::Collector* tally) {
+  const std::pair<Script, Script> ab =
+      test::scripts_on_shards_0_and_1(host, "t", "return inputs.x + 1");
+  const Script a = ab.first, b = ab.second;
+  std::mutex mu;
+  std::set<std::thread::id> threads;
+  for (int i = 0; i < 400; ++i) {
+    host.evaluate(i % 2 ? a : b, {{"x", i}}, [&, i](Result r) {
+      {
+        std::lock_guard lock(mu);
+        threads.insert(std::this_thread::get_id());
+      }
+      tally->record(static_cast<std::size_t>(i), std::move(r));
+    });
+  }
+  REQUIRE(tally->wait_all());
+  std::lock_guard lock(mu);
+  return threads;
+}
+
+TEST_CASE("callbacks_on_loop: every shard's callbacks run once each on the one loop thread") {
+  auto host = loop_host(true);
+  test::Collector tally(400);
+  const std::set<std::thread::id> threads = callback_threads(*host, &tally);
+  CHECK(threads.size() == 1);  // both shards: the loop, not two dispatchers
+  CHECK(threads.count(std::this_thread::get_id()) == 0);
+  for (int i = 0; i < 400; ++i) {
+    CHECK(tally.calls[i] == 1);
+    CHECK(tally.results[i].value == Value(int64_t{i} + 1));
+  }
+}
+
+TEST_CASE("callbacks_on_loop off: each shard's callbacks run on its own dispatcher") {
+  auto host = loop_host(false);
+  test::Collector tally(400);
+  CHECK(callback_threads(*host, &tally).size() == 2);
+}
+
+TEST_CASE("callbacks_on_loop: refusals go through the dispatcher, deaths end on the loop") {
+  auto host = loop_host(true, 1);
+  Script s = reg(*host, "one", "return 1");
+  std::thread::id loop_id;
+  {
+    std::promise<std::thread::id> where;
+    host->evaluate(s, {}, [&](Result) { where.set_value(std::this_thread::get_id()); });
+    loop_id = where.get_future().get();
+  }
+  // A refusal at submission (a handle of no host) runs on the dispatcher: not inside evaluate()
+  // (the caller's thread), not on the loop.
+  std::promise<std::thread::id> refused;
+  host->evaluate(Script(), {}, [&](Result r) {
+    CHECK(r.status == Status::invalid_argument);
+    refused.set_value(std::this_thread::get_id());
+  });
+  const std::thread::id refused_on = refused.get_future().get();
+  CHECK(refused_on != loop_id);
+  CHECK(refused_on != std::this_thread::get_id());
+
+  // What a worker's death ends is delivered where the death is seen: the loop.
+  std::promise<std::pair<Status, std::thread::id>> lost;
+  Script spin = reg(*host, "spin", "while true do end");
+  host->evaluate(spin, {}, [&](Result r) {
+    lost.set_value({r.status, std::this_thread::get_id()});
+  });
+  std::this_thread::sleep_for(100ms);  // running or not yet: either way it ends on the loop
+  CHECK(!host->kill_shard(0));
+  const std::pair<Status, std::thread::id> ended = lost.get_future().get();
+  CHECK(ended.first != Status::ok);
+  CHECK(ended.second == loop_id);
+}
+
+TEST_CASE("callbacks_on_loop: a callback may submit the next evaluation and drill") {
+  auto host = loop_host(true, 1);
+  Script s = reg(*host, "next", "return inputs.x + 1");
+  constexpr int kChain = 300;
+  std::promise<int64_t> last;
+  std::function<void(Result)> step = [&](Result r) {
+    REQUIRE(r.status == Status::ok);
+    const int64_t x = r.value.as<int64_t>();
+    if (x == kChain / 2) CHECK(!host->restart_shard(0));  // returns at once, from the loop too
+    if (x >= kChain) {
+      last.set_value(x);
+      return;
+    }
+    host->evaluate(s, {{"x", x}}, step);
+  };
+  host->evaluate(s, {{"x", 0}}, step);
+  CHECK(last.get_future().get() == kChain);
+  CHECK(test::eventually([&] { return host->shard_stats(0).starts >= 2; }));
+}
+
+}  // namespace
+}  // namespace outrun
