@@ -162,6 +162,39 @@ TEST_CASE("Follower: many waiting threads on one shard and on two, with callback
   CHECK(s1.deaths == 0);
 }
 
+TEST_CASE("Follower: a leader never runs a callback, callbacks_on_loop or not") {
+  for (const bool on_loop : {false, true}) {
+    CAPTURE(on_loop);
+    auto o = base_options();
+    o.callbacks_on_loop = on_loop;
+    auto host = test::start_host(o);
+    Script s = reg(*host, "double", "return inputs.x * 2");
+    Script slow = reg(*host, "slow", kBusy1ms);
+    std::atomic<std::thread::id> waiter{};
+    std::atomic<int> on_waiter{0};
+    constexpr int kN = 400;
+    Collector c(kN);
+    std::thread sync([&] {
+      waiter = std::this_thread::get_id();
+      for (int i = 0; i < 300; ++i) CHECK(host->evaluate_sync(s, {{"x", i}}).value == Value(2 * i));
+    });
+    for (int i = 0; i < kN; ++i) {
+      host->evaluate(i % 2 ? s : slow, {{"x", i}}, [&, i](Result r) {
+        if (std::this_thread::get_id() == waiter.load()) ++on_waiter;
+        c.record(static_cast<std::size_t>(i), std::move(r));
+      });
+      if (i % 20 == 0) std::this_thread::sleep_for(1ms);
+    }
+    sync.join();
+    REQUIRE(c.wait_all(30s));
+    for (int i = 0; i < kN; ++i) {
+      CHECK(c.calls[static_cast<std::size_t>(i)] == 1);
+      CHECK(c.results[static_cast<std::size_t>(i)].value == Value(2 * i));
+    }
+    CHECK(on_waiter == 0);
+  }
+}
+
 TEST_CASE("Follower: kill_shard while followers wait: each ends once, ok or worker_lost") {
   auto o = base_options();
   o.restart_delay = 10ms;
