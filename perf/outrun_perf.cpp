@@ -355,16 +355,19 @@ struct IdleFig {
   double wakeups = 0, other_wakeups = 0;  // per round trip: this process, `pids`
 };
 
-// Sequential round trips through futures (the caller waits for each).
+// Sequential round trips through futures (the caller waits for each), or with `sync` through
+// evaluate_sync (the caller reads its result itself: leader/follower).
 IdleFig idle_latency(Runner& r, const std::vector<Script>& s, int iterations, int64_t* wrong,
-                     const std::vector<int>& pids = {}) {
+                     const std::vector<int>& pids = {}, bool sync = false) {
   LatencyHistogram h;
   Window w;
   w.pids = pids;
   for (int i = 0; i < iterations + 200; ++i) {
     if (i == 200) w.start();
     const int64_t t0 = mono_ns();
-    Result res = r.evaluate(s[static_cast<std::size_t>(i) % s.size()], inputs_for(i)).get();
+    const Script& script = s[static_cast<std::size_t>(i) % s.size()];
+    Result res =
+        sync ? r.evaluate_sync(script, inputs_for(i)) : r.evaluate(script, inputs_for(i)).get();
     const int64_t dt = mono_ns() - t0;
     *wrong += !check(res, i);
     if (i >= 200) h.record(dt);
@@ -673,6 +676,10 @@ bool host_main_sections(const Options& o, const HostOptions& ho, const std::set<
     f["host.idle_wakeups_per_eval"] = l.wakeups;
     f["workers.idle_wakeups_per_eval"] = l.other_wakeups;
     count_checked(f, static_cast<double>(l.lat.n), static_cast<double>(wrong));
+    const IdleFig ls = idle_latency(*host, s, o.iterations, &wrong, host->worker_pids(), true);
+    put_latency(f, "host.idle_sync", ls.lat, false);
+    f["host.idle_sync_wakeups_per_eval"] = ls.wakeups;
+    count_checked(f, static_cast<double>(ls.lat.n), static_cast<double>(wrong));
   }
   if (sel.count("paced")) {
     const PacedFig p =

@@ -135,6 +135,8 @@ bool FrameReader::next(FrameView& out) {
     error_ = FrameError::kMalformed;
     return false;
   }
+  last_begin_ = begin_;
+  last_end_ = end_;
   begin_ += total;
   if (begin_ == end_) begin_ = end_ = 0;  // cheap reset keeps later frames at aligned offsets
   out.frame = frame;

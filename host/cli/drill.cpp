@@ -624,7 +624,8 @@ class Drill {
       fault_json = {
           {"status", calls ? std::string(to_string(fault_ev_->status)) : "lost"},
           {"error", (*fault_error_)},
-          {"latency_ms", calls ? static_cast<double>(fault_ev_->done_ns - fault_ev_->submit_ns) / 1e6 : -1.0}};
+          {"latency_ms",
+           calls ? static_cast<double>(fault_ev_->done_ns - fault_ev_->submit_ns) / 1e6 : -1.0}};
     }
     std::string observed_what;
     const bool observed = fault_ok_ && fault_observed(before, after, &observed_what);

@@ -10,6 +10,8 @@ void Completion::deliver(Result&& r, const Log& log) {
       p->set_value(std::move(r));
     } else if (auto* b = std::get_if<BatchTarget>(&v_)) {
       (*b->callback)(b->index, std::move(r));
+    } else if (auto* w = std::get_if<SyncWaiter*>(&v_)) {
+      fulfil(**w, std::move(r));
     }
   } catch (const std::exception& e) {
     log(LogLevel::error, "outrun: a result callback threw: {}", e.what());

@@ -18,24 +18,33 @@ struct BatchTarget {
   std::size_t index = 0;
 };
 
-// Exactly one of: a callback, a promise, or a batch callback with the request's index.
+// A caller blocked in Host::evaluate_sync (shard.h; follower.cpp).
+struct SyncWaiter;
+// Hands `r` to the waiter and wakes it (follower.cpp). Runs no caller code.
+void fulfil(SyncWaiter& w, Result&& r);
+
+// Exactly one of: a callback, a promise, a batch callback with the request's index, or a caller
+// waiting in evaluate_sync.
 class Completion {
  public:
   Completion() = default;
   explicit Completion(Callback cb) : v_(std::move(cb)) {}
   explicit Completion(std::promise<Result> p) : v_(std::move(p)) {}
   explicit Completion(BatchTarget b) : v_(std::move(b)) {}
+  explicit Completion(SyncWaiter* w) : v_(w) {}
 
   // True when delivering runs caller code (a callback), i.e. must happen on a dispatcher.
   bool runs_caller_code() const {
     return std::holds_alternative<Callback>(v_) || std::holds_alternative<BatchTarget>(v_);
   }
+  // True for a caller blocked in evaluate_sync: delivered where the result is read, always.
+  bool wakes_waiter() const { return std::holds_alternative<SyncWaiter*>(v_); }
   bool empty() const { return std::holds_alternative<std::monostate>(v_); }
   // A callback that throws is logged to `log` and otherwise ignored.
   void deliver(Result&& r, const Log& log);
 
  private:
-  std::variant<std::monostate, Callback, std::promise<Result>, BatchTarget> v_;
+  std::variant<std::monostate, Callback, std::promise<Result>, BatchTarget, SyncWaiter*> v_;
 };
 
 struct Delivery {

@@ -239,6 +239,10 @@ std::future<Result> Host::evaluate(const Script& script, Inputs inputs) {
   return f;
 }
 
+Result Host::evaluate_sync(const Script& script, Inputs inputs) {
+  return impl_->evaluate_sync(script, std::move(inputs));
+}
+
 void Host::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
   impl_->submit_batch(std::move(requests), std::move(done));
 }

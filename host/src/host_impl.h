@@ -5,6 +5,8 @@
 //    writes handed off), status pages, timers, child exits. Completes evaluations: releases the
 //    slot, then fulfils futures or hands callbacks to the shard's dispatcher.
 //  - one dispatcher thread per shard: runs callbacks.
+//  - a caller in evaluate_sync (follower.cpp) may read its shard's results itself while it holds
+//    the shard's read token (leader/follower); it runs no callback and owns no handle.
 #pragma once
 
 #include <flatbuffers/flatbuffers.h>
@@ -55,7 +57,7 @@ struct Host::Impl final : detail::WorkerEvents {
   std::thread loop_thread;
   ThreadRole loop_role;  // the loop thread: bound when it starts
   std::vector<std::unique_ptr<detail::Shard>> shards;
-  flatbuffers::FlatBufferBuilder loop_fbb{4096};  // loop thread only
+  flatbuffers::FlatBufferBuilder loop_fbb{4096};  // loop thread only (Forget frames)
 
   std::atomic<bool> stopping{false};
   Mutex wakeup_mu;  // uv_async_send on a closed handle aborts
@@ -90,13 +92,35 @@ struct Host::Impl final : detail::WorkerEvents {
       std::size_t n);
 
   // Sends or parks evaluations that just took their key's flight (or were re-sent), ending the
-  // quarantined ones. Loop thread.
+  // quarantined ones. The loop thread or a leader (the thread's own builder).
   void place_promoted(detail::Shard& sh, std::vector<uint32_t>& promoted, Ended* out)
-      REQUIRES(sh.mu, loop_role);
-  void send_slots(detail::Shard& sh, const std::vector<uint32_t>& idxs) REQUIRES(sh.mu, loop_role);
-  void deliver_from_loop(detail::Shard& sh, detail::Completion&& done, Result&& r)
-      REQUIRES(loop_role);
+      REQUIRES(sh.mu);
+  void send_slots(detail::Shard& sh, const std::vector<uint32_t>& idxs) REQUIRES(sh.mu);
+  // Where a reader (the loop, or a leader) delivers what it read: futures and waiters now,
+  // callbacks into `to_dispatch` (posted to the shard's dispatcher by the reader).
+  void deliver_read(detail::Completion&& done, Result&& r,
+                    std::vector<detail::Delivery>* to_dispatch);
   void deliver_all(detail::Shard& sh, Ended& ended) REQUIRES(loop_role);
+
+  // follower.cpp (caller threads): evaluate_sync, leader/follower (design/threading.md).
+  Result evaluate_sync(const Script& script, Inputs&& inputs);
+  // What a leader leaves to the loop: read again (a frame put back, an end of stream, a read
+  // error), or a protocol violation it found.
+  struct Handoff {
+    bool read = false;
+    std::string violation;
+  };
+  void wait_for_result(detail::Shard& sh, detail::SyncWaiter& me);
+  Handoff lead(detail::Shard& sh, detail::WorkerProcess* w, detail::SyncWaiter& me)
+      REQUIRES(sh.reading.token);
+  void follow_frames(detail::Shard& sh, detail::WorkerProcess* w, Handoff* h,
+                     std::vector<detail::Delivery>* to_dispatch) REQUIRES(sh.reading.token);
+  // Gives the token up (to the loop if it waits, else to a waiting follower, else to nobody);
+  // true when the loop must be woken (a hand-off, or it must poll again).
+  bool follower_release(detail::Shard& sh, detail::SyncWaiter& me, Handoff&& h)
+      RELEASE(sh.reading.token);
+  // To the first waiting follower that is not done (shard and token mutexes held); false: none.
+  static bool hand_to_follower(detail::Shard& sh) REQUIRES(sh.mu, sh.reading.mu);
 
   // workers.cpp (loop thread): the worker's events, and what the host does with them.
   Error spawn(detail::Shard& sh) REQUIRES(loop_role);
@@ -107,12 +131,27 @@ struct Host::Impl final : detail::WorkerEvents {
   void on_worker_stream_error(detail::WorkerProcess* w) override;
   void on_worker_linger_expired(detail::WorkerProcess* w) override;
   void on_worker_freed(detail::WorkerProcess* w) override;
-  void process_frames(detail::WorkerProcess* w, std::string* violation) REQUIRES(loop_role);
-  // The items of a Results frame (null: none).
-  void handle_results(detail::WorkerProcess* w,
+  // The loop's read of `w`'s result socket when it is readable or a follower handed it over:
+  // takes the read token, or stops polling while a follower holds it.
+  void loop_read(detail::Shard& sh, detail::WorkerProcess* w) REQUIRES(loop_role);
+  // The loop gives the token up (to a waiting follower, else to nobody; polls again when it had
+  // stopped and evaluations are in flight). `poison`: nobody reads `w` again.
+  void loop_release(detail::Shard& sh, detail::WorkerProcess* w, bool poison) REQUIRES(loop_role)
+      RELEASE(sh.reading.token);
+  // Before a death is handled: the token, from whoever holds it (kicked), and `w` stops being
+  // readable for followers. Blocks the loop for at most one leader's batch.
+  void take_token_for_death(detail::Shard& sh, detail::WorkerProcess* w) REQUIRES(loop_role)
+      ACQUIRE(sh.reading.token);
+  // Hand-offs and resume requests of followers (on_wakeup).
+  void attend_reading(detail::Shard& sh) REQUIRES(loop_role);
+  void process_frames(detail::Shard& sh, detail::WorkerProcess* w, std::string* violation)
+      REQUIRES(loop_role, sh.reading.token);
+  // The items of a Results frame (null: none). The loop or a leader.
+  void handle_results(detail::Shard& sh, detail::WorkerProcess* w,
                       const flatbuffers::Vector<flatbuffers::Offset<wire::Result>>* items,
-                      std::string* violation) REQUIRES(loop_role);
-  void drain(detail::WorkerProcess* w) REQUIRES(loop_role);
+                      std::string* violation, std::vector<detail::Delivery>* to_dispatch)
+      REQUIRES(sh.reading.token);
+  void drain(detail::Shard& sh, detail::WorkerProcess* w) REQUIRES(loop_role, sh.reading.token);
   void stream_ended(detail::WorkerProcess* w) REQUIRES(loop_role);
   void flush_writer(detail::WorkerProcess* w) REQUIRES(loop_role);
   void kill_worker(detail::WorkerProcess* w, detail::DeathCause cause, const std::string& why,
@@ -160,6 +199,13 @@ struct Host::Impl final : detail::WorkerEvents {
 };
 
 using detail::monotonic_ns;
+
+// The calling thread's builder: a producer's evaluations, and what a reader (the loop or a
+// leader) re-sends or promotes under the shard's mutex.
+inline flatbuffers::FlatBufferBuilder& thread_builder() {
+  thread_local flatbuffers::FlatBufferBuilder fbb(4096);
+  return fbb;
+}
 
 // Whether `r` is quarantined now. The common answer costs one relaxed load (hot path: every
 // evaluation); only a record that was quarantined reads the clock, and the first call after the

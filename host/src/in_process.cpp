@@ -150,6 +150,10 @@ std::future<Result> InProcess::evaluate(const Script& script, Inputs inputs) {
   return p.get_future();
 }
 
+Result InProcess::evaluate_sync(const Script& script, Inputs inputs) {
+  return run(script, inputs);
+}
+
 void InProcess::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
   for (std::size_t i = 0; i < requests.size(); ++i)
     done(i, run(requests[i].script, requests[i].inputs));

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "completion.h"
@@ -33,6 +34,57 @@ enum class ShardState : uint8_t {
 };
 const char* to_string(ShardState s);
 
+// Leader/follower (design/threading.md "Leader/follower"): who reads the current worker's result
+// socket and its FrameReader. At most one holder at a time: the loop thread while it reads, or
+// one caller blocked in evaluate_sync (the leader), which reads until its own result is in and
+// then hands the token to another waiting caller, to the loop when it asked, or to nobody.
+struct ReadToken {
+  enum class Holder : uint8_t { kNone, kLoop, kFollower };
+
+  ReadToken();   // the kick eventfd
+  ~ReadToken();  // closes it
+  ReadToken(const ReadToken&) = delete;
+  ReadToken& operator=(const ReadToken&) = delete;
+
+  Mutex mu;  // after Shard::mu when both are held; also guards every SyncWaiter of the shard
+  Holder holder GUARDED_BY(mu) = Holder::kNone;
+  // The worker a follower may read: set when it is spawned, cleared (so nobody takes the token
+  // for it again) when its stream ended, a violation was found, or its death is handled.
+  WorkerProcess* source GUARDED_BY(mu) = nullptr;
+  // Callers waiting for their result that would lead if handed the token, in arrival order.
+  std::vector<SyncWaiter*> followers GUARDED_BY(mu);
+  // The loop waits for the token (a death to handle): the holder hands it to the loop first.
+  bool loop_wants GUARDED_BY(mu) = false;
+  CondVar loop_cv;  // holder became kLoop for a loop that wants it
+  // What a follower left to the loop: a frame it does not handle (put back in the reader), an
+  // end of stream or a read error (loop: read again), or a protocol violation it found.
+  bool handoff_read GUARDED_BY(mu) = false;
+  std::string handoff_violation GUARDED_BY(mu);
+  // The loop stopped polling the result socket because a follower held the token (written on the
+  // loop under mu; read by submitters under Shard::mu, see Host::Impl::submit), and a wake-up
+  // to resume it is on its way.
+  std::atomic<bool> loop_paused{false};
+  std::atomic<bool> resume_asked{false};
+  // An eventfd the leader polls next to the result socket: written to stop it (the loop wants
+  // the token, or its own result was delivered by another thread).
+  int kick_fd = -1;
+  void kick() const;
+  // The capability: the source's FrameReader and result fd. Acquired by whoever set `holder`.
+  Baton token;
+};
+
+// A caller blocked in evaluate_sync, on its stack. Its fields are guarded by its shard's
+// ReadToken::mu, so a deliverer wakes it (under that mutex) before the caller can return.
+struct SyncWaiter {
+  explicit SyncWaiter(ReadToken& r) : rd(r), thread(std::this_thread::get_id()) {}
+  ReadToken& rd;
+  const std::thread::id thread;
+  CondVar cv;  // done or has_token
+  bool done GUARDED_BY(rd.mu) = false;
+  bool has_token GUARDED_BY(rd.mu) = false;  // handed the token (or took it): it leads
+  Result result GUARDED_BY(rd.mu);
+};
+
 struct Shard {
   Shard(int i, const RestartConfig& restart) : index(i), policy(i, restart) {}
 
@@ -51,10 +103,11 @@ struct Shard {
   uv_timer_t restart_timer{};
   uv_timer_t watchdog{};  // heartbeat age and the running evaluation's T+G deadline
   RestartPolicy policy;
-  std::vector<Delivery> to_dispatch;       // scratch: results of one read
+  std::vector<Delivery> to_dispatch;       // scratch: results of one read by the loop
   std::atomic<bool> write_blocked{false};  // a producer handed the rest of a write to the loop
 
   std::unique_ptr<Dispatcher> dispatcher;
+  ReadToken reading;
 
   // Counters (relaxed; read by stats).
   std::atomic<uint64_t> starts{0}, deaths{0}, evaluations{0}, reads{0}, frames{0}, retried{0};

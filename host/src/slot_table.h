@@ -48,6 +48,8 @@ class SlotTable {
   Slot& operator[](uint32_t idx) { return slots_[idx]; }
   const Slot& operator[](uint32_t idx) const { return slots_[idx]; }
   uint32_t size() const { return static_cast<uint32_t>(slots_.size()); }
+  // Evaluations not yet ended (sent, waiting or pending).
+  std::size_t in_use() const { return slots_.size() - free_.size(); }
 
   // Single flight: whether `key_id` has an evaluation in flight (sent, waiting or about to be).
   bool in_flight(uint32_t key_id) const { return key_id < flight_.size() && flight_[key_id] != 0; }

@@ -16,11 +16,6 @@ using protocol::FrameWriter;
 
 namespace {
 
-flatbuffers::FlatBufferBuilder& producer_builder() {
-  thread_local flatbuffers::FlatBufferBuilder fbb(4096);
-  return fbb;
-}
-
 std::string busy_message(const detail::ScriptRecord* r) {
   return "an evaluation of '" + r->key + "' is already in flight (single flight: refuse)";
 }
@@ -84,7 +79,7 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
                 Result{Status::cancelled, {}, "the host is shutting down", sh.index});
     return;
   }
-  auto& f = producer_builder();
+  auto& f = thread_builder();
   f.Clear();
   detail::InputsOffset in;
   std::string err;
@@ -96,6 +91,8 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
   std::shared_ptr<FrameWriter> writer;
   Result refusal;       // status ok: accepted
   Completion replaced;  // coalesce-latest: the waiting one this one replaces
+  const bool waiter = done.wakes_waiter();
+  bool resume = false;  // the loop stopped reading for a follower: it must read this one
   {
     MutexLock lock(sh.mu);
     const bool single = opts.single_flight != SingleFlight::off;
@@ -119,6 +116,11 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
           sh.table.admit(script, std::move(inputs), std::move(done), SlotPlace::kSent, single);
       auto ev = build_evaluation(f, sh, idx, in);
       if (sh.writer->enqueue(finish_evaluate(f, &ev, 1))) writer = sh.writer;
+      // A caller in evaluate_sync reads its own result or is handed it. Anything else sent while
+      // the loop does not poll would go unread unless the loop polls again (design/threading.md
+      // "Leader/follower": loop_paused is written under the token's mutex, read here under
+      // Shard::mu; a leader giving the token up reads both under both).
+      resume = !waiter && sh.reading.loop_paused.load() && !sh.reading.resume_asked.exchange(true);
     } else {
       sh.table.admit(script, std::move(inputs), std::move(done), SlotPlace::kWaiting, single);
     }
@@ -129,6 +131,7 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
   }
   sh.evaluations.fetch_add(1, std::memory_order_relaxed);
   if (writer) writer->write_pending();
+  if (resume) wake();
   if (!replaced.empty())
     deliver_now(sh, std::move(replaced),
                 Result{Status::busy,
@@ -165,7 +168,7 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
     }
     by_shard[r->shard].push_back(i);
   }
-  auto& f = producer_builder();
+  auto& f = thread_builder();
   std::vector<detail::InputsOffset> inputs;
   std::vector<std::size_t> chunk;
   std::vector<std::size_t> one_by_one;
@@ -195,6 +198,7 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
       if (chunk.empty()) continue;
       std::shared_ptr<FrameWriter> writer;
       std::size_t accepted = 0;
+      bool resume = false;
       {
         MutexLock lock(sh.mu);
         evs.clear();
@@ -215,9 +219,12 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
         }
         if (!evs.empty() && sh.writer->enqueue(finish_evaluate(f, evs.data(), evs.size())))
           writer = sh.writer;
+        resume = !evs.empty() && sh.reading.loop_paused.load() &&
+                 !sh.reading.resume_asked.exchange(true);  // as in submit()
       }
       sh.evaluations.fetch_add(accepted, std::memory_order_relaxed);
       if (writer) writer->write_pending();
+      if (resume) wake();
       for (std::size_t i : one_by_one)
         submit(requests[i].script, std::move(requests[i].inputs),
                Completion(detail::BatchTarget{shared_cb, i}));
@@ -226,7 +233,8 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
   }
 }
 
-// Sends (or parks) evaluations that just took their key's flight. sh.mu held, loop thread.
+// Sends (or parks) evaluations that just took their key's flight. sh.mu held; the loop thread
+// or a leader.
 void Host::Impl::place_promoted(Shard& sh, std::vector<uint32_t>& promoted, Ended* out) {
   while (!promoted.empty()) {
     std::vector<uint32_t> batch;
@@ -254,9 +262,10 @@ void Host::Impl::place_promoted(Shard& sh, std::vector<uint32_t>& promoted, Ende
 }
 
 // Encodes the slots `idxs` (used, not sent) for the current worker and writes them at once.
-// sh.mu held (loop thread): this path is rare (restarts, retries, NeedSource, coalescing).
+// sh.mu held (the loop thread, or a leader): this path is rare (restarts, retries, NeedSource,
+// coalescing).
 void Host::Impl::send_slots(Shard& sh, const std::vector<uint32_t>& idxs) {
-  auto& f = loop_fbb;
+  auto& f = thread_builder();
   std::vector<flatbuffers::Offset<wire::Evaluation>> evs;
   std::size_t k = 0;
   while (k < idxs.size()) {
@@ -275,17 +284,19 @@ void Host::Impl::send_slots(Shard& sh, const std::vector<uint32_t>& idxs) {
   }
 }
 
-void Host::Impl::deliver_from_loop(Shard& sh, Completion&& done, Result&& r) {
-  // Futures (no caller code) and, when the application promised they never block, callbacks
-  // are delivered here, on the loop thread: no dispatcher hop.
-  if (done.runs_caller_code() ? opts.callbacks_on_loop : opts.fulfill_futures_on_loop)
+void Host::Impl::deliver_read(Completion&& done, Result&& r, std::vector<Delivery>* to_dispatch) {
+  // Waiters and futures (no caller code) and, when the application promised they never block
+  // and this is the loop thread, callbacks are delivered here: no dispatcher hop. A leader
+  // (follower.cpp) never runs a callback.
+  if (done.wakes_waiter() || (done.runs_caller_code() ? opts.callbacks_on_loop && on_loop_thread()
+                                                      : opts.fulfill_futures_on_loop))
     done.deliver(std::move(r), log);
   else
-    sh.to_dispatch.push_back(Delivery{std::move(done), std::move(r)});
+    to_dispatch->push_back(Delivery{std::move(done), std::move(r)});
 }
 
 void Host::Impl::deliver_all(Shard& sh, Ended& ended) {
-  for (auto& [c, r] : ended) deliver_from_loop(sh, std::move(c), std::move(r));
+  for (auto& [c, r] : ended) deliver_read(std::move(c), std::move(r), &sh.to_dispatch);
   ended.clear();
   if (!sh.to_dispatch.empty()) sh.dispatcher->post(sh.to_dispatch);
 }

@@ -147,9 +147,11 @@ void Host::Impl::on_restart(uv_timer_t* t) {
 void Host::Impl::on_wakeup(uv_async_t* a) {
   Impl* self = static_cast<Impl*>(a->data);
   self->loop_role.assert_here();
-  for (auto& sh : self->shards)
+  for (auto& sh : self->shards) {
     if (sh->write_blocked.exchange(false, std::memory_order_acq_rel) && sh->worker)
       sh->worker->watch_writable();
+    self->attend_reading(*sh);
+  }
   self->flush_forgets();
   if (self->stopping.load() && !self->shutdown_started) {
     self->begin_shutdown();

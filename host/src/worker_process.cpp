@@ -194,6 +194,15 @@ void WorkerProcess::end_stream(uint64_t linger_ms) {
   uv_timer_start(&linger_, &WorkerProcess::on_linger, linger_ms, 0);
 }
 
+void WorkerProcess::pause_reading() {
+  if (io_open_ && (life_ == Life::kStarting || life_ == Life::kServing)) uv_poll_stop(&poll_);
+}
+
+void WorkerProcess::resume_reading() {
+  if (io_open_ && (life_ == Life::kStarting || life_ == Life::kServing))
+    uv_poll_start(&poll_, UV_READABLE, &WorkerProcess::on_poll);
+}
+
 void WorkerProcess::watch_writable() {
   if (watching_write_ || life_ == Life::kDead || life_ == Life::kStreamEnded || !io_open_) return;
   watching_write_ = true;

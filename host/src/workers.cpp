@@ -73,6 +73,15 @@ Error Host::Impl::spawn(Shard& sh) {
     sh.stats_page = w->page_region();
   }
   {
+    // Followers may read it from now on; its poll runs (nothing paused, nothing handed over).
+    MutexLock lock(sh.reading.mu);
+    sh.reading.source = w;
+    sh.reading.handoff_read = false;
+    sh.reading.handoff_violation.clear();
+    sh.reading.loop_paused.store(false);
+    sh.reading.resume_asked.store(false);
+  }
+  {
     MutexLock lock(sh.mu);
     sh.writer = w->writer();
     set_state(sh, ShardState::kRunning);
@@ -103,16 +112,98 @@ void Host::Impl::on_worker_exit(WorkerProcess* w) {
 
 void Host::Impl::on_worker_readable(WorkerProcess* w) {
   loop_role.assert_here();
-  const long n = w->reader().read_from(w->result_fd());
-  if (n == -EAGAIN) return;
-  if (n <= 0) {  // EOF or ECONNRESET: what it wrote before is drained in worker_died
+  loop_read(w->shard(), w);
+}
+
+void Host::Impl::loop_read(Shard& sh, WorkerProcess* w) {
+  bool buffered = false;  // a follower put a frame back, or saw an end of stream
+  std::string violation;  // one a follower found
+  {
+    MutexLock lock(sh.reading.mu);
+    if (sh.reading.holder != detail::ReadToken::Holder::kNone) {
+      // A follower reads (the loop never holds the token here): stop polling a level-triggered
+      // fd it reads, until it gives the token up with evaluations still in flight.
+      if (!sh.reading.loop_paused.load()) {
+        sh.reading.loop_paused.store(true);
+        w->pause_reading();
+      }
+      return;
+    }
+    sh.reading.holder = detail::ReadToken::Holder::kLoop;
+    buffered = std::exchange(sh.reading.handoff_read, false);
+    violation = std::exchange(sh.reading.handoff_violation, {});
+  }
+  sh.reading.token.acquire();
+  bool ended = false;
+  if (violation.empty() && buffered) process_frames(sh, w, &violation);
+  if (violation.empty()) {
+    const long n = w->reader().read_from(w->result_fd());
+    if (n > 0) {
+      sh.reads.fetch_add(1, std::memory_order_relaxed);
+      process_frames(sh, w, &violation);
+    } else if (n != -EAGAIN) {
+      ended = true;  // EOF or ECONNRESET: what it wrote before is drained in worker_died
+    }
+  }
+  loop_release(sh, w, ended || !violation.empty());
+  if (ended)
     stream_ended(w);
+  else if (!violation.empty())
+    kill_worker(w, DeathCause::kProtocol, "violated the protocol: " + violation);
+}
+
+void Host::Impl::loop_release(Shard& sh, WorkerProcess* w, bool poison) {
+  sh.reading.token.release();
+  MutexLock lock(sh.mu);
+  MutexLock rlock(sh.reading.mu);
+  if (poison && sh.reading.source == w) sh.reading.source = nullptr;
+  if (hand_to_follower(sh)) return;
+  sh.reading.holder = detail::ReadToken::Holder::kNone;
+  if (sh.reading.loop_paused.load() && sh.table.in_use() > 0) {
+    sh.reading.loop_paused.store(false);
+    w->resume_reading();
+  }
+}
+
+void Host::Impl::take_token_for_death(Shard& sh, WorkerProcess* w) {
+  MutexLock lock(sh.reading.mu);
+  if (sh.reading.source == w) sh.reading.source = nullptr;  // nobody takes it for `w` again
+  sh.reading.handoff_read = false;                          // the death handles all of it
+  sh.reading.handoff_violation.clear();
+  if (sh.reading.holder != detail::ReadToken::Holder::kNone) {
+    sh.reading.loop_wants = true;
+    sh.reading.kick();
+    sh.reading.loop_cv.wait(sh.reading.mu, [&]() REQUIRES(sh.reading.mu) {
+      return sh.reading.holder == detail::ReadToken::Holder::kLoop;
+    });
+  } else {
+    sh.reading.holder = detail::ReadToken::Holder::kLoop;
+  }
+  sh.reading.token.acquire();
+}
+
+void Host::Impl::attend_reading(Shard& sh) {
+  WorkerProcess* w = sh.worker;
+  if (!w ||
+      (w->life() != WorkerProcess::Life::kStarting && w->life() != WorkerProcess::Life::kServing))
+    return;
+  bool handoff;
+  {
+    MutexLock lock(sh.reading.mu);
+    handoff = sh.reading.handoff_read || !sh.reading.handoff_violation.empty();
+  }
+  const bool resume = sh.reading.resume_asked.exchange(false);
+  if (handoff) {
+    loop_read(sh, w);  // its release polls again if evaluations are in flight
     return;
   }
-  std::string violation;
-  process_frames(w, &violation);
-  if (!violation.empty())
-    kill_worker(w, DeathCause::kProtocol, "violated the protocol: " + violation);
+  if (resume) {
+    MutexLock lock(sh.reading.mu);
+    if (sh.reading.loop_paused.load()) {
+      sh.reading.loop_paused.store(false);
+      w->resume_reading();
+    }
+  }
 }
 
 void Host::Impl::on_worker_writable(WorkerProcess* w) {
@@ -130,6 +221,11 @@ void Host::Impl::on_worker_stream_error(WorkerProcess* w) {
 // stop reading and wait for it. A worker still running after kLingerMs closed its pipe on
 // purpose and is killed.
 void Host::Impl::stream_ended(WorkerProcess* w) {
+  {
+    Shard& sh = w->shard();
+    MutexLock lock(sh.reading.mu);
+    if (sh.reading.source == w) sh.reading.source = nullptr;  // followers stop reading it
+  }
   w->end_stream(kLingerMs);
 }
 
@@ -157,9 +253,7 @@ void Host::Impl::flush_writer(WorkerProcess* w) {
 }
 
 // Handles every complete frame in the worker's reader; stops at the first violation.
-void Host::Impl::process_frames(WorkerProcess* w, std::string* violation) {
-  Shard& sh = w->shard();
-  sh.reads.fetch_add(1, std::memory_order_relaxed);
+void Host::Impl::process_frames(Shard& sh, WorkerProcess* w, std::string* violation) {
   protocol::FrameView fv;
   while (violation->empty() && w->reader().next(fv)) {
     sh.frames.fetch_add(1, std::memory_order_relaxed);
@@ -181,7 +275,8 @@ void Host::Impl::process_frames(WorkerProcess* w, std::string* violation) {
         if (!w->greeted())
           *violation = "sent results before its hello";
         else
-          handle_results(w, std::get<protocol::ResultsMsg>(m).items, violation);
+          handle_results(sh, w, std::get<protocol::ResultsMsg>(m).items, violation,
+                         &sh.to_dispatch);
         break;
       default:
         break;  // decode_worker_frame took it for a violation
@@ -192,10 +287,10 @@ void Host::Impl::process_frames(WorkerProcess* w, std::string* violation) {
   if (!sh.to_dispatch.empty()) sh.dispatcher->post(sh.to_dispatch);
 }
 
-void Host::Impl::handle_results(WorkerProcess* w,
+void Host::Impl::handle_results(Shard& sh, WorkerProcess*,
                                 const flatbuffers::Vector<flatbuffers::Offset<wire::Result>>* items,
-                                std::string* violation) {
-  Shard& sh = w->shard();
+                                std::string* violation,
+                                std::vector<detail::Delivery>* to_dispatch) {
   if (!items) return;
   // Check and release the slots under the lock; decode and deliver after it.
   thread_local std::vector<std::pair<Completion, protocol::ResultView>> done;
@@ -254,20 +349,23 @@ void Host::Impl::handle_results(WorkerProcess* w,
     } else {
       res.error = r.error;
     }
-    deliver_from_loop(sh, std::move(completion), std::move(res));
+    deliver_read(std::move(completion), std::move(res), to_dispatch);
   }
   done.clear();
-  for (auto& [c, r] : ended) deliver_from_loop(sh, std::move(c), std::move(r));
+  for (auto& [c, r] : ended) deliver_read(std::move(c), std::move(r), to_dispatch);
   ended.clear();
 }
 
 // A dead worker's last words: results it wrote before it exited are still in the socket.
-void Host::Impl::drain(WorkerProcess* w) {
+void Host::Impl::drain(Shard& sh, WorkerProcess* w) {
   std::string violation;
+  // What a follower put back comes first.
+  process_frames(sh, w, &violation);
   // Bounded only as a guard: a killed or exited process cannot keep writing.
   for (int i = 0; i < 100000 && violation.empty(); ++i) {
     if (w->reader().read_from(w->result_fd()) <= 0) break;
-    process_frames(w, &violation);
+    sh.reads.fetch_add(1, std::memory_order_relaxed);
+    process_frames(sh, w, &violation);
   }
 }
 
@@ -299,9 +397,16 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
     sh.writer.reset();
     set_state(sh, stop ? ShardState::kStopped : ShardState::kDown);
   }
+  // Its socket and reader are the loop's from here: a follower that reads them is stopped first.
+  take_token_for_death(sh, w);
   if (cause != DeathCause::kProtocol && w->reader().error() == protocol::FrameError::kNone)
-    drain(w);
+    drain(sh, w);
   w->close_io();
+  {
+    sh.reading.token.release();
+    MutexLock lock(sh.reading.mu);
+    sh.reading.holder = detail::ReadToken::Holder::kNone;  // nobody reads `w` again
+  }
   uv_timer_stop(&sh.watchdog);
 
   const auto& exit = w->exit_status();

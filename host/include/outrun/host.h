@@ -96,9 +96,10 @@ struct HostOptions {
   // runs, no shard's results are read, no heartbeat or deadline is checked and no worker is
   // restarted. Such a callback may submit evaluations (the result comes later), call kill_shard,
   // restart_shard and the stats calls, and take locks nobody holds for long; it must not wait
-  // for another evaluation (a future's get() never returns: the loop is the one that would
-  // fulfil it), sleep, or destroy the Host. Refusals at submission (invalid handle, cancelled,
-  // crash loop, ...) still go through the dispatcher, so a callback never runs inside evaluate().
+  // for another evaluation (a future's get() or evaluate_sync never returns: the loop is the
+  // one that would fulfil it), sleep, or destroy the Host. Refusals at submission (invalid handle,
+  // cancelled, crash loop, ...) still go through the dispatcher, so a callback never runs inside
+  // evaluate().
   bool callbacks_on_loop = false;
 
   // Bytes all script records may cost together: key, source and chunk name of each plus
@@ -232,6 +233,14 @@ class Host final : public Runner {
   Error unregister_script(std::string_view key) override;
   void evaluate(const Script& script, Inputs inputs, Callback done) override;
   std::future<Result> evaluate(const Script& script, Inputs inputs) override;
+  // Waits on this thread. While it waits the caller may read its shard's results itself
+  // (leader/follower, design/threading.md): it then also releases the slots of, and fulfils the
+  // futures of, other evaluations of that shard it reads, and posts their callbacks to the
+  // shard's dispatcher (a callback never runs on the caller, callbacks_on_loop or not). It must
+  // not be called from a callback that runs on the loop (callbacks_on_loop). The loop thread keeps
+  // the timers, kills, deaths and restarts. The slot is released before this returns; the result is
+  // the one evaluate() would have given.
+  Result evaluate_sync(const Script& script, Inputs inputs) override;
   void evaluate_batch(std::vector<Request> requests, BatchCallback done) override;
 
   int shards() const;

@@ -38,6 +38,7 @@ class InProcess final : public Runner {
   Error unregister_script(std::string_view key) override;
   void evaluate(const Script& script, Inputs inputs, Callback done) override;
   std::future<Result> evaluate(const Script& script, Inputs inputs) override;
+  Result evaluate_sync(const Script& script, Inputs inputs) override;  // runs it here
   void evaluate_batch(std::vector<Request> requests, BatchCallback done) override;
 
   // Runs one evaluation synchronously (what evaluate() does, without a callback).

@@ -144,6 +144,14 @@ class Runner {
   // Same, as a future. Fulfilling the future runs no caller code.
   virtual std::future<Result> evaluate(const Script& script, Inputs inputs) = 0;
 
+  // Same, waiting for the result on the calling thread (no future, no promise). By default
+  // `evaluate(script, inputs).get()`. Host: the waiting caller reads its shard's results itself
+  // when no one else does (leader/follower; one host wake-up per round trip). InProcess: runs it
+  // here. It blocks: called from a Host callback, it holds up that dispatcher's other callbacks.
+  virtual Result evaluate_sync(const Script& script, Inputs inputs) {
+    return evaluate(script, std::move(inputs)).get();
+  }
+
   // Many evaluations in one call, written to each shard as few frames as possible. `done` is
   // called once per request, with its index, in no particular order.
   virtual void evaluate_batch(std::vector<Request> requests, BatchCallback done) = 0;

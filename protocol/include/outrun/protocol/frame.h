@@ -66,7 +66,8 @@ struct FrameView {
 // split across any number of reads. After a large frame the buffer shrinks back to its initial
 // capacity.
 //
-// Not thread-safe: owned by one thread (the host's loop thread, or the worker's main thread).
+// Not thread-safe: owned by one thread at a time (the worker's main thread; in the host, whoever
+// holds the shard's read token: the loop thread or one follower).
 class FrameReader {
  public:
   // `max_frame` lets tests use a smaller bound; production uses kMaxFrameSize.
@@ -83,6 +84,13 @@ class FrameReader {
   // Next complete frame. Returns true and fills `out` when one is ready; false when more bytes
   // are needed or the stream is broken (then error() != kNone and every later call fails too).
   bool next(FrameView& out);
+  // Hands the frame the last next() returned back, so the next call returns it again. Only right
+  // after a next() that returned true, before any read_from() or append(): the host's follower
+  // leaves a frame it does not handle to the loop thread this way (design/threading.md).
+  void put_back() {
+    begin_ = last_begin_;
+    end_ = last_end_;
+  }
 
   FrameError error() const { return error_; }
   // Bytes received but not yet handed out as frames.
@@ -97,9 +105,10 @@ class FrameReader {
   std::size_t initial_capacity_;
   std::unique_ptr<uint64_t[]> storage_;  // uint64_t keeps the buffer 8-byte aligned
   std::size_t capacity_ = 0;
-  std::size_t begin_ = 0;          // first unconsumed byte
-  std::size_t end_ = 0;            // one past the last received byte
-  std::vector<uint64_t> scratch_;  // aligned copy of a misaligned frame
+  std::size_t begin_ = 0;                      // first unconsumed byte
+  std::size_t end_ = 0;                        // one past the last received byte
+  std::size_t last_begin_ = 0, last_end_ = 0;  // before the last next() that returned a frame
+  std::vector<uint64_t> scratch_;              // aligned copy of a misaligned frame
   FrameError error_ = FrameError::kNone;
 };
 
