@@ -69,7 +69,7 @@ class LatencyHistogram {
   static std::size_t index(uint64_t v) {
     if (v < kSub) return static_cast<std::size_t>(v);
     const int shift = static_cast<int>(std::bit_width(v)) - 1 - kSubBits;  // >= 0
-    const uint64_t sub = (v >> shift) - kSub;            // 0 .. kSub - 1
+    const uint64_t sub = (v >> shift) - kSub;                              // 0 .. kSub - 1
     return std::min(kSub + static_cast<std::size_t>(shift) * kSub + static_cast<std::size_t>(sub),
                     kSize - 1);
   }

@@ -632,7 +632,9 @@ TEST_CASE("measure: an honest client's latency while another floods, RSS, pipeli
   MESSAGE("outrund: " << bin);
   auto pct = [](std::vector<double> v, double q) {
     std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())))];
+    return v.empty() ? 0.0
+                     : v[std::min(v.size() - 1,
+                                  static_cast<std::size_t>(q * static_cast<double>(v.size())))];
   };
   {  // 1. A flooder keeps 2,000 evaluations of ~0.1 ms queued; the honest one runs closed loop.
     Daemon d({"--single-flight", "off"}, bin);
