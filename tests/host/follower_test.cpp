@@ -207,7 +207,7 @@ TEST_CASE("Follower: kill_shard while followers wait: each ends once, ok or work
   std::thread killer([&] {
     for (int k = 0; k < 5 && !stop; ++k) {
       std::this_thread::sleep_for(30ms);
-      host->kill_shard(0);
+      CHECK(!host->kill_shard(0));
     }
   });
   std::thread async([&] {
