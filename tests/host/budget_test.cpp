@@ -16,6 +16,7 @@
 
 using namespace std::chrono_literals;
 using outrun::Error;
+using outrun::ErrorCode;
 using outrun::Host;
 using outrun::HostOptions;
 using outrun::Inputs;

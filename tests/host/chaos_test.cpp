@@ -159,7 +159,7 @@ TEST_CASE(
     for (int k = 0; k < kRate / 100; ++k) {
       const std::size_t i = submitted.fetch_add(1);
       Outcome& out = outcomes[i];
-      const unsigned dice = rng() % 10000;
+      const auto dice = static_cast<unsigned>(rng() % 10000);
       Script s;
       if (dice < 9945) {
         out.kind = Kind::normal;

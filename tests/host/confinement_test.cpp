@@ -171,7 +171,7 @@ TEST_CASE(
   // The same environment stops outrun-test-worker at start: the faults were real.
   std::unique_ptr<outrun::Host> faulty;
   CHECK(outrun::Host::create(with_test_faults(one_shard()), &faulty).code ==
-        ErrorCode::unavailable);
+        outrun::ErrorCode::unavailable);
   CHECK(!faulty);
   // Not even the variable's name is in the shipped binary; the test worker's has it.
   auto contains = [](const char* file, const std::string& what) {
