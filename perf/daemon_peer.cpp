@@ -94,16 +94,7 @@ int64_t input_of(int64_t i) {
 
 class FrameConn {
  public:
-  explicit FrameConn(const std::string& path) {
-    fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::snprintf(a.sun_path, sizeof a.sun_path, "%s", path.c_str());
-    if (fd_ >= 0 && connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-      close(fd_);
-      fd_ = -1;
-    }
-  }
+  explicit FrameConn(const std::string& path) { fd_ = connect_unix(path); }
   ~FrameConn() {
     if (fd_ >= 0) close(fd_);
   }

@@ -1,6 +1,8 @@
 #include "measure.h"
 
 #include <dirent.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -129,6 +131,19 @@ int64_t proc_cpu_ns(int pid) {
   }
   closedir(d);
   return any ? sum : stat_cpu_ns(pid);
+}
+
+int connect_unix(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::snprintf(a.sun_path, sizeof a.sun_path, "%s", path.c_str());
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 long rss_kb(int pid) {

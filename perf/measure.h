@@ -79,6 +79,9 @@ inline ProcsCost operator-(const ProcsCost& a, const ProcsCost& b) {
 // Resident set of a process, KB (VmRSS).
 long rss_kb(int pid);
 
+// A blocking stream socket connected to the Unix socket at `path` (CLOEXEC), or -1.
+int connect_unix(const std::string& path);
+
 // Open-loop pacing (no coordinated omission): send i is intended at t0 + i / rate, whatever
 // happened to earlier sends. The pacing thread sleeps until each intended time (absolute
 // clock_nanosleep) and, when late, sends back to back until it has caught up. Latency is taken

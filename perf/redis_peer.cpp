@@ -91,16 +91,7 @@ struct Reply {
 
 class Resp {
  public:
-  explicit Resp(const std::string& path) {
-    fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::snprintf(a.sun_path, sizeof a.sun_path, "%s", path.c_str());
-    if (fd_ >= 0 && connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-      close(fd_);
-      fd_ = -1;
-    }
-  }
+  explicit Resp(const std::string& path) { fd_ = connect_unix(path); }
   ~Resp() {
     if (fd_ >= 0) close(fd_);
   }
