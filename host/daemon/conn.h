@@ -13,8 +13,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include "outrun/protocol/frame.h"
 #include "outrun/protocol/frame_writer.h"
@@ -74,6 +77,10 @@ struct Conn : std::enable_shared_from_this<Conn> {
   std::chrono::steady_clock::time_point accepted GUARDED_BY(loop_thread);
   std::string name GUARDED_BY(loop_thread);
 
+  // Results of the Host loop's current run of callbacks, written as one frame when the run ends
+  // (Server::flush_corked). The Host's loop thread only.
+  std::vector<std::pair<uint64_t, Result>> corked;
+
   // Tags subscription (design/daemon.md "Subscribers"), guarded by Server::sub_mu_.
   bool gone = false;  // closed: never subscribed again
   bool sub_all = false;
@@ -91,6 +98,10 @@ inline thread_local flatbuffers::FlatBufferBuilder t_changes_fbb(4096);
 
 // One Results frame of one result, to the client's writer (any thread).
 void send_result(Conn& c, uint64_t id, const Result& r);
+// `rs` as Results frames of up to ~kResultsCutBytes each (one, nearly always), to the client's
+// writer: one send(2) where the socket takes them.
+inline constexpr std::size_t kResultsCutBytes = 256u << 10;
+void send_results(Conn& c, std::span<const std::pair<uint64_t, Result>> rs);
 // A ServerHello with `why` as its error, straight to the socket (best effort, never blocks):
 // for a client refused before or at its hello.
 void reply_error_hello(int fd, const std::string& why);

@@ -28,6 +28,27 @@ void send_result(Conn& c, uint64_t id, const Result& r) {
   c.writer.write(protocol::finish_results(f, {&item, 1}));
 }
 
+void send_results(Conn& c, std::span<const std::pair<uint64_t, Result>> rs) {
+  auto& f = t_fbb;
+  thread_local std::vector<flatbuffers::Offset<wire::Result>> items;
+  std::size_t k = 0;
+  while (k < rs.size()) {
+    f.Clear();
+    items.clear();
+    // A result is at most ~8 MiB (the worker's kMaxResultBytes): a frame stays far below
+    // kMaxFrameSize.
+    for (; k < rs.size() && (items.empty() || f.GetSize() < kResultsCutBytes); ++k) {
+      const Result& r = rs[k].second;
+      const bool ok = r.status == Status::ok;
+      items.push_back(protocol::build_result(
+          f, rs[k].first, static_cast<wire::Status>(r.status),
+          ok ? detail::encode_value(f, r.value) : flatbuffers::Offset<wire::Value>(),
+          ok ? std::string_view() : std::string_view(r.error)));
+    }
+    c.writer.write(protocol::finish_results(f, items));
+  }
+}
+
 void reply_error_hello(int fd, const std::string& why) {
   flatbuffers::FlatBufferBuilder f(256);
   auto bytes = protocol::encode_server_hello(f, OUTRUN_VERSION, 0, 0, why);
@@ -121,6 +142,19 @@ void Server::close_conn(Conn* c, const char* why) {
 }
 
 void Server::handle_frames(const std::shared_ptr<Conn>& c) {
+  handle_read_frames(c);
+  // What these frames queued goes to the Host now: one Host call (one frame, one send to the
+  // worker) per shard for all of them, not one per Evaluate frame.
+  if (!refill_due_.any) return;
+  refill_due_.any = false;
+  for (std::size_t s = 0; s < refill_due_.shards.size(); ++s) {
+    if (!refill_due_.shards[s]) continue;
+    refill_due_.shards[s] = 0;
+    refill(static_cast<int>(s), nullptr);
+  }
+}
+
+void Server::handle_read_frames(const std::shared_ptr<Conn>& c) {
   protocol::FrameView fv;
   while (!c->closing) {
     if (c->held.load(std::memory_order_relaxed)) return;  // maybe_resume() goes on

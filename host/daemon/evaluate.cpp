@@ -102,7 +102,8 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_pt
         }
       }
       add.clear();
-      refill(static_cast<int>(s), nullptr);
+      refill_due_.shards[s] = 1;  // handle_frames refills once its frames are handled
+      refill_due_.any = true;
     }
   }
   if (paused) hold(c.get());

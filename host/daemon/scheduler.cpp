@@ -22,6 +22,7 @@ void Server::init_scheduler() {
     sh.service_us = kWindowTargetUs / kWindowMin;
   }
   admit_.resize(static_cast<std::size_t>(n));
+  refill_due_.shards.assign(static_cast<std::size_t>(n), 0);
 }
 
 namespace {
@@ -133,14 +134,34 @@ void Server::complete(const Run& run, std::size_t i, Result&& r) {
   c.inflight.fetch_sub(1, std::memory_order_relaxed);
   counters_.inflight.fetch_sub(1, std::memory_order_relaxed);
   const bool ran = ran_in_worker(r.status);
-  send_result(c, it.id, r);
-  // Results of what is in the window still arrive while the client is held; past the hard limit
-  // (a few huge results), the loop disconnects it.
-  if (c.writer.queued_bytes() > kHardLimitFactor * cfg_.max_client_queued_bytes &&
-      !c.over_limit.exchange(true))
-    want_write(it.conn);
+  if (cfg_.host.after_loop_callbacks && host_->on_loop_thread()) {
+    // Corked until the Host's run of callbacks ends (flush_corked): one frame and one send per
+    // client per run, however many of its results the run had.
+    if (c.corked.empty()) corked_.push_back(it.conn);
+    c.corked.emplace_back(it.id, std::move(r));
+  } else {
+    send_result(c, it.id, r);
+    check_hard_limit(it.conn);
+  }
   const Done d{run.sent_us, now, ran};
   refill(run.shard, &d);
+}
+
+void Server::flush_corked() {
+  for (const std::shared_ptr<Conn>& c : corked_) {
+    send_results(*c, c->corked);
+    c->corked.clear();
+    check_hard_limit(c);
+  }
+  corked_.clear();
+}
+
+// Results of what is in the window still arrive while the client is held; past the hard limit
+// (a few huge results), the loop disconnects it.
+void Server::check_hard_limit(const std::shared_ptr<Conn>& c) {
+  if (c->writer.queued_bytes() > kHardLimitFactor * cfg_.max_client_queued_bytes &&
+      !c->over_limit.exchange(true))
+    want_write(c);
 }
 
 // Loop thread, when the connection closes: what it still has queued in the daemon ends

@@ -132,6 +132,7 @@ class Server {
   void accept_all() REQUIRES(loop_thread);
   void conn_event(Conn* c, int status, int events) REQUIRES(loop_thread);
   void handle_frames(const std::shared_ptr<Conn>& c) REQUIRES(loop_thread);
+  void handle_read_frames(const std::shared_ptr<Conn>& c) REQUIRES(loop_thread);
   // The hello, then one handler per message body. False: a violation.
   bool handle_frame(const std::shared_ptr<Conn>& c, const void* frame) REQUIRES(loop_thread);
   // Register, Unregister (scripts.cpp).
@@ -166,6 +167,11 @@ class Server {
   void init_scheduler() REQUIRES(loop_thread);
   void refill(int shard, const Done* done);
   void complete(const Run& run, std::size_t i, Result&& r);
+  // HostOptions::after_loop_callbacks: writes each client's corked results (Conn::corked) of the
+  // run that just ended. The Host's loop thread.
+  void flush_corked();
+  // A client past kHardLimitFactor × its budget is disconnected by the loop (any thread).
+  void check_hard_limit(const std::shared_ptr<Conn>& c);
   // Over budget (any thread): stop feeding and reading the client until it drains.
   bool over_budget(Conn& c);
   void hold(Conn* c) REQUIRES(loop_thread);
@@ -204,7 +210,18 @@ class Server {
   void drop_entry(ScriptEntry& e) REQUIRES(loop_thread);
   static uint32_t handle_of(const ScriptEntry& e) { return e.gen << kHandleIdBits | e.script.id(); }
 
+  // Shards whose queues evaluate_items added to while handle_frames handles a client's frames:
+  // refilled once at its end.
+  struct RefillDue {
+    std::vector<uint8_t> shards;
+    bool any = false;
+  };
+  RefillDue refill_due_ GUARDED_BY(loop_thread);
+
   DaemonConfig cfg_;
+  // Clients with corked results (the Host's loop thread only). Before host_: the Host's last
+  // callbacks, while it is destroyed, may still use it.
+  std::vector<std::shared_ptr<Conn>> corked_;
   std::unique_ptr<Host> host_;
   uv_loop_t loop_{};
   uv_poll_t listen_poll_{};

@@ -251,6 +251,10 @@ int Host::shards() const {
   return static_cast<int>(impl_->shards.size());
 }
 
+bool Host::on_loop_thread() const {
+  return impl_->on_loop_thread();
+}
+
 ShardStats Host::shard_stats(int i) const {
   ShardStats s;
   if (i < 0 || i >= shards()) return s;

@@ -78,6 +78,14 @@ struct Host::Impl final : detail::WorkerEvents {
   std::string start_error GUARDED_BY(start_mu);
 
   bool on_loop_thread() const { return loop_role.here(); }
+  // Loop thread: a callback ran there since the last end_loop_callbacks(), which then runs
+  // opts.after_loop_callbacks (once per run of callbacks).
+  bool loop_callbacks_ran = false;
+  void end_loop_callbacks() {
+    if (!loop_callbacks_ran) return;
+    loop_callbacks_ran = false;
+    if (opts.after_loop_callbacks) opts.after_loop_callbacks();
+  }
 
   // submit.cpp (any thread)
   void submit(const Script& script, Inputs&& inputs, detail::Completion&& done);

@@ -288,10 +288,13 @@ void Host::Impl::deliver_read(Completion&& done, Result&& r, std::vector<Deliver
   // Waiters and futures (no caller code) and, when the application promised they never block
   // and this is the loop thread, callbacks are delivered here: no dispatcher hop. A leader
   // (follower.cpp) never runs a callback.
-  if (done.wakes_waiter() || (done.runs_caller_code() ? opts.callbacks_on_loop && on_loop_thread()
-                                                      : opts.fulfill_futures_on_loop))
+  if (done.wakes_waiter()) {
     done.deliver(std::move(r), log);
-  else
+  } else if (done.runs_caller_code() ? opts.callbacks_on_loop && on_loop_thread()
+                                     : opts.fulfill_futures_on_loop) {
+    loop_callbacks_ran |= done.runs_caller_code();
+    done.deliver(std::move(r), log);
+  } else
     to_dispatch->push_back(Delivery{std::move(done), std::move(r)});
 }
 
@@ -299,6 +302,7 @@ void Host::Impl::deliver_all(Shard& sh, Ended& ended) {
   for (auto& [c, r] : ended) deliver_read(std::move(c), std::move(r), &sh.to_dispatch);
   ended.clear();
   if (!sh.to_dispatch.empty()) sh.dispatcher->post(sh.to_dispatch);
+  end_loop_callbacks();
 }
 
 }  // namespace outrun

@@ -285,6 +285,7 @@ void Host::Impl::process_frames(Shard& sh, WorkerProcess* w, std::string* violat
   if (violation->empty() && w->reader().error() != protocol::FrameError::kNone)
     *violation = protocol::to_string(w->reader().error());
   if (!sh.to_dispatch.empty()) sh.dispatcher->post(sh.to_dispatch);
+  end_loop_callbacks();
 }
 
 void Host::Impl::handle_results(Shard& sh, WorkerProcess*,

@@ -549,6 +549,39 @@ TEST_CASE("outrund flood: answers past 4 × max_client_queued_bytes disconnect t
   rmdir(dir.c_str());
 }
 
+// host.callbacks_on_loop (the default): a client's results of one run of the Host's callbacks are
+// corked into one Results frame, one send, instead of one frame and one send(2) each.
+TEST_CASE("outrund: a pipelined client's results come grouped in frames, each exactly once") {
+  Daemon d({"--single-flight", "off"});
+  RawClient raw(d.socket);
+  const uint32_t h = raw.register_script("grouped", "return 7");
+  constexpr std::size_t kN = 4000;
+  const auto frame = evaluate_frame(h, kN);
+  raw.send_all(frame.data(), frame.size());
+  std::vector<int> seen(kN + 1, 0);
+  std::size_t items = 0, frames = 0, max_items = 0;
+  while (items < kN) {
+    const wire::Frame* fr = raw.next();
+    REQUIRE(fr->body_type() == wire::Body::Results);
+    const auto* rs = fr->body_as_Results()->items();
+    REQUIRE(rs);
+    ++frames;
+    max_items = std::max<std::size_t>(max_items, rs->size());
+    for (const wire::Result* r : *rs) {
+      REQUIRE(r->id() >= 1);
+      REQUIRE(r->id() <= kN);
+      CHECK(r->status() == wire::Status::Ok);
+      ++seen[r->id()];
+      ++items;
+    }
+  }
+  MESSAGE(kN << " results in " << frames << " frames, at most " << max_items << " in one");
+  for (std::size_t i = 1; i <= kN; ++i) REQUIRE(seen[i] == 1);
+  CHECK(items == kN);
+  CHECK(frames * 4 <= kN);  // before: one frame per result
+  CHECK(d.stop() == 0);
+}
+
 TEST_CASE("outrund cancel: a client that leaves takes its queued evaluations with it") {
   Daemon d({"--timeout", "100", "--single-flight", "off"});
   constexpr int kN = 400;

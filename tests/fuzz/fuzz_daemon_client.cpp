@@ -63,6 +63,8 @@ struct ServerTestAccess {
     loop_thread.bind_to_current_thread();  // this thread runs the loop (uv_run below)
     loop_thread.assert_here();
     s.started_ = std::chrono::steady_clock::now();
+    if (s.cfg_.host.callbacks_on_loop)
+      s.cfg_.host.after_loop_callbacks = [&s] { s.flush_corked(); };
     if (Error e = Host::create(s.cfg_.host, &s.host_)) return e;
     s.counters_.shards = s.host_->shards();
     s.counters_.shard_latency = std::make_unique<LatencyHistogram[]>(s.counters_.shards);

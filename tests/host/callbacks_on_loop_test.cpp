@@ -118,5 +118,60 @@ TEST_CASE("callbacks_on_loop: a callback may submit the next evaluation and dril
   CHECK(test::eventually([&] { return host->shard_stats(0).starts >= 2; }));
 }
 
+// after_loop_callbacks: on the loop, after each run of callbacks there; no callback runs after
+// the last one; the ends of a death are a run too.
+TEST_CASE("callbacks_on_loop: after_loop_callbacks ends every run of callbacks, on the loop") {
+  HostOptions o;
+  o.shards = 1;
+  o.timeout = 1000ms;
+  o.grace = 5000ms;
+  o.single_flight = SingleFlight::off;
+  o.callbacks_on_loop = true;
+  o.worker_path = OUTRUN_TEST_WORKER;
+  // The loop thread's only (the callbacks' and the hook's); read once the Host is gone.
+  int since_hook = 0, runs = 0, callbacks = 0;
+  std::set<std::thread::id> hook_threads, callback_threads;
+  o.after_loop_callbacks = [&] {
+    hook_threads.insert(std::this_thread::get_id());
+    if (since_hook > 0) ++runs;
+    since_hook = 0;
+  };
+  std::unique_ptr<Host> host = test::start_host(o);
+  Script s = reg(*host, "hooked", "return inputs.x");
+  Script stuck = reg(*host, "stuck", "while true do end");
+  constexpr int kN = 2000;
+  std::atomic<int> left{kN + 1};
+  std::vector<Request> batch;
+  for (int i = 0; i < kN; ++i) batch.push_back(Request{s, {{"x", i}}});
+  host->evaluate_batch(std::move(batch), [&](std::size_t, Result r) {
+    CHECK(r.status == Status::ok);
+    CHECK(host->on_loop_thread());
+    callback_threads.insert(std::this_thread::get_id());
+    ++since_hook;
+    ++callbacks;
+    --left;
+  });
+  CHECK(test::eventually([&] { return left.load() == 1; }));
+  CHECK(!host->on_loop_thread());
+  // A death's ends: the runaway is killed at T+G... here by kill_shard, which ends it on the loop.
+  host->evaluate(stuck, {}, [&](Result r) {
+    CHECK(r.status != Status::ok);
+    callback_threads.insert(std::this_thread::get_id());
+    ++since_hook;
+    ++callbacks;
+    --left;
+  });
+  std::this_thread::sleep_for(50ms);
+  CHECK(!host->kill_shard(0));
+  CHECK(test::eventually([&] { return left.load() == 0; }));
+  host.reset();
+  CHECK(callbacks == kN + 1);
+  CHECK(callback_threads.size() == 1);
+  CHECK(hook_threads == callback_threads);
+  CHECK(runs >= 2);
+  CHECK(runs < kN);        // results arrive in runs, not one hook per callback
+  CHECK(since_hook == 0);  // every callback was followed by a hook
+}
+
 }  // namespace
 }  // namespace outrun

@@ -102,6 +102,13 @@ struct HostOptions {
   // evaluate().
   bool callbacks_on_loop = false;
 
+  // With callbacks_on_loop: runs on the loop thread after each run of callbacks there (the
+  // results of one read from a worker, or the ends one death or shutdown gave), before the loop
+  // reads again. Lets callbacks that write somewhere buffer what they write and send it once per
+  // run: outrund writes one client's results of a run as one frame and one send. The same rules
+  // as the callbacks. Empty: nothing is called.
+  std::function<void()> after_loop_callbacks;
+
   // Bytes all script records may cost together: key, source and chunk name of each plus
   // kScriptRecordOverhead (runner.h). The host keeps every source (a restarted worker gets it
   // again); a key registered again with a new source keeps its old record while a handle or an
@@ -244,6 +251,9 @@ class Host final : public Runner {
   void evaluate_batch(std::vector<Request> requests, BatchCallback done) override;
 
   int shards() const;
+  // True on the I/O loop thread: where callbacks run with callbacks_on_loop (a refusal at
+  // submission still arrives on a dispatcher).
+  bool on_loop_thread() const;
   ShardStats shard_stats(int shard) const;
   // Records alive and what they cost against max_script_bytes (tests, outrund's stats). A
   // record's worker states are forgotten shortly after it is freed (asynchronously, on the
