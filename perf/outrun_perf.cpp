@@ -8,6 +8,7 @@
 // idle latency and CPU, paced open loop, closed loop, supervision (kill after T+G, kill a shard),
 // and scripts (RSS with N compiled scripts, warm restart of one shard, kill every shard); and
 // outrund as a server beside redis-server (daemon_peer.h: single client, pipelined, server CPU).
+// Asked for by name only (--rows scale): 10,000 and 100,000 scripts over every shard (scale.h).
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/utsname.h>
@@ -32,6 +33,7 @@
 
 #include "daemon_peer.h"
 #include "floors.h"
+#include "harness.h"
 #include "latency_histogram.h"
 #include "measure.h"
 #include "outrun/client.h"
@@ -40,6 +42,7 @@
 #include "profiler.h"
 #include "redis_peer.h"
 #include "report.h"
+#include "scale.h"
 #include "tags_perf.h"
 
 namespace fs = std::filesystem;
@@ -59,6 +62,7 @@ struct Options {
   double closed_duration = 3.0;
   int iterations = 5000;  // round trips per idle-latency row
   int scripts = 1000;
+  std::vector<int> scale = {10000, 100000};  // N of the scale section: scripts over every shard
   int timeout_ms = 50, grace_ms = 50;
   int kill_rounds = 20;
   double idle_seconds = 2.0;
@@ -77,13 +81,19 @@ struct Options {
   double profile_seconds = 8;
 };
 
-const std::vector<std::string> kSections = {"pipe",   "floor", "redis",   "idle", "paced",
-                                            "closed", "kill",  "scripts", "tags", "daemon"};
+// What `all` measures; `scale` (minutes at 100,000 scripts) only when asked for by name.
+const std::vector<std::string> kAllSections = {"pipe",   "floor", "redis",   "idle", "paced",
+                                               "closed", "kill",  "scripts", "tags", "daemon"};
+const std::vector<std::string> kSections = [] {
+  std::vector<std::string> s = kAllSections;
+  s.push_back("scale");
+  return s;
+}();
 
 // Row ids (the first column of the JSON rows) and group names accepted by --rows, mapped to the
 // sections that measure them and their comparisons.
 const std::map<std::string, std::vector<std::string>> kAliases = {
-    {"all", kSections},
+    {"all", kAllSections},
     {"floors", {"pipe", "floor"}},
     {"latency", {"pipe", "floor", "redis", "idle", "paced"}},
     {"cpu", {"floor", "paced", "closed"}},
@@ -124,38 +134,13 @@ const std::map<std::string, std::vector<std::string>> kAliases = {
     {"daemon_us_single", {"redis", "daemon"}},
     {"daemon_switches_single", {"redis", "daemon"}},
     {"daemon_switches_pipelined", {"redis", "daemon"}},
+    {"scale_rss", {"scale"}},
+    {"scale_paced_p99", {"scale"}},
+    {"scale_warm_restart", {"scale"}},
+    {"scale_kill_all", {"scale"}},
 };
 
 // ---------------------------------------------------------------- helpers
-
-int64_t input_a(int64_t i) {
-  return i % 1'000'000;
-}
-Inputs inputs_for(int64_t i) {
-  const int64_t a = input_a(i);
-  return {{"a", a}, {"b", a + 1}};
-}
-
-// A setup call (register, kill_shard) that cannot fail with a valid configuration: false, and
-// the error on stderr, when it did. The caller counts it wrong (a script that did not register
-// ends its evaluations invalid_argument, which check() counts wrong too).
-bool setup_ok(const Error& e, const std::string& what) {
-  if (!e) return true;
-  std::fprintf(stderr, "outrun-perf: %s: %s: %s\n", what.c_str(),
-               std::string(to_string(e.code)).c_str(), e.message.c_str());
-  return false;
-}
-
-std::atomic<bool> g_wrong_reported{false};
-bool check(const Result& r, int64_t i) {
-  if (r.status == Status::ok && r.value == Value(static_cast<double>(input_a(i)) + 0.5))
-    return true;
-  if (!g_wrong_reported.exchange(true))
-    std::fprintf(stderr, "outrun-perf: wrong result for input %lld: %s %s\n",
-                 static_cast<long long>(input_a(i)), std::string(to_string(r.status)).c_str(),
-                 r.error.c_str());
-  return false;
-}
 
 // Results checked and wrong: per sample (figures all.checked / all.wrong) and for the whole run.
 std::atomic<int64_t> g_checked{0}, g_wrong{0}, g_profile_wrong{0};
@@ -378,25 +363,14 @@ IdleFig idle_latency(Runner& r, const std::vector<Script>& s, int iterations, in
           static_cast<double>(w.others_wakeups) / n};
 }
 
-// Open loop at o.rate over the scripts `s`, callbacks (dispatcher threads for the host).
+// Open loop at o.rate over the scripts `s` in turn, callbacks (dispatcher threads for the host).
 PacedFig paced_runner(Runner& r, const std::vector<Script>& s, const Options& o,
                       const std::vector<int>& pids, WindowHooks hooks) {
-  Paced p(o.rate, o.warmup, o.duration);
-  Window w;
-  w.pids = pids;
   const std::size_t n = s.size();
-  const bool drained = p.run(
-      [&](int64_t i) {
-        r.evaluate(s[static_cast<std::size_t>(i) % n], inputs_for(i),
-                   [pp = &p, i](Result res) { pp->complete(i, check(res, i)); });
-      },
-      [&] {
-        hooks.start();
-        w.start();
-      });
-  w.stop();
-  hooks.stop();
-  return paced_fig(p, w, drained);
+  return paced_load(
+      r, s, o.rate, o.warmup, o.duration, pids, std::move(hooks),
+      [n](int64_t i) { return static_cast<std::size_t>(i) % n; },
+      [](const Result& res, int64_t i) { return check(res, i); });
 }
 
 struct ClosedFig {
@@ -472,47 +446,6 @@ std::pair<double, double> idle_cpu(const std::vector<int>& pids, double seconds)
   sleep_ns(static_cast<int64_t>(seconds * 1e9));
   w.stop();
   return {w.cpu_pct(), w.others_pct()};
-}
-
-double max_rss_mb(const std::vector<int>& pids) {
-  long kb = 0;
-  for (int pid : pids) kb = std::max(kb, pid > 0 ? rss_kb(pid) : 0L);
-  return static_cast<double>(kb) / 1024.0;
-}
-
-// Waits until shard `i` has started a worker after `starts` (bounded).
-bool wait_restarted(const Host& h, int i, uint64_t starts) {
-  const int64_t deadline = mono_ns() + 10'000'000'000;
-  while (h.shard_stats(i).starts == starts) {
-    if (mono_ns() > deadline) return false;
-    sleep_ns(50'000);
-  }
-  return true;
-}
-
-// Evaluates every script of `s` once (one batch); returns the ones not ok.
-int64_t run_all(Host& h, const std::vector<Script>& s, int64_t round) {
-  std::vector<Request> reqs;
-  reqs.reserve(s.size());
-  for (const Script& sc : s) reqs.push_back({sc, {{"a", round}, {"b", 0}}});
-  std::mutex mu;
-  std::condition_variable cv;
-  std::size_t left = s.size();
-  int64_t bad = 0;
-  h.evaluate_batch(std::move(reqs), [&](std::size_t, Result r) {
-    std::lock_guard lock(mu);
-    if (r.status != Status::ok) {
-      if (!g_wrong_reported.exchange(true))
-        std::fprintf(stderr, "outrun-perf: script evaluation ended %s: %s\n",
-                     std::string(to_string(r.status)).c_str(), r.error.c_str());
-      ++bad;
-    }
-    if (--left == 0) cv.notify_one();
-  });
-  std::unique_lock lock(mu);
-  if (!cv.wait_for(lock, std::chrono::seconds(60), [&] { return left == 0; }))
-    bad += static_cast<int64_t>(left);
-  return bad;
 }
 
 // ---- sections
@@ -773,14 +706,6 @@ bool kill_section(const Options& o, HostOptions ho, Figs& f) {
   f["kill.shard_next_ok_max_ms"] = ms(shard_kill.max());
   count_checked(f, static_cast<double>(checked), static_cast<double>(wrong));
   return true;
-}
-
-// A 40-line script, as the brief's compile figure assumes.
-std::string tag_source(int i) {
-  std::string src = "local a, b = inputs.a, inputs.b\n";
-  for (int l = 0; l < 38; ++l)
-    src += "if a > " + std::to_string(l * 7 + i) + " then b = b + " + std::to_string(l) + " end\n";
-  return src + "return b";
 }
 
 // N scripts on shard 0 (more on the others): RSS of the worker holding them; warm restart (kill
@@ -1126,6 +1051,7 @@ bool row_expected(const std::string& fig, const std::set<std::string>& sections)
   if (starts("scripts.")) return ran("scripts");
   if (starts("tags.")) return ran("tags");
   if (starts("daemon.")) return ran("daemon");
+  if (starts("scale.")) return ran("scale");
   if (fig == "all.wrong") return true;
   return false;
 }
@@ -1139,6 +1065,35 @@ std::string timestamp() {
 
 // ---------------------------------------------------------------- the steps of run()
 
+// "10000,100000" -> {10000, 100000}: false (with *err) unless every item is an integer in
+// [1, 1000000] and there is at least one.
+bool parse_scale(const std::string& list, std::vector<int>* out, std::string* err) {
+  std::vector<int> v;
+  std::stringstream in(list);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    std::size_t used = 0;
+    long long n = 0;
+    try {
+      n = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || n < 1 || n > 1'000'000) {
+      *err = "'" + item + "' is not a number of scripts in [1, 1000000]";
+      return false;
+    }
+    v.push_back(static_cast<int>(n));
+  }
+  if (v.empty()) {
+    *err = "no number of scripts";
+    return false;
+  }
+  if (out) *out = std::move(v);
+  return true;
+}
+
 // The command line into *o (with --quick/--smoke defaults and --rows resolved to sections).
 // Returns the exit code when the run must end here (--help, a bad flag or row), else nullopt.
 std::optional<int> parse_options(int argc, char** argv, Options* out) {
@@ -1146,7 +1101,7 @@ std::optional<int> parse_options(int argc, char** argv, Options* out) {
       "outrun-perf: every budget row of BRIEF §5, beside InProcess, this machine's floors and "
       "Redis, in one run"};
   Options& o = *out;
-  std::string rows = "all", profile_rows;
+  std::string rows = "all", profile_rows, scale = "10000,100000";
   app.add_flag("--quick", o.quick, "short run (< 2 min on 2 cores)");
   app.add_flag("--smoke", o.smoke,
                "tiny run for CTest: every row produces a value, every result correct");
@@ -1168,6 +1123,16 @@ std::optional<int> parse_options(int argc, char** argv, Options* out) {
   app.add_option("--scripts", o.scripts, "scripts for RSS, warm restart and kill-all rows")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
+  app.add_option("--scale", scale,
+                 "scale rows (--rows scale): total scripts over every shard, comma-separated "
+                 "(--quick: 10000, --smoke: 300)")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            std::string err;
+            return parse_scale(v, nullptr, &err) ? std::string() : err;
+          },
+          "N[,N...]"))
+      ->capture_default_str();
   app.add_option("--timeout", o.timeout_ms, "T, ms (kill-latency row)")->capture_default_str();
   app.add_option("--grace", o.grace_ms, "G, ms (kill-latency row)")->capture_default_str();
   app.add_option("--kill-rounds", o.kill_rounds, "rounds of the kill rows")->capture_default_str();
@@ -1177,9 +1142,9 @@ std::optional<int> parse_options(int argc, char** argv, Options* out) {
   app.add_option(
          "--rows", rows,
          "what to measure, comma-separated: sections (pipe floor redis idle paced closed "
-         "kill scripts daemon), row ids (host_cpu idle_p50 paced_p99 closed_loop warm_restart "
-         "kill_all ...: see design/budgets.md) or groups (all floors latency cpu "
-         "supervision rss peer)")
+         "kill scripts tags daemon scale), row ids (host_cpu idle_p50 paced_p99 closed_loop "
+         "warm_restart kill_all scale_rss ...: see design/budgets.md) or groups (all floors "
+         "latency cpu supervision rss peer); all leaves out scale: --rows all,scale")
       ->capture_default_str();
   app.add_option("--repeat", o.repeat, "repeats (figures: min / median / max)")
       ->check(CLI::Range(1, 100))
@@ -1227,6 +1192,7 @@ std::optional<int> parse_options(int argc, char** argv, Options* out) {
     unless_given("--iterations", o.iterations, 2000);
     unless_given("--kill-rounds", o.kill_rounds, 6);
     unless_given("--profile-seconds", o.profile_seconds, 4.0);
+    unless_given("--scale", scale, std::string("10000"));
   }
   if (o.smoke) {
     unless_given("--duration", o.duration, 0.3);
@@ -1236,6 +1202,14 @@ std::optional<int> parse_options(int argc, char** argv, Options* out) {
     unless_given("--kill-rounds", o.kill_rounds, 2);
     unless_given("--scripts", o.scripts, 100);
     unless_given("--profile-seconds", o.profile_seconds, 0.5);
+    unless_given("--scale", scale, std::string("300"));
+  }
+  {
+    std::string err;
+    if (!parse_scale(scale, &o.scale, &err)) {  // checked by CLI11 already, unless a default
+      std::fprintf(stderr, "outrun-perf: --scale: %s\n", err.c_str());
+      return 2;
+    }
   }
   o.idle_seconds = o.smoke ? 0.2 : o.quick ? 1.0 : 2.0;
   {
@@ -1317,6 +1291,12 @@ void print_run_header(const Options& o, const char* mode) {
       mode, o.shards, o.rate, o.duration, o.warmup, o.closed_duration, o.scripts, o.timeout_ms,
       o.grace_ms, o.repeat, o.ab.empty() ? "" : ", A/B ", o.ab.c_str());
   std::printf("script: %s   Redis script: %s\n", kScript, kRedisScript);
+  if (o.sections.count("scale")) {
+    std::string sizes;
+    for (int n : o.scale) sizes += (sizes.empty() ? "" : ", ") + std::to_string(n);
+    std::printf("scale: %s scripts (40 lines each) in total over the %d shards\n", sizes.c_str(),
+                o.shards);
+  }
   std::fflush(stdout);
 }
 
@@ -1410,6 +1390,12 @@ bool run_repeats(const Options& o, const Arms& arms_in, Peers& peers, std::vecto
         ok &=
             tags_section(TagsParams{o.rate, o.warmup, o.duration, 250}, plain, f,
                          [&f](double checked, double wrong) { count_checked(f, checked, wrong); });
+      // The paced load visits each script once per N / rate; single flight off (unless the arm
+      // sets it), as for the other loads, so a small N with slow results queues, not `busy`.
+      if (o.sections.count("scale"))
+        ok &= scale_section(
+            ScaleParams{o.scale, o.rate, o.warmup, o.duration}, arms_in.main_options(specs[a]), f,
+            [&f](double checked, double wrong) { count_checked(f, checked, wrong); });
       derive(f);
       (*arms)[a].samples.push_back(std::move(f));
     }
@@ -1492,6 +1478,7 @@ nlohmann::json run_json(const Options& o, const RunSummary& s, const nlohmann::j
         {"closed_duration_s", o.closed_duration},
         {"iterations", o.iterations},
         {"scripts", o.scripts},
+        {"scale", o.scale},
         {"timeout_ms", o.timeout_ms},
         {"grace_ms", o.grace_ms},
         {"kill_rounds", o.kill_rounds},
@@ -1613,7 +1600,9 @@ int run(int argc, char** argv) {
   const bool ok = run_repeats(o, arm_specs, peers, &arms);
   peers = Peers();  // stop them before profiling and reporting
 
-  const std::vector<RowDef> defs = budget_rows(o.rate, o.scripts, o.redis_clients, o.redis_depth);
+  const std::vector<RowDef> defs =
+      budget_rows(o.rate, o.scripts, o.redis_clients, o.redis_depth,
+                  o.sections.count("scale") ? o.scale : std::vector<int>{});
   std::ostringstream md;
   nlohmann::json json_arms = nlohmann::json::array();
   const bool missing = evaluate_and_print_rows(o, defs, arms, md, &json_arms);

@@ -162,7 +162,65 @@ const char* verdict_text(Verdict v) {
   }
 }
 
-std::vector<RowDef> budget_rows(double rate, int scripts, int clients, int depth) {
+namespace {
+
+// 100000 -> "100,000".
+std::string thousands(int v) {
+  std::string s = std::to_string(v);
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3)
+    s.insert(static_cast<std::size_t>(i), ",");
+  return s;
+}
+
+// The scale rows of N scripts in total (scale.<N>.* figures, perf/scale.h). The RSS goal is the
+// issue's for 100,000 scripts: below that the row is reported, not judged.
+std::vector<RowDef> scale_rows(double rate, int n) {
+  const std::string r = rate_text(rate);
+  const std::string s = thousands(n) + " scripts: ";
+  const std::string f = "scale." + std::to_string(n) + ".";
+  return {
+      {"scale_rss",
+       s + "total worker RSS (default budget)",
+       f + "rss_total_mb",
+       none(),
+       n >= 100000 ? at_most(512, "≤ 512 MB") : Check{"≤ 512 MB at 100,000", nullptr},
+       {{"largest worker", f + "rss_max_mb"},
+        {"evictions", f + "evictions_count"},
+        {"compiles", f + "compiles_count"},
+        {"register", f + "register_ms"},
+        {"cold first run of all", f + "cold_ms"},
+        {"after the kills", f + "rss_total_after_mb"}}},
+      {"scale_paced_p99",
+       s + "p99 at " + r + "/s spread over all",
+       f + "paced_p99_us",
+       none(),
+       at_most(2000, "≤ 2 ms"),
+       {{"p50", f + "paced_p50_us"},
+        {"p99.9", f + "paced_p999_us"},
+        {"evictions", f + "paced_evictions_count"},
+        {"compiles", f + "paced_compiles_count"},
+        {"workers per evaluation", f + "paced_workers_us_per_eval"}}},
+      {"scale_warm_restart",
+       s + "warm restart (kill shard 0 → each of its scripts' next ok)",
+       f + "warm_restart_ms",
+       none(),
+       none(),
+       {{"on shard 0", f + "warm_restart_count"}, {"compiles", f + "warm_restart_compiles_count"}}},
+      {"scale_kill_all",
+       s + "kill every shard → every script's next result",
+       f + "kill_all_ms",
+       none(),
+       at_most(2000, "≤ 2 s"),
+       {{"compiles", f + "kill_all_compiles_count"},
+        {"evictions", f + "kill_all_evictions_count"},
+        {"cold first run of all", f + "cold_ms"}}},
+  };
+}
+
+}  // namespace
+
+std::vector<RowDef> budget_rows(double rate, int scripts, int clients, int depth,
+                                const std::vector<int>& scale) {
   const std::string r = rate_text(rate);
   const std::string n = std::to_string(scripts);
   const std::string cd = std::to_string(clients) + " clients × depth " + std::to_string(depth);
@@ -430,6 +488,11 @@ std::vector<RowDef> budget_rows(double rate, int scripts, int clients, int depth
        at_most(0, "0"),
        {{"checked", "all.checked"}}},
   };
+  // Before the last row ("wrong"): one set of scale rows per N.
+  for (int total : scale) {
+    std::vector<RowDef> more = scale_rows(rate, total);
+    rows.insert(rows.end() - 1, more.begin(), more.end());
+  }
   return rows;
 }
 

@@ -50,8 +50,9 @@ struct RowDef {
 };
 
 // The rows, in BRIEF §5 order, then information rows. `rate` names the paced rate in labels;
-// `clients` × `depth`, the pipelined rows'.
-std::vector<RowDef> budget_rows(double rate, int scripts, int clients, int depth);
+// `clients` × `depth`, the pipelined rows'; `scale`, the N of the scale rows (one set per N).
+std::vector<RowDef> budget_rows(double rate, int scripts, int clients, int depth,
+                                const std::vector<int>& scale = {});
 
 std::string figure_unit(const std::string& id);
 std::string format_value(double v, const std::string& unit);
