@@ -91,6 +91,14 @@ class ScriptState {
   Outcome compile(std::string_view source, const std::string& chunk_name);
   bool compiled() const { return compiled_; }
 
+  // The compiled chunk as Lua bytecode (lua_dump with its debug information, so errors keep
+  // their line numbers), appended to `out`; false when not compiled or out of memory. For this
+  // process's own use only: load_chunk() into another state of the same process, never bytecode
+  // from anywhere else (design/sandbox.md "Bytecode stays in its worker").
+  bool dump_chunk(std::string* out);
+  // Loads what dump_chunk() gave (binary chunks only) as this state's compiled chunk.
+  Outcome load_chunk(std::string_view bytecode);
+
   // Runs the compiled chunk with `inputs` (via push_inputs) as the global `inputs`. On Ok the
   // returned value is on the top of the stack until the next call; convert it with
   // lua_values.h. T starts at `start_ns` (CLOCK_MONOTONIC; 0: now), so a caller that already
@@ -104,6 +112,7 @@ class ScriptState {
 
  private:
   ScriptState() = default;
+  Outcome load(std::string_view text, const char* chunk_name, const char* mode);
   std::unique_ptr<MemoryAccount> account_;
   std::unique_ptr<RunContext> ctx_;
   lua_State* L_ = nullptr;

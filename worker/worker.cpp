@@ -55,10 +55,36 @@ void Worker::touch(Script* s) {
 
 void Worker::drop_script(uint32_t id) {
   std::unique_ptr<Script>& slot = scripts_[id];
-  slot->prev->next = slot->next;
+  slot->prev->next = slot->next;  // from lru_ or chunks_, whichever holds it
   slot->next->prev = slot->prev;
+  // Counted in StatusPage::scripts unless evicted (only its bytecode held, charged).
+  const bool evicted = !slot->chunk.empty();
+  if (evicted) budget_.used -= slot->chunk.capacity();
   slot.reset();  // lua_close: no script code runs (a __gc is refused by setmetatable)
+  if (!evicted && opts_.page) opts_.page->scripts.fetch_sub(1, std::memory_order_relaxed);
+}
+
+// The bytecode is charged to the budget like the states: a state costs ~12 KB of Lua memory at
+// the least, its chunk's bytecode ~1 KB for a 40-line script, so evicting always frees room.
+void Worker::evict_state(Script* s) {
+  bump(opts_.page ? &opts_.page->evictions : nullptr);
+  std::string chunk;
+  if (s->compile_outcome.status != wire::Status::Ok || !s->state->dump_chunk(&chunk) ||
+      chunk.empty()) {
+    drop_script(s->id);
+    return;
+  }
+  chunk.shrink_to_fit();
+  s->prev->next = s->next;
+  s->next->prev = s->prev;
+  s->state.reset();
   if (opts_.page) opts_.page->scripts.fetch_sub(1, std::memory_order_relaxed);
+  s->chunk = std::move(chunk);
+  budget_.used += s->chunk.capacity();
+  s->next = chunks_.next;
+  s->prev = &chunks_;
+  chunks_.next->prev = s;
+  chunks_.next = s;
 }
 
 bool Worker::evict_down_to(std::size_t target, const sandbox::MemoryAccount* keep) {
@@ -67,10 +93,37 @@ bool Worker::evict_down_to(std::size_t target, const sandbox::MemoryAccount* kee
     auto* s = static_cast<Script*>(l);
     l = l->prev;
     if (s->state && &s->state->memory() == keep) continue;
-    drop_script(s->id);
-    bump(opts_.page ? &opts_.page->evictions : nullptr);
+    evict_state(s);
   }
+  // Then the bytecode of the longest evicted: those scripts answer NeedSource next time.
+  while (budget_.used > target && chunks_.prev != &chunks_)
+    drop_script(static_cast<Script*>(chunks_.prev)->id);
   return budget_.used <= target;
+}
+
+bool Worker::reload(Script* s) {
+  std::string err;
+  // Unlinked while it is built: the budget's reclaim, which may run meanwhile, cannot drop it.
+  s->prev->next = s->next;
+  s->next->prev = s->prev;
+  s->next = s->prev = s;
+  std::string chunk = std::move(s->chunk);
+  s->chunk = {};
+  budget_.used -= chunk.capacity();
+  s->state = sandbox::ScriptState::create(opts_.memory_limit, &err, &budget_);
+  if (s->state) s->compile_outcome = s->state->load_chunk(chunk);
+  if (!s->state || s->compile_outcome.status != wire::Status::Ok) {
+    // Out of room for it now: as if it had never been sent (the host sends the source again).
+    s->state.reset();
+    s->compile_outcome = {};
+    drop_script(s->id);
+    return false;
+  }
+  if (opts_.page) {
+    bump(&opts_.page->reloads);
+    bump(&opts_.page->scripts);
+  }
+  return true;
 }
 
 // ScriptBudget::reclaim: the allocator of the state being built or run needs `bytes` more.
@@ -173,7 +226,14 @@ Worker::Script* Worker::script_for(const wire::Evaluation* e) {
   if (id >= kMaxScriptId) return nullptr;
   if (id >= scripts_.size()) scripts_.resize(id + 1);
   protocol::ScriptSource src;
-  if (protocol::evaluation_source(e, &src)) {
+  const bool has_source = protocol::evaluation_source(e, &src);
+  if (Script* held = scripts_[id].get();
+      held && !held->chunk.empty() &&
+      (!has_source || std::memcmp(held->sha256.data(), src.sha256.data(), 32) == 0)) {
+    if (!reload(held) && !has_source) return nullptr;  // NeedSource
+    if (scripts_[id]) return scripts_[id].get();
+  }
+  if (has_source) {
     if (scripts_[id] && std::memcmp(scripts_[id]->sha256.data(), src.sha256.data(), 32) == 0)
       return scripts_[id].get();
     if (scripts_[id]) drop_script(id);  // other source: its old state makes room for the new one

@@ -64,11 +64,15 @@ class Worker {
     LruLink* next = this;  // towards less recently used
     LruLink* prev = this;  // towards more recently used
   };
+  // A script the host sent. Held one of two ways: with its state (in lru_), or, once its state
+  // was evicted, as the bytecode of its compiled chunk (in chunks_; a new state loads it on the
+  // script's next evaluation instead of the host re-sending and the worker compiling the source).
   struct Script : LruLink {
     uint32_t id = 0;
     std::array<uint8_t, 32> sha256{};
     std::unique_ptr<sandbox::ScriptState> state;
     sandbox::Outcome compile_outcome;  // Ok, or why it cannot run (kept: compile once)
+    std::string chunk;                 // lua_dump of its chunk, while it has no state
   };
 
   bool send_hello();
@@ -77,6 +81,10 @@ class Worker {
   Script* script_for(const wire::Evaluation* e);
   void touch(Script* s);          // most recently used now
   void drop_script(uint32_t id);  // closes its state; its next evaluation answers NeedSource
+  // Closes its state and keeps its chunk's bytecode (in chunks_), or drops it when that fails.
+  void evict_state(Script* s);
+  // Builds its state again from its bytecode (evict_state); false: it was dropped instead.
+  bool reload(Script* s);
   // Closes least recently used states until the budget's bytes are at most `target`, never the
   // state whose account is `keep`; true when they are.
   bool evict_down_to(std::size_t target, const sandbox::MemoryAccount* keep);
@@ -95,6 +103,7 @@ class Worker {
   sandbox::ScriptBudget budget_;
   std::size_t evict_above_ = 0;  // budget - headroom: checked before each evaluation
   LruLink lru_;                  // sentinel; lru_.next is the most recently used script
+  LruLink chunks_;               // sentinel of the evicted scripts, most recently evicted first
   std::vector<std::unique_ptr<Script>> scripts_;  // by script_id
   bool shutdown_ = false;
   bool io_failed_ = false;

@@ -290,6 +290,7 @@ ShardStats Host::shard_stats(int i) const {
     s.worker_peak_script_bytes = rd(p->peak_script_bytes);
     s.worker_script_bytes = rd(p->script_bytes);
     s.worker_evictions = rd(p->evictions);
+    s.worker_reloads = rd(p->reloads);
     s.worker_peak_rss_bytes = rd(p->peak_rss_bytes);
     if (s.pid > 0) s.worker_rss_bytes = resident_bytes(s.pid);
     const int64_t beat = p->heartbeat_ns.load(std::memory_order_relaxed);

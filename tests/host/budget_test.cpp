@@ -102,7 +102,7 @@ TEST_CASE("budget: hoarding scripts are evicted; honest scripts answer and the w
   }
 }
 
-TEST_CASE("budget: an evicted script is compiled again: right result, its globals start again") {
+TEST_CASE("budget: an evicted script runs again from its bytecode: right result, fresh globals") {
   auto host = start_host(one_shard(32 * kMiB));
   Script counter = reg(*host, "counter", "n = (n or 0) + 1 return n + inputs.a");
   for (int i = 1; i <= 3; ++i) {
@@ -119,7 +119,44 @@ TEST_CASE("budget: an evicted script is compiled again: right result, its global
   REQUIRE_MESSAGE(r.status == Status::ok, describe(r));
   CHECK(r.value == Value(int64_t{42}));  // n started again: globals are a cache
   const ShardStats st = host->shard_stats(0);
-  CHECK(st.worker_compiles > compiles + 6);  // the hoarders and the counter again
+  // The hoarders were compiled; the counter was not: its state was built from its bytecode.
+  CHECK(st.worker_compiles == compiles + 6);
+  CHECK(st.worker_reloads >= 1);
+  CHECK(st.deaths == 0);
+  // A runtime error of a reloaded script still names its chunk and line.
+  Script thrower = reg(*host, "thrower", "local x = inputs.a\nerror('no ' .. x)");
+  CHECK(honest(*host, thrower).status == Status::runtime_error);
+  CHECK(run_hoarders(*host, register_hoarders(*host, 6, 8)) == 6);
+  const uint64_t reloads = host->shard_stats(0).worker_reloads;
+  const Result e = honest(*host, thrower);
+  CHECK(host->shard_stats(0).worker_reloads > reloads);
+  CHECK(e.status == Status::runtime_error);
+  CHECK_MESSAGE(e.error.find("thrower:2: no 41") != std::string::npos, describe(e));
+}
+
+TEST_CASE("budget: evicted scripts keep only their bytecode, within the budget") {
+  // 3,000 scripts in a 16 MiB budget: ~1,300 states fit; the rest are bytecode.
+  auto host = start_host(one_shard(16 * kMiB));
+  std::vector<Script> scripts;
+  for (int i = 0; i < 3000; ++i)
+    scripts.push_back(reg(*host, "many." + std::to_string(i),
+                          "local a = inputs.a\nreturn a + " + std::to_string(i)));
+  for (int round = 0; round < 2; ++round)
+    for (int i = 0; i < 3000; ++i) {
+      const Result r = honest(*host, scripts[static_cast<std::size_t>(i)]);
+      REQUIRE_MESSAGE(r.status == Status::ok, describe(r));
+      REQUIRE(r.value == Value(int64_t{41 + i}));
+    }
+  const ShardStats st = host->shard_stats(0);
+  MESSAGE("states held " << st.worker_scripts << ", evictions " << st.worker_evictions
+                         << ", reloads " << st.worker_reloads << ", compiles " << st.worker_compiles
+                         << ", script bytes " << st.worker_script_bytes / 1024 << " KiB");
+  CHECK(st.worker_script_bytes <= 16 * kMiB);
+  CHECK(st.worker_scripts < 3000);
+  CHECK(st.worker_evictions > 0);
+  // The second round ran every evicted script from its bytecode: each compiled once.
+  CHECK(st.worker_compiles == 3000);
+  CHECK(st.worker_reloads >= 3000 - st.worker_scripts);
   CHECK(st.deaths == 0);
 }
 

@@ -47,8 +47,11 @@ struct HostOptions {
   // script budget"). Before an evaluation the worker closes least recently used idle states
   // until the others hold at most budget - min(memory_limit, budget / 2); should the running
   // script still outgrow what is left, more idle states are closed as it allocates. A closed
-  // ("evicted") state is compiled again from source the host re-sends on its next evaluation:
-  // its globals start again, so globals are a cache, never a store. A script that would need
+  // ("evicted") state leaves the bytecode of its compiled chunk behind (~1 KB for a 40-line
+  // script, charged to the budget too): the script's next evaluation builds a new state from it,
+  // without the host re-sending the source or the worker compiling it. Its globals start again,
+  // so globals are a cache, never a store. When even the bytecode must go (the oldest first),
+  // the host re-sends the source.  A script that would need
   // more than the budget by itself ends `memory_limit`, naming the budget: with memory_limit
   // above the budget, the budget is a script's real cap. At least 1 MiB.
   // Default 192 MiB, well below the 4 GiB backstop: a bare state costs ~29 KB, so ~6,600 idle
@@ -197,9 +200,10 @@ struct ShardStats {
   uint64_t worker_compiles = 0;
   uint64_t worker_scripts = 0;
   uint64_t worker_peak_script_bytes = 0;
-  uint64_t worker_script_bytes = 0;    // all its script states hold now (after its last evaluation)
-  uint64_t worker_evictions = 0;       // idle script states closed for worker_script_budget
-  uint64_t worker_rss_bytes = 0;       // resident set now (/proc/PID/statm, read by this call)
+  uint64_t worker_script_bytes = 0;  // all its script states hold now (after its last evaluation)
+  uint64_t worker_evictions = 0;     // idle script states closed for worker_script_budget
+  uint64_t worker_reloads = 0;       // evicted scripts run again from the bytecode the worker kept
+  uint64_t worker_rss_bytes = 0;     // resident set now (/proc/PID/statm, read by this call)
   uint64_t worker_peak_rss_bytes = 0;  // peak resident set of the current worker (status page)
   int64_t heartbeat_age_ms = -1;
 };

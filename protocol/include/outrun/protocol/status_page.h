@@ -16,6 +16,7 @@
 //   184     peak_rss_bytes      worker   peak resident set, written with each heartbeat
 //   192     evictions           worker   script states closed for the worker's script budget
 //   200     script_bytes        worker   bytes all script states hold (after each evaluation)
+//   208     reloads             worker   evicted scripts' states built again from their bytecode
 //
 // Each field sits in its own 8 bytes; the worker's evaluation fields are on a cache line apart
 // from the heartbeat so the heartbeat thread and the main thread do not share a line.
@@ -49,13 +50,16 @@ struct StatusPage {
   std::atomic<uint64_t> errors;             // evaluations that did not end ok
   std::atomic<uint64_t> timeouts;           // soft timeouts
   std::atomic<uint64_t> memory_limits;      // evaluations that hit the per-script cap
-  std::atomic<uint64_t> scripts;            // script states held now
+  std::atomic<uint64_t> scripts;            // script states held now (not the evicted)
   std::atomic<uint64_t> peak_script_bytes;  // largest single script state seen
   std::atomic<uint64_t>
       peak_rss_bytes;  // the process's peak resident set (getrusage), per heartbeat
   // Appended (the layout above is unchanged): the worker's script memory budget.
   std::atomic<uint64_t> evictions;     // idle script states closed to stay within the budget
   std::atomic<uint64_t> script_bytes;  // bytes all script states hold, after each evaluation
+  // Evicted scripts whose state was built again from the bytecode the worker kept of their chunk
+  // (no NeedSource, no compile).
+  std::atomic<uint64_t> reloads;
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free &&
@@ -65,7 +69,7 @@ static_assert(sizeof(StatusPage) <= kStatusPageSize);
 static_assert(offsetof(StatusPage, heartbeat_ns) == 64 &&
                   offsetof(StatusPage, evaluations) == 128 &&
                   offsetof(StatusPage, peak_rss_bytes) == 184 &&
-                  offsetof(StatusPage, script_bytes) == 200,
+                  offsetof(StatusPage, script_bytes) == 200 && offsetof(StatusPage, reloads) == 208,
               "layout is part of the protocol");
 
 // Reads the running evaluation consistently. Returns false when it changed under the reader
