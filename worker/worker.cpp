@@ -59,13 +59,17 @@ void Worker::drop_script(uint32_t id) {
   slot->next->prev = slot->prev;
   // Counted in StatusPage::scripts unless evicted (only its bytecode held, charged).
   const bool evicted = !slot->chunk.empty();
-  if (evicted) budget_.used -= slot->chunk.capacity();
+  if (evicted) {
+    budget_.used -= slot->chunk.capacity();
+    chunk_bytes_ -= slot->chunk.capacity();
+  }
   slot.reset();  // lua_close: no script code runs (a __gc is refused by setmetatable)
   if (!evicted && opts_.page) opts_.page->scripts.fetch_sub(1, std::memory_order_relaxed);
 }
 
 // The bytecode is charged to the budget like the states: a state costs ~12 KB of Lua memory at
-// the least, its chunk's bytecode ~1 KB for a 40-line script, so evicting always frees room.
+// the least, its chunk's bytecode ~1 KB for a 40-line script (about what its function takes in
+// the state), so evicting always frees room.
 void Worker::evict_state(Script* s) {
   bump(opts_.page ? &opts_.page->evictions : nullptr);
   std::string chunk;
@@ -75,12 +79,22 @@ void Worker::evict_state(Script* s) {
     return;
   }
   chunk.shrink_to_fit();
+  // Bytecode keeps at most a quarter of the budget, so that it never crowds out the states: the
+  // longest evicted go first.
+  const std::size_t cap = opts_.script_budget / 4;
+  if (chunk.capacity() > cap) {
+    drop_script(s->id);
+    return;
+  }
+  while (chunk_bytes_ + chunk.capacity() > cap && chunks_.prev != &chunks_)
+    drop_script(static_cast<Script*>(chunks_.prev)->id);
   s->prev->next = s->next;
   s->next->prev = s->prev;
   s->state.reset();
   if (opts_.page) opts_.page->scripts.fetch_sub(1, std::memory_order_relaxed);
   s->chunk = std::move(chunk);
   budget_.used += s->chunk.capacity();
+  chunk_bytes_ += s->chunk.capacity();
   s->next = chunks_.next;
   s->prev = &chunks_;
   chunks_.next->prev = s;
@@ -95,7 +109,8 @@ bool Worker::evict_down_to(std::size_t target, const sandbox::MemoryAccount* kee
     if (s->state && &s->state->memory() == keep) continue;
     evict_state(s);
   }
-  // Then the bytecode of the longest evicted: those scripts answer NeedSource next time.
+  // Then (a script that needs nearly all of the budget) the bytecode of the longest evicted:
+  // those scripts answer NeedSource next time.
   while (budget_.used > target && chunks_.prev != &chunks_)
     drop_script(static_cast<Script*>(chunks_.prev)->id);
   return budget_.used <= target;
@@ -110,6 +125,7 @@ bool Worker::reload(Script* s) {
   std::string chunk = std::move(s->chunk);
   s->chunk = {};
   budget_.used -= chunk.capacity();
+  chunk_bytes_ -= chunk.capacity();
   s->state = sandbox::ScriptState::create(opts_.memory_limit, &err, &budget_);
   if (s->state) s->compile_outcome = s->state->load_chunk(chunk);
   if (!s->state || s->compile_outcome.status != wire::Status::Ok) {

@@ -104,6 +104,7 @@ class Worker {
   std::size_t evict_above_ = 0;  // budget - headroom: checked before each evaluation
   LruLink lru_;                  // sentinel; lru_.next is the most recently used script
   LruLink chunks_;               // sentinel of the evicted scripts, most recently evicted first
+  std::size_t chunk_bytes_ = 0;  // their bytecode (at most script_budget / 4)
   std::vector<std::unique_ptr<Script>> scripts_;  // by script_id
   bool shutdown_ = false;
   bool io_failed_ = false;

@@ -160,6 +160,33 @@ TEST_CASE("budget: evicted scripts keep only their bytecode, within the budget")
   CHECK(st.deaths == 0);
 }
 
+TEST_CASE("budget: bytecode keeps a quarter of the budget at most; past it the oldest goes") {
+  // 1,000 scripts with a 24 KiB constant each: ~24 MiB of bytecode, 6 times a quarter of 16 MiB.
+  auto host = start_host(one_shard(16 * kMiB));
+  std::vector<Script> scripts;
+  const std::string blob(24 * 1024, 'z');
+  for (int i = 0; i < 1000; ++i)
+    scripts.push_back(reg(*host, "blob." + std::to_string(i),
+                          "local s = '" + blob + "'\nreturn #s + inputs.a + " + std::to_string(i)));
+  for (int round = 0; round < 2; ++round)
+    for (int k = 0; k < 1000; ++k) {
+      const int i = round == 0 ? k : 999 - k;  // back again: the latest evicted come first
+      const Result r = honest(*host, scripts[static_cast<std::size_t>(i)]);
+      REQUIRE_MESSAGE(r.status == Status::ok, describe(r));
+      REQUIRE(r.value == Value(int64_t{24 * 1024 + 41 + i}));
+    }
+  const ShardStats st = host->shard_stats(0);
+  MESSAGE("states held " << st.worker_scripts << ", reloads " << st.worker_reloads << ", compiles "
+                         << st.worker_compiles << ", script bytes " << st.worker_script_bytes / 1024
+                         << " KiB");
+  CHECK(st.worker_script_bytes <= 16 * kMiB);
+  CHECK(st.worker_compiles > 1000);  // some bytecode was dropped: their source came again
+  CHECK(st.worker_reloads > 0);      // and some was kept
+  CHECK(st.worker_scripts > 10);     // states are not crowded out by bytecode
+  CHECK(st.deaths == 0);
+  if (!kSanitized) CHECK(st.worker_rss_bytes < 80 * kMiB);
+}
+
 TEST_CASE("budget: a script that cannot fit by itself ends memory_limit naming the budget") {
   HostOptions o = one_shard(64 * kMiB);
   o.memory_limit = 256 * kMiB;  // its own cap would allow it; the worker's budget does not

@@ -129,12 +129,12 @@ TEST_CASE("callbacks_on_loop: after_loop_callbacks ends every run of callbacks, 
   o.callbacks_on_loop = true;
   o.worker_path = OUTRUN_TEST_WORKER;
   // The loop thread's only (the callbacks' and the hook's); read once the Host is gone.
-  int since_hook = 0, runs = 0, callbacks = 0;
+  int runs = 0, callbacks = 0;
+  std::atomic<int> since_hook{0};  // also read by the test while the Host runs
   std::set<std::thread::id> hook_threads, callback_threads;
   o.after_loop_callbacks = [&] {
     hook_threads.insert(std::this_thread::get_id());
-    if (since_hook > 0) ++runs;
-    since_hook = 0;
+    if (since_hook.exchange(0) > 0) ++runs;
   };
   std::unique_ptr<Host> host = test::start_host(o);
   Script s = reg(*host, "hooked", "return inputs.x");
@@ -152,6 +152,8 @@ TEST_CASE("callbacks_on_loop: after_loop_callbacks ends every run of callbacks, 
     --left;
   });
   CHECK(test::eventually([&] { return left.load() == 1; }));
+  // The batch's last run of callbacks was followed by its hook, with nothing else happening.
+  CHECK(test::eventually([&] { return since_hook.load() == 0; }));
   CHECK(!host->on_loop_thread());
   // A death's ends: the runaway is killed at T+G... here by kill_shard, which ends it on the loop.
   host->evaluate(stuck, {}, [&](Result r) {

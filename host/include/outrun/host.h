@@ -51,9 +51,9 @@ struct HostOptions {
   // script, charged to the budget too): the script's next evaluation builds a new state from it,
   // without the host re-sending the source or the worker compiling it. Its globals start again,
   // so globals are a cache, never a store. When even the bytecode must go (the oldest first),
-  // the host re-sends the source.  A script that would need
-  // more than the budget by itself ends `memory_limit`, naming the budget: with memory_limit
-  // above the budget, the budget is a script's real cap. At least 1 MiB.
+  // the host re-sends the source. A script that would need more than the budget by itself ends
+  // `memory_limit`, naming the budget: with memory_limit above the budget, the budget is a
+  // script's real cap. At least 1 MiB.
   // Default 192 MiB, well below the 4 GiB backstop: a bare state costs ~29 KB, so ~6,600 idle
   // states fit before any is evicted, and two shards stay within ~512 MB of RSS (the budget,
   // allocator slack and a worker's own ~8 MB) however many scripts are registered.
