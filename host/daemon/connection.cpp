@@ -142,19 +142,6 @@ void Server::close_conn(Conn* c, const char* why) {
 }
 
 void Server::handle_frames(const std::shared_ptr<Conn>& c) {
-  handle_read_frames(c);
-  // What these frames queued goes to the Host now: one Host call (one frame, one send to the
-  // worker) per shard for all of them, not one per Evaluate frame.
-  if (!refill_due_.any) return;
-  refill_due_.any = false;
-  for (std::size_t s = 0; s < refill_due_.shards.size(); ++s) {
-    if (!refill_due_.shards[s]) continue;
-    refill_due_.shards[s] = 0;
-    refill(static_cast<int>(s), nullptr);
-  }
-}
-
-void Server::handle_read_frames(const std::shared_ptr<Conn>& c) {
   protocol::FrameView fv;
   while (!c->closing) {
     if (c->held.load(std::memory_order_relaxed)) return;  // maybe_resume() goes on

@@ -102,7 +102,7 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_pt
         }
       }
       add.clear();
-      refill_due_.shards[s] = 1;  // handle_frames refills once its frames are handled
+      refill_due_.shards[s] = 1;  // refilled in the loop's check phase (on_refill_check)
       refill_due_.any = true;
     }
   }

@@ -12,6 +12,36 @@
 
 namespace outrun::daemon {
 
+// The loop's check phase, right after it handled what one poll returned (every client's reads of
+// this turn): what their frames queued goes to the Host now, one Host call (one frame, one send
+// to the worker) per shard for all of them, not one per Evaluate frame or per client.
+void Server::on_refill_check(uv_check_t* h) {
+  loop_thread.assert_here();
+  static_cast<Server*>(h->data)->refill_due();
+}
+
+void Server::refill_due() {
+  if (!refill_due_.any) return;
+  refill_due_.any = false;
+  for (std::size_t s = 0; s < refill_due_.shards.size(); ++s) {
+    if (!refill_due_.shards[s]) continue;
+    refill_due_.shards[s] = 0;
+    refill(static_cast<int>(s), nullptr);
+  }
+}
+
+void Server::start_refill_check() {
+  uv_check_init(&loop_, &refill_check_);
+  refill_check_.data = this;
+  uv_check_start(&refill_check_, &Server::on_refill_check);
+}
+
+void Server::close_refill_check() {
+  refill_due();  // nothing is left queued behind a closed check
+  uv_check_stop(&refill_check_);
+  uv_close(reinterpret_cast<uv_handle_t*>(&refill_check_), nullptr);
+}
+
 void Server::init_scheduler() {
   const int n = host_->shards();
   sched_ = std::make_unique<ShardSched[]>(static_cast<std::size_t>(n));

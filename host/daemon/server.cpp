@@ -280,6 +280,7 @@ int Server::run() {
   listening_ = true;
   uv_async_init(&loop_, &async_, &Server::on_async);
   async_.data = this;
+  start_refill_check();
   {
     MutexLock lock(wake_mu_);
     wake_open_ = true;
@@ -427,6 +428,7 @@ void Server::finish() {
   std::vector<Conn*> all;
   for (auto& [p, c] : conns_) all.push_back(p);
   for (Conn* c : all) close_conn(c, "daemon stopping");
+  close_refill_check();
   {
     MutexLock lock(wake_mu_);
     wake_open_ = false;

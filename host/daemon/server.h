@@ -132,7 +132,11 @@ class Server {
   void accept_all() REQUIRES(loop_thread);
   void conn_event(Conn* c, int status, int events) REQUIRES(loop_thread);
   void handle_frames(const std::shared_ptr<Conn>& c) REQUIRES(loop_thread);
-  void handle_read_frames(const std::shared_ptr<Conn>& c) REQUIRES(loop_thread);
+  // The check handle that refills the shards this loop turn's frames queued to (RefillDue).
+  static void on_refill_check(uv_check_t* h);
+  void refill_due() REQUIRES(loop_thread);
+  void start_refill_check() REQUIRES(loop_thread);
+  void close_refill_check() REQUIRES(loop_thread);
   // The hello, then one handler per message body. False: a violation.
   bool handle_frame(const std::shared_ptr<Conn>& c, const void* frame) REQUIRES(loop_thread);
   // Register, Unregister (scripts.cpp).
@@ -210,8 +214,8 @@ class Server {
   void drop_entry(ScriptEntry& e) REQUIRES(loop_thread);
   static uint32_t handle_of(const ScriptEntry& e) { return e.gen << kHandleIdBits | e.script.id(); }
 
-  // Shards whose queues evaluate_items added to while handle_frames handles a client's frames:
-  // refilled once at its end.
+  // Shards whose queues evaluate_items added to during this loop turn: refilled once each in its
+  // check phase (on_refill_check), after every client's reads of the turn.
   struct RefillDue {
     std::vector<uint8_t> shards;
     bool any = false;
@@ -228,6 +232,7 @@ class Server {
   uv_async_t async_{};
   uv_signal_t sigterm_{}, sigint_{}, sighup_{};
   uv_timer_t drain_timer_{};
+  uv_check_t refill_check_{};
   // Connections that have not said hello close after hello_timeout (hello_timer_); accept()
   // failing with EMFILE/ENFILE stops the listening poll for a pause (accept_pause_timer_), so
   // the loop does not spin on a socket that stays readable. Both exist once run() made them.

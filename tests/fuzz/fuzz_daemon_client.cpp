@@ -83,6 +83,7 @@ struct ServerTestAccess {
     s.listening_ = true;
     uv_async_init(&s.loop_, &s.async_, &Server::on_async);
     s.async_.data = &s;
+    s.start_refill_check();
     {
       MutexLock lock(s.wake_mu_);
       s.wake_open_ = true;
@@ -100,6 +101,7 @@ struct ServerTestAccess {
     s.listening_ = false;
     ::unlink(s.cfg_.socket.c_str());
     uv_close(reinterpret_cast<uv_handle_t*>(&s.drain_timer_), nullptr);
+    s.close_refill_check();
     {
       MutexLock lock(s.wake_mu_);
       s.wake_open_ = false;
