@@ -504,6 +504,8 @@ int append_dump(lua_State*, const void* p, size_t n, void* out) {
 }
 }  // namespace
 
+// lua_dump allocates nothing in Lua 5.4 (it only walks the function and calls the writer), so it
+// needs no protected call; a later Lua whose dump allocates would need one.
 bool ScriptState::dump_chunk(std::string* out) {
   if (!compiled_) return false;
   lua_settop(L_, 1);

@@ -130,8 +130,10 @@ bool Worker::reload(Script* s) {
   if (s->state) s->compile_outcome = s->state->load_chunk(chunk);
   if (!s->state || s->compile_outcome.status != wire::Status::Ok) {
     // Out of room for it now: as if it had never been sent (the host sends the source again).
+    // drop_script counts it off StatusPage::scripts, which evict_state already did.
     s->state.reset();
     s->compile_outcome = {};
+    if (opts_.page) bump(&opts_.page->scripts);
     drop_script(s->id);
     return false;
   }

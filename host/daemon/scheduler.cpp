@@ -162,14 +162,15 @@ void Server::complete(const Run& run, std::size_t i, Result&& r) {
   // Released before the result is written: a client that sends its next evaluation as soon as
   // this one's result arrives is never counted over its limit (and answered busy).
   c.inflight.fetch_sub(1, std::memory_order_relaxed);
-  counters_.inflight.fetch_sub(1, std::memory_order_relaxed);
   const bool ran = ran_in_worker(r.status);
-  if (cfg_.host.after_loop_callbacks && host_->on_loop_thread()) {
+  if (cfg_.host.after_loop_callbacks && loop_host_->on_loop_thread()) {
     // Corked until the Host's run of callbacks ends (flush_corked): one frame and one send per
-    // client per run, however many of its results the run had.
+    // client per run, however many of its results the run had. The daemon's in-flight count,
+    // which the drain waits on, goes down once it is written.
     if (c.corked.empty()) corked_.push_back(it.conn);
     c.corked.emplace_back(it.id, std::move(r));
   } else {
+    counters_.inflight.fetch_sub(1, std::memory_order_relaxed);
     send_result(c, it.id, r);
     check_hard_limit(it.conn);
   }
@@ -180,7 +181,11 @@ void Server::complete(const Run& run, std::size_t i, Result&& r) {
 void Server::flush_corked() {
   for (const std::shared_ptr<Conn>& c : corked_) {
     send_results(*c, c->corked);
-    c->corked.clear();
+    counters_.inflight.fetch_sub(c->corked.size(), std::memory_order_relaxed);
+    if (c->corked.capacity() > 1024)
+      c->corked = {};  // a burst's list is not kept for the connection's life
+    else
+      c->corked.clear();
     check_hard_limit(c);
   }
   corked_.clear();

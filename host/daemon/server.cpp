@@ -227,6 +227,7 @@ int Server::run() {
     spdlog::critical("cannot start the workers: {}", e.message);
     return 3;
   }
+  loop_host_ = host_.get();
   counters_.shards = host_->shards();
   counters_.shard_latency = std::make_unique<LatencyHistogram[]>(counters_.shards);
   init_scheduler();

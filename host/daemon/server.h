@@ -227,6 +227,9 @@ class Server {
   // callbacks, while it is destroyed, may still use it.
   std::vector<std::shared_ptr<Conn>> corked_;
   std::unique_ptr<Host> host_;
+  // host_'s Host, for its result callbacks: still valid while host_.reset() destroys it (reset
+  // clears host_ first), when the last callbacks (the ends of what was in flight) run.
+  const Host* loop_host_ = nullptr;
   uv_loop_t loop_{};
   uv_poll_t listen_poll_{};
   uv_async_t async_{};

@@ -292,7 +292,7 @@ void Host::Impl::deliver_read(Completion&& done, Result&& r, std::vector<Deliver
     done.deliver(std::move(r), log);
   } else if (done.runs_caller_code() ? opts.callbacks_on_loop && on_loop_thread()
                                      : opts.fulfill_futures_on_loop) {
-    loop_callbacks_ran |= done.runs_caller_code();
+    if (done.runs_caller_code()) loop_callbacks_ran = true;  // the loop's: see the condition
     done.deliver(std::move(r), log);
   } else
     to_dispatch->push_back(Delivery{std::move(done), std::move(r)});

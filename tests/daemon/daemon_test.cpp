@@ -251,6 +251,26 @@ TEST_CASE("outrund: SIGTERM drains in-flight evaluations and exits 0 with no wor
   CHECK(!can_connect(d.socket));
 }
 
+// The drain deadline passes with evaluations still running: the Host is destroyed with them in
+// flight, and their last callbacks (cancelled) run while it is (found by review: a callback that
+// used the daemon's Host pointer then crashed the daemon at exit).
+TEST_CASE("outrund: SIGTERM past the drain deadline with evaluations running still exits 0") {
+  Daemon d({"--timeout", "20000", "--grace", "1000", "--drain-timeout", "0"});
+  auto c = d.client();
+  constexpr int kN = 4;
+  std::vector<outrun::Script> keys(kN);
+  for (int i = 0; i < kN; ++i)
+    REQUIRE(!c->register_script("spin." + std::to_string(i), "while true do end", &keys[i]));
+  std::vector<std::future<outrun::Result>> fs;
+  for (int i = 0; i < kN; ++i) fs.push_back(c->evaluate(keys[i], {}));
+  for (int i = 0; i < 2000; ++i) {
+    if (d.stats()["inflight"].get<int>() == kN) break;
+    std::this_thread::sleep_for(1ms);
+  }
+  CHECK(d.stop() == 0);
+  for (auto& f : fs) CHECK(f.get().status != outrun::Status::ok);  // the connection went
+}
+
 TEST_CASE("outrund: outrun stats --prometheus is Prometheus text and kill-shard restarts a shard") {
   Daemon d;
   check_client_works(d, "prom");

@@ -578,7 +578,7 @@ TEST_CASE("outrund: a pipelined client's results come grouped in frames, each ex
   MESSAGE(kN << " results in " << frames << " frames, at most " << max_items << " in one");
   for (std::size_t i = 1; i <= kN; ++i) REQUIRE(seen[i] == 1);
   CHECK(items == kN);
-  CHECK(frames * 4 <= kN);  // before: one frame per result
+  CHECK(frames * 2 <= kN);  // before: one frame per result (at least 2 even at the smallest window)
   CHECK(d.stop() == 0);
 }
 

@@ -66,6 +66,7 @@ struct ServerTestAccess {
     if (s.cfg_.host.callbacks_on_loop)
       s.cfg_.host.after_loop_callbacks = [&s] { s.flush_corked(); };
     if (Error e = Host::create(s.cfg_.host, &s.host_)) return e;
+    s.loop_host_ = s.host_.get();
     s.counters_.shards = s.host_->shards();
     s.counters_.shard_latency = std::make_unique<LatencyHistogram[]>(s.counters_.shards);
     s.init_scheduler();

@@ -20,8 +20,10 @@ HostOptions base_options() {
   HostOptions o;
   o.worker_path = OUTRUN_TEST_WORKER;
   o.shards = 1;
-  o.timeout = 100ms;
-  o.grace = 100ms;
+  // Long enough that no honest evaluation overruns on a loaded machine (a 1 ms busy loop once
+  // went past 100 + 100 ms while CI ran beside two builds); the overrun case sets its own.
+  o.timeout = 2000ms;
+  o.grace = 2000ms;
   o.single_flight = SingleFlight::off;
   return o;
 }
@@ -244,7 +246,10 @@ TEST_CASE("Follower: kill_shard while followers wait: each ends once, ok or work
 }
 
 TEST_CASE("Follower: a T+G overrun while a follower waits ends `killed`, the others go on") {
-  auto host = test::start_host(base_options());
+  auto o = base_options();
+  o.timeout = 100ms;
+  o.grace = 100ms;
+  auto host = test::start_host(o);
   Script stuck = reg(*host, "stuck", kStuckInC);
   Script s = reg(*host, "double", "return inputs.x * 2");
   std::atomic<int> wrong{0};

@@ -200,7 +200,7 @@ struct ShardStats {
   uint64_t worker_compiles = 0;
   uint64_t worker_scripts = 0;
   uint64_t worker_peak_script_bytes = 0;
-  uint64_t worker_script_bytes = 0;  // all its script states hold now (after its last evaluation)
+  uint64_t worker_script_bytes = 0;  // its states and kept bytecode now (after its last evaluation)
   uint64_t worker_evictions = 0;     // idle script states closed for worker_script_budget
   uint64_t worker_reloads = 0;       // evicted scripts run again from the bytecode the worker kept
   uint64_t worker_rss_bytes = 0;     // resident set now (/proc/PID/statm, read by this call)
@@ -256,7 +256,8 @@ class Host final : public Runner {
 
   int shards() const;
   // True on the I/O loop thread: where callbacks run with callbacks_on_loop (a refusal at
-  // submission still arrives on a dispatcher).
+  // submission still arrives on a dispatcher). Callable from a callback, also from the last ones,
+  // which run while the Host is destroyed.
   bool on_loop_thread() const;
   ShardStats shard_stats(int shard) const;
   // Records alive and what they cost against max_script_bytes (tests, outrund's stats). A

@@ -15,8 +15,9 @@
 //   128     evaluations ...     worker   counters, see below
 //   184     peak_rss_bytes      worker   peak resident set, written with each heartbeat
 //   192     evictions           worker   script states closed for the worker's script budget
-//   200     script_bytes        worker   bytes all script states hold (after each evaluation)
-//   208     reloads             worker   evicted scripts' states built again from their bytecode
+//   200     script_bytes        worker   bytes all script states and kept bytecode hold (after each
+//   evaluation) 208     reloads             worker   evicted scripts' states built again from their
+//   bytecode
 //
 // Each field sits in its own 8 bytes; the worker's evaluation fields are on a cache line apart
 // from the heartbeat so the heartbeat thread and the main thread do not share a line.
