@@ -45,18 +45,13 @@ Worker::Worker(const WorkerOptions& options) : opts_(options) {
 
 void Worker::touch(Script* s) {
   if (lru_.next == s) return;
-  s->prev->next = s->next;  // a new script links to itself: unlinking it changes nothing
-  s->next->prev = s->prev;
-  s->next = lru_.next;
-  s->prev = &lru_;
-  lru_.next->prev = s;
-  lru_.next = s;
+  s->unlink();  // a new script links to itself: unlinking it changes nothing
+  s->push_front(&lru_);
 }
 
 void Worker::drop_script(uint32_t id) {
   std::unique_ptr<Script>& slot = scripts_[id];
-  slot->prev->next = slot->next;  // from lru_ or chunks_, whichever holds it
-  slot->next->prev = slot->prev;
+  slot->unlink();  // from lru_ or chunks_, whichever holds it
   // Counted in StatusPage::scripts unless evicted (only its bytecode held, charged).
   const bool evicted = !slot->chunk.empty();
   if (evicted) {
@@ -88,17 +83,13 @@ void Worker::evict_state(Script* s) {
   }
   while (chunk_bytes_ + chunk.capacity() > cap && chunks_.prev != &chunks_)
     drop_script(static_cast<Script*>(chunks_.prev)->id);
-  s->prev->next = s->next;
-  s->next->prev = s->prev;
+  s->unlink();
   s->state.reset();
   if (opts_.page) opts_.page->scripts.fetch_sub(1, std::memory_order_relaxed);
   s->chunk = std::move(chunk);
   budget_.used += s->chunk.capacity();
   chunk_bytes_ += s->chunk.capacity();
-  s->next = chunks_.next;
-  s->prev = &chunks_;
-  chunks_.next->prev = s;
-  chunks_.next = s;
+  s->push_front(&chunks_);
 }
 
 bool Worker::evict_down_to(std::size_t target, const sandbox::MemoryAccount* keep) {
@@ -119,9 +110,7 @@ bool Worker::evict_down_to(std::size_t target, const sandbox::MemoryAccount* kee
 bool Worker::reload(Script* s) {
   std::string err;
   // Unlinked while it is built: the budget's reclaim, which may run meanwhile, cannot drop it.
-  s->prev->next = s->next;
-  s->next->prev = s->prev;
-  s->next = s->prev = s;
+  s->unlink();
   std::string chunk = std::move(s->chunk);
   s->chunk = {};
   budget_.used -= chunk.capacity();
@@ -248,8 +237,8 @@ Worker::Script* Worker::script_for(const wire::Evaluation* e) {
   if (Script* held = scripts_[id].get();
       held && !held->chunk.empty() &&
       (!has_source || std::memcmp(held->sha256.data(), src.sha256.data(), 32) == 0)) {
-    if (!reload(held) && !has_source) return nullptr;  // NeedSource
-    if (scripts_[id]) return scripts_[id].get();
+    if (reload(held)) return held;
+    if (!has_source) return nullptr;  // dropped: NeedSource
   }
   if (has_source) {
     if (scripts_[id] && std::memcmp(scripts_[id]->sha256.data(), src.sha256.data(), 32) == 0)

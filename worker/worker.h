@@ -63,6 +63,19 @@ class Worker {
   struct LruLink {
     LruLink* next = this;  // towards less recently used
     LruLink* prev = this;  // towards more recently used
+    // Out of whichever list holds it, linked to itself (unlinking it again changes nothing).
+    void unlink() {
+      prev->next = next;
+      next->prev = prev;
+      next = prev = this;
+    }
+    // First in the list of sentinel `head`.
+    void push_front(LruLink* head) {
+      next = head->next;
+      prev = head;
+      head->next->prev = this;
+      head->next = this;
+    }
   };
   // A script the host sent. Held one of two ways: with its state (in lru_), or, once its state
   // was evicted, as the bytecode of its compiled chunk (in chunks_; a new state loads it on the

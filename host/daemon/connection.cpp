@@ -17,14 +17,21 @@
 
 namespace outrun::daemon {
 
-void send_result(Conn& c, uint64_t id, const Result& r) {
-  auto& f = t_fbb;
-  f.Clear();
+namespace {
+flatbuffers::Offset<wire::Result> build_item(flatbuffers::FlatBufferBuilder& f, uint64_t id,
+                                             const Result& r) {
   const bool ok = r.status == Status::ok;
-  const auto item = protocol::build_result(
+  return protocol::build_result(
       f, id, static_cast<wire::Status>(r.status),
       ok ? detail::encode_value(f, r.value) : flatbuffers::Offset<wire::Value>(),
       ok ? std::string_view() : std::string_view(r.error));
+}
+}  // namespace
+
+void send_result(Conn& c, uint64_t id, const Result& r) {
+  auto& f = t_fbb;
+  f.Clear();
+  const auto item = build_item(f, id, r);
   c.writer.write(protocol::finish_results(f, {&item, 1}));
 }
 
@@ -37,14 +44,8 @@ void send_results(Conn& c, std::span<const std::pair<uint64_t, Result>> rs) {
     items.clear();
     // A result is at most ~8 MiB (the worker's kMaxResultBytes): a frame stays far below
     // kMaxFrameSize.
-    for (; k < rs.size() && (items.empty() || f.GetSize() < kResultsCutBytes); ++k) {
-      const Result& r = rs[k].second;
-      const bool ok = r.status == Status::ok;
-      items.push_back(protocol::build_result(
-          f, rs[k].first, static_cast<wire::Status>(r.status),
-          ok ? detail::encode_value(f, r.value) : flatbuffers::Offset<wire::Value>(),
-          ok ? std::string_view() : std::string_view(r.error)));
-    }
+    for (; k < rs.size() && (items.empty() || f.GetSize() < kResultsCutBytes); ++k)
+      items.push_back(build_item(f, rs[k].first, rs[k].second));
     c.writer.write(protocol::finish_results(f, items));
   }
 }

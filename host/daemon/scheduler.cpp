@@ -163,7 +163,7 @@ void Server::complete(const Run& run, std::size_t i, Result&& r) {
   // this one's result arrives is never counted over its limit (and answered busy).
   c.inflight.fetch_sub(1, std::memory_order_relaxed);
   const bool ran = ran_in_worker(r.status);
-  if (cfg_.host.after_loop_callbacks && loop_host_->on_loop_thread()) {
+  if (cfg_.host.after_loop_callbacks && host_->on_loop_thread()) {
     // Corked until the Host's run of callbacks ends (flush_corked): one frame and one send per
     // client per run, however many of its results the run had. The daemon's in-flight count,
     // which the drain waits on, goes down once it is written.
@@ -176,6 +176,11 @@ void Server::complete(const Run& run, std::size_t i, Result&& r) {
   }
   const Done d{run.sent_us, now, ran};
   refill(run.shard, &d);
+}
+
+void Server::destroy_host() {
+  delete host_.get();
+  (void)host_.release();
 }
 
 void Server::flush_corked() {

@@ -227,7 +227,6 @@ int Server::run() {
     spdlog::critical("cannot start the workers: {}", e.message);
     return 3;
   }
-  loop_host_ = host_.get();
   counters_.shards = host_->shards();
   counters_.shard_latency = std::make_unique<LatencyHistogram[]>(counters_.shards);
   init_scheduler();
@@ -245,7 +244,7 @@ int Server::run() {
     to.on_change = [this](const std::vector<tags::Change>& ch) { on_tag_changes(ch); };
     if (Error e = tags::Engine::create(*host_, std::move(to), &tags_)) {
       spdlog::critical("cannot start the tags engine: {}", e.message);
-      host_.reset();
+      destroy_host();
       return 3;
     }
     if (!cfg_.tags_file.empty()) {
@@ -259,7 +258,7 @@ int Server::run() {
       if (e) {
         spdlog::critical("tags file {}: {}", cfg_.tags_file, e.message);
         stop_tags();
-        host_.reset();
+        destroy_host();
         return 2;
       }
       spdlog::info("defined {} tags from {}", defs.size(), cfg_.tags_file);
@@ -270,7 +269,7 @@ int Server::run() {
   if (!open_socket(&err)) {
     spdlog::critical("{}", err);
     stop_tags();
-    host_.reset();
+    destroy_host();
     return 1;
   }
   uv_loop_init(&loop_);
@@ -314,7 +313,7 @@ int Server::run() {
   // Every handle is closed. Stop the tags engine, then the workers: what is still in flight ends
   // `cancelled`; its callbacks write to closed connections and drop the frames.
   stop_tags();
-  host_.reset();
+  destroy_host();
   conns_.clear();
   uv_loop_close(&loop_);
   spdlog::info("outrund stopped");

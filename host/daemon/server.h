@@ -171,6 +171,9 @@ class Server {
   void init_scheduler() REQUIRES(loop_thread);
   void refill(int shard, const Done* done);
   void complete(const Run& run, std::size_t i, Result&& r);
+  // Destroys the Host with host_ still set: its last callbacks (the ends of what was in flight)
+  // run while it is destroyed and use host_ (unique_ptr::reset clears it first).
+  void destroy_host();
   // HostOptions::after_loop_callbacks: writes each client's corked results (Conn::corked) of the
   // run that just ended. The Host's loop thread.
   void flush_corked();
@@ -227,9 +230,6 @@ class Server {
   // callbacks, while it is destroyed, may still use it.
   std::vector<std::shared_ptr<Conn>> corked_;
   std::unique_ptr<Host> host_;
-  // host_'s Host, for its result callbacks: still valid while host_.reset() destroys it (reset
-  // clears host_ first), when the last callbacks (the ends of what was in flight) run.
-  const Host* loop_host_ = nullptr;
   uv_loop_t loop_{};
   uv_poll_t listen_poll_{};
   uv_async_t async_{};

@@ -66,7 +66,6 @@ struct ServerTestAccess {
     if (s.cfg_.host.callbacks_on_loop)
       s.cfg_.host.after_loop_callbacks = [&s] { s.flush_corked(); };
     if (Error e = Host::create(s.cfg_.host, &s.host_)) return e;
-    s.loop_host_ = s.host_.get();
     s.counters_.shards = s.host_->shards();
     s.counters_.shard_latency = std::make_unique<LatencyHistogram[]>(s.counters_.shards);
     s.init_scheduler();
@@ -117,7 +116,7 @@ struct ServerTestAccess {
     s.tq_cv_.notify_all();
     s.tags_thread_.join();
     s.tags_.reset();
-    s.host_.reset();
+    s.destroy_host();
     FUZZ_CHECK(uv_loop_close(&s.loop_) == 0);
   }
 
