@@ -128,7 +128,7 @@ void Server::accept_all() {
     c->pid = cred.pid;
     c->admin = allowed(cfg_.admin_uids, cfg_.admin_gids, cred.uid, cred.gid, groups);
     c->accepted = std::chrono::steady_clock::now();
-    uv_poll_init(&loop_, &c->poll, fd);
+    uv_poll_init(loop_, &c->poll, fd);
     c->poll.data = c.get();
     conns_.emplace(c.get(), c);
     pending_.emplace(c->id, c.get());

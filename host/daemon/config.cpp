@@ -181,6 +181,8 @@ bool read_host(const toml::table& t, HostOptions* h, Reader& r) {
       ok = r.boolean(n, key, &h->worker_large_pages);
     } else if (key == "callbacks_on_loop") {
       ok = r.boolean(n, key, &h->callbacks_on_loop);
+    } else if (key == "busy_poll_us") {
+      if ((ok = r.integer(n, key, 0, 10'000, &v))) h->busy_poll = std::chrono::microseconds(v);
     } else if (key == "worker_path") {
       ok = r.string(n, key, &h->worker_path);
     } else if (key == "start_timeout_ms") {
@@ -344,6 +346,7 @@ std::string to_toml(const DaemonConfig& c) {
       {"max_script_bytes_mb", static_cast<int64_t>(h.max_script_bytes >> 20)},
       {"worker_large_pages", h.worker_large_pages},
       {"callbacks_on_loop", h.callbacks_on_loop},
+      {"busy_poll_us", static_cast<int64_t>(h.busy_poll.count())},
       {"max_queued_while_down", static_cast<int64_t>(h.max_queued_while_down)},
       {"restart_delay_ms", static_cast<int64_t>(h.restart_delay.count())},
       {"heartbeat_interval_ms", static_cast<int64_t>(h.heartbeat_interval.count())},

@@ -31,7 +31,7 @@ void Server::refill_due() {
 }
 
 void Server::start_refill_check() {
-  uv_check_init(&loop_, &refill_check_);
+  uv_check_init(loop_, &refill_check_);
   refill_check_.data = this;
   uv_check_start(&refill_check_, &Server::on_refill_check);
 }

@@ -205,7 +205,8 @@ sigset_t stop_signals() {
 }  // namespace
 
 int Server::run() {
-  loop_thread.bind_to_current_thread();  // this thread runs the loop
+  // This thread sets up; the Host's loop thread serves (start_serving) and takes the role then.
+  loop_thread.bind_to_current_thread();
   loop_thread.assert_here();
   reopen_logs();
   const sigset_t stop = stop_signals();
@@ -272,13 +273,40 @@ int Server::run() {
     destroy_host();
     return 1;
   }
-  uv_loop_init(&loop_);
-  loop_.data = this;
-  uv_poll_init(&loop_, &listen_poll_, listen_fd_);
+  // From here the loop thread -- the Host's -- owns the daemon's state: this thread only waits
+  // until finish() has closed the daemon's handles, then stops the tags engine and the Host.
+  if (!host_->post_to_loop([this](uv_loop_t* loop) { start_serving(loop); })) {
+    spdlog::critical("the host stopped before the daemon could start serving");
+    stop_tags();
+    destroy_host();
+    return 3;
+  }
+  {
+    MutexLock lock(served_mu_);
+    served_cv_.wait(served_mu_, [&]() REQUIRES(served_mu_) { return served_; });
+  }
+  // What is still in flight ends `cancelled` while the Host is destroyed; its callbacks write to
+  // closed connections and drop the frames. The close callbacks of the daemon's handles run on
+  // the loop before it ends.
+  stop_tags();
+  destroy_host();
+  loop_thread.bind_to_current_thread();  // the loop thread has ended: the state is this one's
+  loop_thread.assert_here();
+  conns_.clear();
+  spdlog::info("outrund stopped");
+  spdlog::default_logger()->flush();
+  return 0;
+}
+
+void Server::start_serving(uv_loop_t* loop) {
+  loop_thread.bind_to_current_thread();
+  loop_thread.assert_here();
+  loop_ = loop;
+  uv_poll_init(loop_, &listen_poll_, listen_fd_);
   listen_poll_.data = this;
   uv_poll_start(&listen_poll_, UV_READABLE, &Server::on_listen);
   listening_ = true;
-  uv_async_init(&loop_, &async_, &Server::on_async);
+  uv_async_init(loop_, &async_, &Server::on_async);
   async_.data = this;
   start_refill_check();
   {
@@ -286,16 +314,19 @@ int Server::run() {
     wake_open_ = true;
   }
   for (auto [h, sig] : {std::pair{&sigterm_, SIGTERM}, {&sigint_, SIGINT}, {&sighup_, SIGHUP}}) {
-    uv_signal_init(&loop_, h);
+    uv_signal_init(loop_, h);
     h->data = this;
     uv_signal_start(h, &Server::on_signal, sig);
   }
-  pthread_sigmask(SIG_UNBLOCK, &stop, nullptr);  // one that came during start-up is handled now
-  uv_timer_init(&loop_, &drain_timer_);
+  // The Host's threads were started with the stop signals blocked (run()): on this one they are
+  // handled now, one that came during start-up included.
+  const sigset_t stop = stop_signals();
+  pthread_sigmask(SIG_UNBLOCK, &stop, nullptr);
+  uv_timer_init(loop_, &drain_timer_);
   drain_timer_.data = this;
-  uv_timer_init(&loop_, &hello_timer_);
+  uv_timer_init(loop_, &hello_timer_);
   hello_timer_.data = this;
-  uv_timer_init(&loop_, &accept_pause_timer_);
+  uv_timer_init(loop_, &accept_pause_timer_);
   accept_pause_timer_.data = this;
   timers_ = true;
   {
@@ -307,18 +338,12 @@ int Server::run() {
   spdlog::info("outrund {} listening on {} (mode {:04o}), {} shards, pid {}", OUTRUN_VERSION,
                cfg_.socket, cfg_.socket_mode, host_->shards(), getpid());
   sd_notify("READY=1\nSTATUS=serving");
+}
 
-  uv_run(&loop_, UV_RUN_DEFAULT);
-
-  // Every handle is closed. Stop the tags engine, then the workers: what is still in flight ends
-  // `cancelled`; its callbacks write to closed connections and drop the frames.
-  stop_tags();
-  destroy_host();
-  conns_.clear();
-  uv_loop_close(&loop_);
-  spdlog::info("outrund stopped");
-  spdlog::default_logger()->flush();
-  return 0;
+void Server::served() {
+  MutexLock lock(served_mu_);
+  served_ = true;
+  served_cv_.notify_all();
 }
 
 void Server::wake() {
@@ -435,6 +460,7 @@ void Server::finish() {
     want_write_.clear();
     uv_close(reinterpret_cast<uv_handle_t*>(&async_), nullptr);
   }
+  served();
 }
 
 // What a burst freed on the loop thread (decoded inputs, the writers' queues) may wait in its

@@ -47,11 +47,11 @@ namespace outrun::daemon {
 
 struct Conn;
 
-// outrund's loop thread (the thread in Server::run(), or the fuzz target's): it alone touches
-// the state marked GUARDED_BY(loop_thread) (connections, the script table, the quotas, the
-// listening socket); functions that need it are REQUIRES(loop_thread), and the entry points
-// libuv calls assert it (a thread-id check in every build). One per process: one Server at a
-// time.
+// outrund's loop thread (the Host's loop thread, which serves the clients too: design/daemon.md
+// "One loop"; the fuzz target's own): it alone touches the state marked GUARDED_BY(loop_thread)
+// (connections, the script table, the quotas, the listening socket); functions that need it are
+// REQUIRES(loop_thread), and the entry points libuv calls assert it (a thread-id check in every
+// build). One per process: one Server at a time.
 inline ThreadRole loop_thread;
 
 inline constexpr int kStatusCount = 11;  // outrun::Status values
@@ -126,6 +126,12 @@ class Server {
   void maybe_trim() REQUIRES(loop_thread);
   static void on_accept_pause(uv_timer_t* h);
 
+  // On the loop thread (Host::post_to_loop): the daemon's handles on the Host's loop, then
+  // serving. Every one is closed by finish().
+  void start_serving(uv_loop_t* loop);
+  // finish() tells run() the daemon's handles are closed (their close callbacks run on the loop
+  // before the Host, destroyed next, lets it end).
+  void served() EXCLUDES(served_mu_);
   bool open_socket(std::string* err);
   bool check_fd_limit(std::string* err);
   void pause_accepting(int err) REQUIRES(loop_thread);
@@ -230,7 +236,12 @@ class Server {
   // callbacks, while it is destroyed, may still use it.
   std::vector<std::shared_ptr<Conn>> corked_;
   std::unique_ptr<Host> host_;
-  uv_loop_t loop_{};
+  // The Host's (run()), or own_loop_ (the fuzz target, which runs it on a thread of its own).
+  uv_loop_t* loop_ = nullptr;
+  uv_loop_t own_loop_{};
+  Mutex served_mu_;
+  CondVar served_cv_;
+  bool served_ GUARDED_BY(served_mu_) = false;
   uv_poll_t listen_poll_{};
   uv_async_t async_{};
   uv_signal_t sigterm_{}, sigint_{}, sighup_{};

@@ -247,31 +247,41 @@ void Server::handle_subscribe(const std::shared_ptr<Conn>& c, const protocol::Su
   write_tags_reply(c->writer, rid, e, {});
 }
 
+// On the tags thread: a read of an on_read tag past its max_age waits for its evaluation, which
+// the loop thread -- where the frame arrived, and which would read that evaluation's result --
+// must never do (design/daemon.md "One loop").
 void Server::handle_read_tags(const std::shared_ptr<Conn>& c, const protocol::ReadTagsMsg& r) {
   std::string why;
   std::vector<std::string> ids;
-  Error e;
-  std::vector<tags::DataValue> values;
-  if (!detail::decode_tag_ids(r.ids, &ids, &why)) {
-    e = Error{ErrorCode::invalid_argument, why};
-  } else {
-    values.resize(ids.size());
-    for (std::size_t i = 0; i < ids.size() && !e; ++i) e = tags_->read(ids[i], &values[i]);
-  }
-  auto& f = t_changes_fbb;
-  f.Clear();
-  std::vector<flatbuffers::Offset<wire::TagValue>> offs;
-  if (!e)
-    for (std::size_t i = 0; i < ids.size(); ++i)
-      offs.push_back(detail::encode_tag_entry(f, ids[i], values[i]));
-  auto frame_bytes =
-      protocol::encode_tag_values(f, r.request_id, detail::wire_status(e.code), e.message, offs);
-  if (frame_bytes.size() > protocol::kMaxFrameSize) {
+  const uint64_t rid = r.request_id;
+  auto reply = [c, rid](const Error& e, const std::vector<std::string>& read,
+                        const std::vector<tags::DataValue>& values) {
+    auto& f = t_changes_fbb;
     f.Clear();
-    frame_bytes = protocol::encode_tag_values(f, r.request_id, wire::Status::Unavailable,
-                                              "the values are more than a frame holds", {});
+    std::vector<flatbuffers::Offset<wire::TagValue>> offs;
+    if (!e)
+      for (std::size_t i = 0; i < read.size(); ++i)
+        offs.push_back(detail::encode_tag_entry(f, read[i], values[i]));
+    auto frame_bytes =
+        protocol::encode_tag_values(f, rid, detail::wire_status(e.code), e.message, offs);
+    if (frame_bytes.size() > protocol::kMaxFrameSize) {
+      f.Clear();
+      frame_bytes = protocol::encode_tag_values(f, rid, wire::Status::Unavailable,
+                                                "the values are more than a frame holds", {});
+    }
+    c->writer.write(frame_bytes);
+  };
+  if (!detail::decode_tag_ids(r.ids, &ids, &why)) {
+    reply(Error{ErrorCode::invalid_argument, why}, {}, {});
+    return;
   }
-  c->writer.write(frame_bytes);
+  auto job = [this, reply, ids = std::move(ids)] {
+    Error e;
+    std::vector<tags::DataValue> values(ids.size());
+    for (std::size_t i = 0; i < ids.size() && !e; ++i) e = tags_->read(ids[i], &values[i]);
+    reply(e, ids, values);
+  };
+  if (!post_tags_job(std::move(job))) busy(*c, rid);
 }
 
 }  // namespace outrun::daemon

@@ -108,7 +108,7 @@ Error Host::Impl::start() {
         break;
       }
     }
-    uv_run(&loop, UV_RUN_DEFAULT);
+    run_loop();
   });
   MutexLock lock(start_mu);
   const bool ready = start_cv.wait_until(
@@ -177,6 +177,8 @@ Error validate(const HostOptions& options) {
             "worker_address_space_limit must be 0 (none) or at least 64 MiB"};
   if (options.max_script_bytes == 0)
     return {ErrorCode::invalid_argument, "max_script_bytes must be positive"};
+  if (options.busy_poll.count() < 0 || options.busy_poll > std::chrono::milliseconds(10))
+    return {ErrorCode::invalid_argument, "busy_poll must be 0..10 ms"};
   return {};
 }
 
@@ -253,6 +255,10 @@ int Host::shards() const {
 
 bool Host::on_loop_thread() const {
   return impl_->on_loop_thread();
+}
+
+bool Host::post_to_loop(std::function<void(uv_loop_s*)> fn) {
+  return impl_->post(std::move(fn));
 }
 
 ShardStats Host::shard_stats(int i) const {

@@ -66,10 +66,17 @@ struct Host::Impl final : detail::WorkerEvents {
   bool shutdown_started = false;  // loop thread only
   int live_workers = 0;           // loop thread only: WorkerProcess objects not yet freed
 
-  // Requests from other threads to the loop (drills).
+  // Requests from other threads to the loop (drills), and the application's (post_to_loop).
   enum class CommandKind : uint8_t { kKill, kRestart };
   Mutex commands_mu;
   std::vector<std::pair<CommandKind, int>> commands GUARDED_BY(commands_mu);
+  std::vector<std::function<void(uv_loop_t*)>> posted GUARDED_BY(commands_mu);
+  bool post(std::function<void(uv_loop_t*)>&& fn);
+  void run_posted() REQUIRES(loop_role);
+  // The loop thread's body: uv_run, with busy polling (opts.busy_poll) while evaluations are in
+  // flight.
+  void run_loop() REQUIRES(loop_role);
+  bool any_in_flight();
 
   // Start-up: the loop thread reports hellos and early failures here.
   Mutex start_mu;

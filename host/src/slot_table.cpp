@@ -15,6 +15,7 @@ uint32_t SlotTable::alloc() {
   }
   slots_[idx].retries = 0;
   slots_[idx].source_resent = false;
+  live_.store(live_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);  // under mu
   return idx;
 }
 
@@ -25,6 +26,7 @@ void SlotTable::free(uint32_t idx) {
   s.script = Script();
   s.inputs.clear();
   free_.push_back(idx);
+  live_.store(live_.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
 }
 
 void SlotTable::ensure_key(uint32_t key_id) {

@@ -153,6 +153,7 @@ void Host::Impl::on_wakeup(uv_async_t* a) {
     self->attend_reading(*sh);
   }
   self->flush_forgets();
+  self->run_posted();
   if (self->stopping.load() && !self->shutdown_started) {
     self->begin_shutdown();
     return;
@@ -196,6 +197,51 @@ void Host::Impl::flush_forgets() {
     }
   }
   registry.recycle(all);
+}
+
+bool Host::Impl::post(std::function<void(uv_loop_t*)>&& fn) {
+  {
+    MutexLock lock(commands_mu);
+    if (stopping.load()) return false;
+    posted.push_back(std::move(fn));
+  }
+  wake();
+  return true;
+}
+
+void Host::Impl::run_posted() {
+  std::vector<std::function<void(uv_loop_t*)>> fns;
+  {
+    MutexLock lock(commands_mu);
+    fns.swap(posted);
+  }
+  for (auto& fn : fns) fn(&loop);
+}
+
+// The spin's test, several times per microsecond while it lasts: one relaxed load per shard, no
+// lock (a submitter holds the shard's mutex while it writes to the worker).
+bool Host::Impl::any_in_flight() NO_THREAD_SAFETY_ANALYSIS {
+  for (auto& sh : shards)
+    if (sh->table.in_use_hint() != 0) return true;
+  return false;
+}
+
+// D-busy-poll. uv_run(UV_RUN_ONCE) sleeps until something is ready and handles it; then, while
+// evaluations are in flight, UV_RUN_NOWAIT polls every handle (epoll_wait with no timeout, the
+// timers, the check handles) until opts.busy_poll has passed since the wake-up, and the loop
+// sleeps again. Each wake-up buys one spin at most: a loop that is never idle (a pipelined load)
+// spins no more than it would run anyway, and an idle one (nothing in flight) never spins.
+void Host::Impl::run_loop() {
+  if (opts.busy_poll.count() <= 0) {
+    uv_run(&loop, UV_RUN_DEFAULT);
+    return;
+  }
+  const int64_t spin_ns = static_cast<int64_t>(opts.busy_poll.count()) * 1000;
+  while (uv_run(&loop, UV_RUN_ONCE) != 0) {
+    const int64_t until = monotonic_ns() + spin_ns;
+    while (any_in_flight() && monotonic_ns() < until)
+      if (uv_run(&loop, UV_RUN_NOWAIT) == 0) return;
+  }
 }
 
 void Host::Impl::run_commands() {

@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "daemon_support.h"
 #include "outrun/protocol/client_messages.h"
@@ -171,6 +172,41 @@ TEST_CASE(
   REQUIRE(!c->list_tags_json(&json));
   CHECK(nlohmann::json::parse(json)["tags"].size() == 1);
   CHECK(c->remove_tags({"zz"}).code == outrun::ErrorCode::invalid_argument);
+}
+
+// The daemon serves its clients on the Host's loop thread (design/daemon.md "One loop"): a read
+// that waits for an on_read tag's evaluation waits on the tags thread, never on that loop, which
+// reads the evaluation's result and keeps answering everyone else meanwhile.
+TEST_CASE("outrund tags: a read waiting for an on_read evaluation does not stop the daemon") {
+  Daemon d({"--timeout", "5000"});
+  auto a = d.client();
+  auto b = d.client();
+  REQUIRE(!a->define_tags(R"(
+[[tag]]
+id = "slow"
+inputs = ["x"]
+trigger = "on_read"
+max_age_ms = 1
+script = "local t = os.clock() while os.clock() - t < 0.4 do end return inputs.x * 2"
+)",
+                          false));
+  REQUIRE(!a->update_sources({good("x", outrun::Value(21.0))}));
+  std::atomic<bool> read_done{false};
+  std::vector<tags::Change> v;
+  outrun::Error read_err;
+  std::thread reader([&] {
+    read_err = a->read_tags({"slow"}, &v);
+    read_done = true;
+  });
+  std::this_thread::sleep_for(50ms);  // the read is waiting for its 0.4 s evaluation
+  std::string json;
+  REQUIRE(!b->list_tags_json(&json));  // answered by the loop meanwhile
+  CHECK_FALSE(read_done.load());
+  REQUIRE(!b->stats_json(&json));
+  reader.join();
+  REQUIRE(!read_err);
+  REQUIRE(v.size() == 1);
+  CHECK(v[0].value.value.as<double>() == 42.0);
 }
 
 TEST_CASE("outrund tags: a compile error or a bad text answers its error and changes nothing") {

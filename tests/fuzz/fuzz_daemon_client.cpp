@@ -58,7 +58,8 @@
 namespace outrun::daemon {
 
 struct ServerTestAccess {
-  // Server::run() up to uv_run, without signals, logs and sd_notify.
+  // Server::run() and start_serving(), without signals, logs and sd_notify, on a loop of its own
+  // (the harness runs it step by step on this thread).
   static Error start(Server& s) {
     loop_thread.bind_to_current_thread();  // this thread runs the loop (uv_run below)
     loop_thread.assert_here();
@@ -75,20 +76,21 @@ struct ServerTestAccess {
     s.tags_thread_ = std::thread([&s] { s.tags_thread_main(); });
     std::string err;
     if (!s.open_socket(&err)) return Error{ErrorCode::unavailable, err};
-    uv_loop_init(&s.loop_);
-    s.loop_.data = &s;
-    uv_poll_init(&s.loop_, &s.listen_poll_, s.listen_fd_);
+    s.loop_ = &s.own_loop_;  // outrund runs on the Host's loop; here its own, on this thread
+    uv_loop_init(s.loop_);
+    s.loop_->data = &s;
+    uv_poll_init(s.loop_, &s.listen_poll_, s.listen_fd_);
     s.listen_poll_.data = &s;
     uv_poll_start(&s.listen_poll_, UV_READABLE, &Server::on_listen);
     s.listening_ = true;
-    uv_async_init(&s.loop_, &s.async_, &Server::on_async);
+    uv_async_init(s.loop_, &s.async_, &Server::on_async);
     s.async_.data = &s;
     s.start_refill_check();
     {
       MutexLock lock(s.wake_mu_);
       s.wake_open_ = true;
     }
-    uv_timer_init(&s.loop_, &s.drain_timer_);
+    uv_timer_init(s.loop_, &s.drain_timer_);
     s.drain_timer_.data = &s;
     return {};
   }
@@ -108,7 +110,7 @@ struct ServerTestAccess {
       s.want_write_.clear();
       uv_close(reinterpret_cast<uv_handle_t*>(&s.async_), nullptr);
     }
-    uv_run(&s.loop_, UV_RUN_DEFAULT);
+    uv_run(s.loop_, UV_RUN_DEFAULT);
     {
       MutexLock lock(s.tq_mu_);
       s.tq_stop_ = true;
@@ -117,10 +119,10 @@ struct ServerTestAccess {
     s.tags_thread_.join();
     s.tags_.reset();
     s.destroy_host();
-    FUZZ_CHECK(uv_loop_close(&s.loop_) == 0);
+    FUZZ_CHECK(uv_loop_close(s.loop_) == 0);
   }
 
-  static uv_loop_t* loop(Server& s) { return &s.loop_; }
+  static uv_loop_t* loop(Server& s) { return s.loop_; }
   static std::size_t conns(const Server& s) {
     loop_thread.assert_here();
     return s.conns_.size();

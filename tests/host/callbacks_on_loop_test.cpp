@@ -1,5 +1,8 @@
 // HostOptions::callbacks_on_loop: callbacks run where their results are read (the loop thread),
 // refusals still go through the dispatcher, and a callback may submit and drill from there.
+// Host::post_to_loop (an application's handles on that loop) and HostOptions::busy_poll.
+#include <uv.h>
+
 #include <atomic>
 #include <functional>
 #include <future>
@@ -174,6 +177,80 @@ TEST_CASE("callbacks_on_loop: after_loop_callbacks ends every run of callbacks, 
   CHECK(runs >= 2);
   CHECK(runs < kN);        // results arrive in runs, not one hook per callback
   CHECK(since_hook == 0);  // every callback was followed by a hook
+}
+
+// outrund's shape (design/daemon.md "One loop"): the application's own handle on the Host's
+// loop submits from there, its results come back on the same thread, and it closes the handle
+// before it destroys the Host.
+TEST_CASE("post_to_loop: an application's timer on the Host's loop submits and is answered there") {
+  auto host = loop_host(true);
+  struct App {
+    Host* host = nullptr;
+    Script script;
+    uv_timer_t timer{};
+    std::thread::id loop_thread;
+    std::atomic<int> ticks{0};
+    std::promise<void> done;
+    std::vector<Result> results;
+    bool all_on_loop = true;
+  } app;
+  app.host = host.get();
+  app.script = reg(*host, "tick", "return inputs.n * 10");
+  std::promise<void> started;
+  REQUIRE(host->post_to_loop([&](uv_loop_s* loop) {
+    app.loop_thread = std::this_thread::get_id();
+    CHECK(app.host->on_loop_thread());
+    uv_timer_init(loop, &app.timer);
+    app.timer.data = &app;
+    uv_timer_start(
+        &app.timer,
+        [](uv_timer_t* t) {
+          auto* a = static_cast<App*>(t->data);
+          const int n = a->ticks++;
+          if (n == 9) uv_timer_stop(t);
+          a->host->evaluate(a->script, {{"n", n}}, [a](Result r) {
+            a->all_on_loop = a->all_on_loop && std::this_thread::get_id() == a->loop_thread;
+            a->results.push_back(std::move(r));
+            if (a->results.size() == 10)
+              uv_close(reinterpret_cast<uv_handle_t*>(&a->timer),
+                       [](uv_handle_t* h) { static_cast<App*>(h->data)->done.set_value(); });
+          });
+        },
+        1, 1);
+    started.set_value();
+  }));
+  REQUIRE(started.get_future().wait_for(10s) == std::future_status::ready);
+  CHECK(app.loop_thread != std::this_thread::get_id());
+  REQUIRE(app.done.get_future().wait_for(10s) == std::future_status::ready);
+  CHECK(app.all_on_loop);
+  REQUIRE(app.results.size() == 10);
+  for (int i = 0; i < 10; ++i) {
+    CHECK(app.results[i].status == Status::ok);
+    CHECK(app.results[i].value == Value(int64_t{i} * 10));
+  }
+  host.reset();  // the timer is closed: the loop ends
+}
+
+TEST_CASE("busy_poll: results stay exact with the loop polling; out of range is refused") {
+  HostOptions o;
+  o.shards = 2;
+  o.single_flight = SingleFlight::off;
+  o.worker_path = OUTRUN_TEST_WORKER;
+  o.busy_poll = std::chrono::microseconds(200);
+  auto host = test::start_host(o);
+  const Script s = reg(*host, "bp", "return inputs.x + 1");
+  std::vector<std::future<Result>> fs;
+  for (int i = 0; i < 2000; ++i) fs.push_back(host->evaluate(s, {{"x", i}}));
+  for (int i = 0; i < 2000; ++i) {
+    Result r = fs[static_cast<std::size_t>(i)].get();
+    CHECK(r.value == Value(int64_t{i} + 1));
+  }
+  for (int i = 0; i < 50; ++i)
+    CHECK(host->evaluate_sync(s, {{"x", i}}).value == Value(int64_t{i} + 1));
+  o.busy_poll = std::chrono::microseconds(10'001);
+  CHECK(validate(o).code == ErrorCode::invalid_argument);
+  o.busy_poll = std::chrono::microseconds(-1);
+  CHECK(validate(o).code == ErrorCode::invalid_argument);
 }
 
 }  // namespace

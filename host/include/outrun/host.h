@@ -10,6 +10,8 @@
 #include "outrun/log.h"
 #include "outrun/runner.h"
 
+struct uv_loop_s;  // libuv's loop (Host::post_to_loop); the header does not need <uv.h>
+
 namespace outrun {
 
 // What a second evaluation of a script key does while one is in flight.
@@ -111,6 +113,14 @@ struct HostOptions {
   // run: outrund writes one client's results of a run as one frame and one send. The same rules
   // as the callbacks. Empty: nothing is called.
   std::function<void()> after_loop_callbacks;
+
+  // After the loop thread woke while evaluations are in flight, it polls its sockets without
+  // sleeping for up to this long before it sleeps again (design/decisions.md D-busy-poll): a
+  // result that arrives meanwhile is read without a wake-up, which on a VM costs about as much
+  // CPU as this spin and adds its latency. For a loop that also serves the application's own
+  // sockets (post_to_loop; outrund), whose requests then find it awake. 0 (the default): the
+  // loop sleeps whenever nothing is ready. 0..10 ms.
+  std::chrono::microseconds busy_poll{0};
 
   // Bytes all script records may cost together: key, source and chunk name of each plus
   // kScriptRecordOverhead (runner.h). The host keeps every source (a restarted worker gets it
@@ -259,6 +269,14 @@ class Host final : public Runner {
   // submission still arrives on a dispatcher). Callable from a callback, also from the last ones,
   // which run while the Host is destroyed.
   bool on_loop_thread() const;
+  // Runs `fn` on the I/O loop thread with the Host's libuv loop, soon (never inside this call,
+  // also when called from the loop thread). For an application that serves its own sockets,
+  // timers or signals on the Host's loop instead of a loop thread of its own (outrund,
+  // design/daemon.md "One loop"): its handles' callbacks then run on the loop thread, under the
+  // rules of callbacks_on_loop (they never block), and may submit. It closes every handle it
+  // made on the loop before it destroys the Host: ~Host waits until the loop has none left.
+  // False once the Host is shutting down (`fn` is dropped, not run).
+  bool post_to_loop(std::function<void(uv_loop_s*)> fn);
   ShardStats shard_stats(int shard) const;
   // Records alive and what they cost against max_script_bytes (tests, outrund's stats). A
   // record's worker states are forgotten shortly after it is freed (asynchronously, on the
