@@ -84,7 +84,8 @@ void Worker::evict_state(Script* s, bool defer) {
   while (chunk_bytes_ + chunk.capacity() > cap && chunks_.prev != &chunks_)
     drop_script(static_cast<Script*>(chunks_.prev)->id);
   s->unlink();
-  if (defer)
+  // Deferred, the state's bytes stay charged beside its bytecode's: only while both fit.
+  if (defer && budget_.used + chunk.capacity() <= budget_.limit)
     close_later(std::move(s->state));
   else
     s->state.reset();
