@@ -65,7 +65,7 @@ void Worker::drop_script(uint32_t id) {
 // The bytecode is charged to the budget like the states: a state costs ~12 KB of Lua memory at
 // the least, its chunk's bytecode ~1 KB for a 40-line script (about what its function takes in
 // the state), so evicting always frees room.
-void Worker::evict_state(Script* s) {
+void Worker::evict_state(Script* s, bool defer) {
   bump(opts_.page ? &opts_.page->evictions : nullptr);
   std::string chunk;
   if (s->compile_outcome.status != wire::Status::Ok || !s->state->dump_chunk(&chunk) ||
@@ -84,7 +84,11 @@ void Worker::evict_state(Script* s) {
   while (chunk_bytes_ + chunk.capacity() > cap && chunks_.prev != &chunks_)
     drop_script(static_cast<Script*>(chunks_.prev)->id);
   s->unlink();
-  s->state.reset();
+  // Deferred, the state's bytes stay charged beside its bytecode's: only while both fit.
+  if (defer && budget_.used + chunk.capacity() <= budget_.limit)
+    close_later(std::move(s->state));
+  else
+    s->state.reset();
   if (opts_.page) opts_.page->scripts.fetch_sub(1, std::memory_order_relaxed);
   s->chunk = std::move(chunk);
   budget_.used += s->chunk.capacity();
@@ -92,19 +96,98 @@ void Worker::evict_state(Script* s) {
   s->push_front(&chunks_);
 }
 
-bool Worker::evict_down_to(std::size_t target, const sandbox::MemoryAccount* keep) {
+// A state whose close is put off still holds its bytes: closing_bytes_ is what closing_ holds, so
+// that `used - closing_bytes_` is what the budget will hold once they are closed. Nothing runs
+// in those states any more, so their accounts, and closing_bytes_, stay exact until then.
+void Worker::close_later(std::unique_ptr<sandbox::ScriptState> state) {
+  closing_bytes_ += state->memory().used;
+  closing_.push_back(std::move(state));
+}
+
+void Worker::close_one_deferred() {
+  closing_bytes_ -= closing_.back()->memory().used;
+  closing_.pop_back();  // lua_close: its frees come off budget_.used
+}
+
+bool Worker::evict_down_to(std::size_t target, const sandbox::MemoryAccount* keep, bool defer) {
+  // Deferred closes count as freed before an evaluation (idle time closes them); the
+  // allocator's reclaim needs the bytes now, so it closes them first, for real.
+  const auto held = [&] { return budget_.used - (defer ? closing_bytes_ : 0); };
+  while (!defer && budget_.used > target && !closing_.empty()) close_one_deferred();
+  // Then the spares: no script loses anything by them. Idle time makes them again.
+  while (held() > target && !spares_.empty()) {
+    std::unique_ptr<sandbox::ScriptState> spare = std::move(spares_.back());
+    spares_.pop_back();
+    if (defer) close_later(std::move(spare));
+  }
   LruLink* l = lru_.prev;
-  while (budget_.used > target && l != &lru_) {
+  while (held() > target && l != &lru_) {
     auto* s = static_cast<Script*>(l);
     l = l->prev;
     if (s->state && &s->state->memory() == keep) continue;
-    evict_state(s);
+    evict_state(s, defer);
   }
   // Then (a script that needs nearly all of the budget) the bytecode of the longest evicted:
   // those scripts answer NeedSource next time.
-  while (budget_.used > target && chunks_.prev != &chunks_)
+  while (held() > target && chunks_.prev != &chunks_)
     drop_script(static_cast<Script*>(chunks_.prev)->id);
-  return budget_.used <= target;
+  return held() <= target;
+}
+
+std::unique_ptr<sandbox::ScriptState> Worker::new_state(std::string* err) {
+  if (spares_.empty()) return sandbox::ScriptState::create(opts_.memory_limit, err, &budget_);
+  std::unique_ptr<sandbox::ScriptState> state = std::move(spares_.back());
+  spares_.pop_back();
+  ++spares_taken_;
+  return state;
+}
+
+// recvfrom is in the confinement filter (poll is not); one syscall that never blocks.
+bool Worker::input_waiting() const {
+  char byte;
+  const ssize_t n = ::recv(opts_.fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  // A frame, the host's close or an error: each is for the read to deal with.
+  return !(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+}
+
+// The work an evaluation would otherwise wait for, done while none is waiting: closing the
+// states evicted before earlier evaluations, then making spares (a new state costs ~20 us, its
+// close ~8 us). One unit at a time, then a look for input, so a frame waits for one unit at most.
+// Spares fill room under budget - headroom; they are the first thing freed when an evaluation
+// needs the room, and idle time makes room for them again by evicting small idle states only.
+void Worker::idle() {
+  bool changed = false;
+  while (!input_waiting()) {
+    if (!closing_.empty()) {
+      close_one_deferred();
+    } else if (spares_.size() >= kSpareStates) {
+      break;
+    } else if (budget_.used + spare_bytes_ > evict_above_) {
+      // No room: the least recently used state makes some, when it is no bigger than the
+      // spares still wanted (a full budget of small states: the eviction the next evaluation
+      // that needs a state would make anyway), and not the most recently used one (the likeliest
+      // next). A big idle state is not closed for spares; they wait for room instead.
+      LruLink* l = lru_.prev;
+      if (l == &lru_ || l == lru_.next) break;
+      auto* lru = static_cast<Script*>(l);
+      if (lru->state && lru->state->memory().used > (kSpareStates - spares_.size()) * spare_bytes_)
+        break;
+      evict_state(lru, true);  // closed on the next round, after another look for input
+    } else {
+      std::string err;
+      making_spare_ = true;
+      std::unique_ptr<sandbox::ScriptState> spare =
+          sandbox::ScriptState::create(opts_.memory_limit, &err, &budget_);
+      making_spare_ = false;
+      if (!spare) break;  // memory_limit below a bare state's size: new scripts fail as well
+      spare_bytes_ = spare->memory().used;
+      spares_.push_back(std::move(spare));
+      ++spares_made_;
+    }
+    changed = true;
+  }
+  if (changed && opts_.page)
+    opts_.page->script_bytes.store(budget_.used, std::memory_order_relaxed);
 }
 
 bool Worker::reload(Script* s) {
@@ -115,7 +198,7 @@ bool Worker::reload(Script* s) {
   s->chunk = {};
   budget_.used -= chunk.capacity();
   chunk_bytes_ -= chunk.capacity();
-  s->state = sandbox::ScriptState::create(opts_.memory_limit, &err, &budget_);
+  s->state = new_state(&err);
   if (s->state) s->compile_outcome = s->state->load_chunk(chunk);
   if (!s->state || s->compile_outcome.status != wire::Status::Ok) {
     // Out of room for it now: as if it had never been sent (the host sends the source again).
@@ -136,8 +219,9 @@ bool Worker::reload(Script* s) {
 // ScriptBudget::reclaim: the allocator of the state being built or run needs `bytes` more.
 bool Worker::reclaim(void* self, const sandbox::MemoryAccount* asking, std::size_t bytes) {
   auto* w = static_cast<Worker*>(self);
-  if (bytes > w->budget_.limit) return false;
-  return w->evict_down_to(w->budget_.limit - bytes, asking);
+  // A spare is made into free room only: it never pushes anything out.
+  if (w->making_spare_ || bytes > w->budget_.limit) return false;
+  return w->evict_down_to(w->budget_.limit - bytes, asking, false);
 }
 
 bool Worker::write_all(const uint8_t* data, std::size_t size) {
@@ -165,6 +249,7 @@ bool Worker::send_hello() {
 int Worker::run() {
   if (!send_hello()) return exit_code(WorkerExit::kIo);
   for (;;) {
+    idle();  // the results are out: what it does next waits for nothing
     const long n = reader_.read_from(opts_.fd);
     if (n == 0) return exit_code(WorkerExit::kOk);  // the host closed its end
     if (n < 0) {
@@ -249,7 +334,7 @@ Worker::Script* Worker::script_for(const wire::Evaluation* e) {
     std::memcpy(s->sha256.data(), src.sha256.data(), 32);
     std::string err;
     // Not linked yet: the budget's reclaim, which may run while it is built, cannot drop it.
-    s->state = sandbox::ScriptState::create(opts_.memory_limit, &err, &budget_);
+    s->state = new_state(&err);
     if (!s->state) {
       s->compile_outcome = {wire::Status::MemoryLimit, err};
     } else {
@@ -301,9 +386,10 @@ void Worker::evaluate(const wire::Evaluation* e) {
     add_result(e->id(), s->compile_outcome.status, 0, s->compile_outcome.error);
     return;
   }
-  // The budget: idle states give way before the evaluation rather than inside its allocations.
-  if (budget_.used > evict_above_) [[unlikely]]
-    evict_down_to(evict_above_, &s->state->memory());
+  // The budget: idle states give way before the evaluation rather than inside its allocations
+  // (their closes wait for idle time; see evict_down_to).
+  if (budget_.used - closing_bytes_ > evict_above_) [[unlikely]]
+    evict_down_to(evict_above_, &s->state->memory(), true);
   mark_running(e->id());  // T counts from here, for the worker's soft deadline and the host's
   const auto outcome =
       s->state->run(sandbox::push_wire_inputs, e->inputs(), timeout_ns(e->timeout_us()), now_ns_);

@@ -37,6 +37,14 @@ struct WorkerOptions {
 using protocol::exit_code;
 using protocol::WorkerExit;
 
+// Fresh script states the worker keeps ready, made while it waits for input (design/sandbox.md,
+// "The worker's script budget"). 16 absorbs a burst of 16 evaluations that each need a new state
+// (a new script, or one whose state was evicted) in one frame or back to back; it costs ~170 KB
+// of the budget (a bare state holds ~10.5 KB), 0.1 % of the default, and ~16 x 20 us of idle
+// time to fill, checked for input before each. More would take room from the scripts' states
+// for bursts that a paced load rarely has (at 10k/s over two workers, ~200 us between them).
+inline constexpr std::size_t kSpareStates = 16;
+
 // Serves the host until it closes the pipe or sends Shutdown. Single-threaded: reads every
 // frame that has arrived, runs the evaluations in order, and answers with one write per batch
 // (or sooner when results have waited kMaxResultHoldNs).
@@ -55,6 +63,15 @@ class Worker {
   void drop_all_scripts() {  // as though the host had forgotten every one
     for (uint32_t id = 0; id < scripts_.size(); ++id)
       if (scripts_[id]) drop_script(id);
+  }
+  struct PoolCounts {
+    std::size_t spares = 0;   // fresh states ready now
+    std::size_t closing = 0;  // evicted states whose close waits for idle time
+    uint64_t made = 0;        // spares made since the worker started
+    uint64_t taken = 0;       // spares given to a script (new, or reloaded from bytecode)
+  };
+  PoolCounts pool_counts() const {
+    return {spares_.size(), closing_.size(), spares_made_, spares_taken_};
   }
 
  private:
@@ -95,13 +112,23 @@ class Worker {
   void touch(Script* s);          // most recently used now
   void drop_script(uint32_t id);  // closes its state; its next evaluation answers NeedSource
   // Closes its state and keeps its chunk's bytecode (in chunks_), or drops it when that fails.
-  void evict_state(Script* s);
+  // `defer`: the state goes to closing_ instead, closed while the worker is idle.
+  void evict_state(Script* s, bool defer);
   // Builds its state again from its bytecode (evict_state); false: it was dropped instead.
   bool reload(Script* s);
-  // Closes least recently used states until the budget's bytes are at most `target`, never the
-  // state whose account is `keep`; true when they are.
-  bool evict_down_to(std::size_t target, const sandbox::MemoryAccount* keep);
+  // Frees room until the budget's bytes are at most `target`: the states waiting in closing_,
+  // then the spares, then least recently used states, never the state whose account is `keep`;
+  // true when they are. `defer` (before an evaluation): states are moved to closing_ rather than
+  // closed, and their bytes count as gone (the allocator's reclaim closes them for real).
+  bool evict_down_to(std::size_t target, const sandbox::MemoryAccount* keep, bool defer);
   static bool reclaim(void* self, const sandbox::MemoryAccount* asking, std::size_t bytes);
+  // A fresh state for a script: a spare when there is one, else a new one.
+  std::unique_ptr<sandbox::ScriptState> new_state(std::string* err);
+  void close_later(std::unique_ptr<sandbox::ScriptState> state);
+  void close_one_deferred();
+  // While no input waits: closes the deferred states, then makes spares into free room.
+  void idle();
+  bool input_waiting() const;
   void add_result(uint64_t id, wire::Status status, flatbuffers::Offset<wire::Value> value,
                   std::string_view error);
   bool write_all(const uint8_t* data, std::size_t size);
@@ -119,6 +146,16 @@ class Worker {
   LruLink chunks_;               // sentinel of the evicted scripts, most recently evicted first
   std::size_t chunk_bytes_ = 0;  // their bytecode (at most script_budget / 4)
   std::vector<std::unique_ptr<Script>> scripts_;  // by script_id
+  // Fresh states that never ran any code, each given to one script at most (new_state).
+  std::vector<std::unique_ptr<sandbox::ScriptState>> spares_;
+  // States evicted before an evaluation, closed while idle (or by reclaim when the room is
+  // needed); their bytes, closing_bytes_, are still charged to the budget until then.
+  std::vector<std::unique_ptr<sandbox::ScriptState>> closing_;
+  std::size_t closing_bytes_ = 0;
+  std::size_t spare_bytes_ = 0;  // what the last spare made held (the room the next one needs)
+  bool making_spare_ = false;    // the budget's reclaim frees nothing for a spare
+  uint64_t spares_made_ = 0;
+  uint64_t spares_taken_ = 0;
   bool shutdown_ = false;
   bool io_failed_ = false;
 };

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "host/host_support.h"
@@ -216,6 +217,165 @@ TEST_CASE("budget: a script that fits once every idle state is closed runs ok") 
   CHECK_MESSAGE(r.status == Status::ok, describe(r));
   const ShardStats st = host->shard_stats(0);
   CHECK(st.worker_evictions >= 6);
+  CHECK(st.deaths == 0);
+}
+
+// Spare states (design/sandbox.md, "The worker's script budget"): fresh states the worker makes
+// while idle, charged to the budget and freed before any script's state. outrun-test-worker's
+// "pool-stats" fault answers an evaluation with a "pool" input with its counts.
+constexpr uint64_t kSpares = 16;  // worker/worker.h kSpareStates
+
+struct PoolCounts {
+  uint64_t spares = 0, closing = 0, made = 0, taken = 0;
+};
+
+PoolCounts pool_counts(Host& host, const Script& any) {
+  const Result r = host.evaluate(any, Inputs{{"pool", Value(std::string("stats"))}}).get();
+  PoolCounts c;
+  unsigned long long v[4] = {};
+  REQUIRE_MESSAGE(std::sscanf(r.error.c_str(), "pool spares=%llu closing=%llu made=%llu taken=%llu",
+                              &v[0], &v[1], &v[2], &v[3]) == 4,
+                  describe(r));
+  c = {v[0], v[1], v[2], v[3]};
+  return c;
+}
+
+// Asks until the worker's idle time has made `spares` spares and closed every deferred state.
+PoolCounts wait_for_idle(Host& host, const Script& any, uint64_t spares) {
+  PoolCounts c;
+  for (int i = 0; i < 500; ++i) {
+    c = pool_counts(host, any);
+    if (c.spares >= spares && c.closing == 0) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  return c;
+}
+
+HostOptions spares_shard(std::size_t budget) {
+  return outrun::test::with_test_faults(one_shard(budget));
+}
+
+// Names of the globals a state has, but `inputs`, sorted (what a fresh sandbox has).
+const char* const kGlobalsProbe =
+    "local names = {} for k in pairs(_G) do if k ~= 'inputs' then names[#names + 1] = tostring(k) "
+    "end end table.sort(names) return table.concat(names, ' ')";
+
+TEST_CASE("budget: spares are made while idle, charged, and taken by new scripts") {
+  outrun::test::FaultEnv env("pool-stats");
+  auto host = start_host(spares_shard(16 * kMiB));
+  Script probe = reg(*host, "pool", "return 0");  // answered by the fault: never gets a state
+  PoolCounts c = wait_for_idle(*host, probe, kSpares);
+  CHECK(c.spares == kSpares);
+  CHECK(c.taken == 0);
+  ShardStats st = host->shard_stats(0);
+  CHECK(st.worker_scripts == 0);  // spares are not script states
+  // Charged: the bytes of 16 bare states (~10 KB each), written on the page after idle time.
+  CHECK(st.worker_script_bytes >= kSpares * 8 * 1024);
+  for (int i = 0; i < 5; ++i) {
+    Script s = reg(*host, "new." + std::to_string(i), "return inputs.a + " + std::to_string(i));
+    const Result r = honest(*host, s);
+    REQUIRE_MESSAGE(r.status == Status::ok, describe(r));
+    CHECK(r.value == Value(int64_t{41 + i}));
+  }
+  c = wait_for_idle(*host, probe, kSpares);
+  CHECK(c.taken == 5);  // each new script's state was a spare
+  CHECK(c.made == kSpares + 5);
+  CHECK(c.spares == kSpares);  // and idle time made them again
+  st = host->shard_stats(0);
+  CHECK(st.worker_scripts == 5);
+  CHECK(st.worker_compiles == 5);
+}
+
+TEST_CASE("budget: spares give way before any script state, before an evaluation") {
+  // Headroom 8 MiB: states are brought under 8 MiB before each evaluation.
+  outrun::test::FaultEnv env("pool-stats");
+  HostOptions o = spares_shard(16 * kMiB);
+  o.memory_limit = 256 * kMiB;
+  auto host = start_host(o);
+  Script probe = reg(*host, "pool", "return 0");
+  REQUIRE(wait_for_idle(*host, probe, kSpares).spares == kSpares);
+  // A keeper holding 8 MiB - 64 KiB: with the 15 spares left, the states hold more than 8 MiB.
+  Script keeper =
+      reg(*host, "keeper",
+          "if not keep then keep = {} local n = 0 while collectgarbage('count') * 1024 < "
+          "inputs.bytes do n = n + 1 keep[n] = string.rep('k', 4000) .. n end end "
+          "return #keep");
+  const Inputs in{{"bytes", Value(int64_t{8 * 1024 * 1024 - 64 * 1024})}};
+  const Result k1 = host->evaluate(keeper, in).get();
+  REQUIRE_MESSAGE(k1.status == Status::ok, describe(k1));
+  // Another script: before it runs, spares are freed to get under 8 MiB, not the keeper.
+  Script other = reg(*host, "other", "return inputs.a + 1");
+  const Result r = honest(*host, other);
+  CHECK_MESSAGE(r.status == Status::ok, describe(r));
+  const PoolCounts c = wait_for_idle(*host, probe, 0);
+  CHECK(c.spares < kSpares - 2);
+  // (Idle time does not close the keeper for spares either: it is far bigger than they are.)
+  CHECK(host->shard_stats(0).worker_evictions == 0);
+  const Result k2 = host->evaluate(keeper, in).get();
+  CHECK(k2.value == k1.value);  // its globals are still there: its state was kept
+  const ShardStats st = host->shard_stats(0);
+  CHECK(st.worker_reloads == 0);
+  CHECK(st.worker_script_bytes <= 16 * kMiB);
+}
+
+TEST_CASE("budget: a script that needs nearly the whole budget runs: its allocator frees spares") {
+  outrun::test::FaultEnv env("pool-stats");
+  HostOptions o = spares_shard(16 * kMiB);
+  o.memory_limit = 256 * kMiB;
+  auto host = start_host(o);
+  Script probe = reg(*host, "pool", "return 0");
+  REQUIRE(wait_for_idle(*host, probe, kSpares).spares == kSpares);
+  // 16 MiB - 96 KiB: more than the budget leaves beside the 15 spares (~150 KiB).
+  Script big = reg(*host, "big",
+                   "local t, n = {}, 0 while collectgarbage('count') * 1024 < inputs.bytes do n = "
+                   "n + 1 t[n] = string.rep('b', 4000) .. n end return n > 0");
+  const Result r =
+      host->evaluate(big, Inputs{{"bytes", Value(int64_t{16 * 1024 * 1024 - 96 * 1024})}}).get();
+  CHECK_MESSAGE(r.status == Status::ok, describe(r));
+  CHECK(host->shard_stats(0).deaths == 0);
+}
+
+TEST_CASE("budget: states from spares start clean across many evictions and reloads") {
+  // 2 MiB: ~90 bare states under budget - headroom (1 MiB); 300 scripts go round three times.
+  outrun::test::FaultEnv env("pool-stats");
+  auto host = start_host(spares_shard(2 * kMiB));
+  Script probe = reg(*host, "pool", "return 0");
+  wait_for_idle(*host, probe, kSpares);
+  Script globals = reg(*host, "globals", kGlobalsProbe);
+  const Result base = host->evaluate(globals, {}).get();
+  REQUIRE_MESSAGE(base.status == Status::ok, describe(base));
+  REQUIRE(base.value.is<std::string>());
+  CHECK(base.value.as<std::string>().find("leak") == std::string::npos);
+  std::vector<Script> leaky;
+  for (int i = 0; i < 300; ++i)
+    leaky.push_back(reg(*host, "leaky." + std::to_string(i),
+                        "leak_" + std::to_string(i) + " = (leak_" + std::to_string(i) +
+                            " or 0) + 1 return inputs.a + " + std::to_string(i)));
+  for (int round = 0; round < 3; ++round)
+    for (int i = 0; i < 300; ++i) {
+      const Result r = honest(*host, leaky[static_cast<std::size_t>(i)]);
+      REQUIRE_MESSAGE(r.status == Status::ok, describe(r));
+      REQUIRE(r.value == Value(int64_t{41 + i}));
+      if (i % 50 == 0) {
+        // Reloaded (the budget evicted it meanwhile) or new: the same globals as the first.
+        const Result g = host->evaluate(globals, {}).get();
+        REQUIRE_MESSAGE(g.status == Status::ok, describe(g));
+        CHECK(g.value == base.value);
+        Script fresh =
+            reg(*host, "globals." + std::to_string(round) + "." + std::to_string(i), kGlobalsProbe);
+        const Result f = host->evaluate(fresh, {}).get();
+        CHECK(f.value == base.value);
+      }
+    }
+  const PoolCounts c = wait_for_idle(*host, probe, 1);
+  const ShardStats st = host->shard_stats(0);
+  MESSAGE("spares made " << c.made << ", taken " << c.taken << ", evictions " << st.worker_evictions
+                         << ", reloads " << st.worker_reloads << ", compiles "
+                         << st.worker_compiles);
+  CHECK(st.worker_reloads > 300);
+  CHECK(c.taken > 0);
+  CHECK(c.closing == 0);  // every deferred close was done while idle
+  CHECK(st.worker_script_bytes <= 2 * kMiB);
   CHECK(st.deaths == 0);
 }
 

@@ -23,6 +23,9 @@
 //   worker raise SIGSEGV as it starts running it (the evaluation is on the status page), like an
 //   interpreter bug the script reaches: the crash-attribution path. Every worker sees a source it
 //   does not hold, so the crash repeats on each new worker.
+// - "pool-stats": an evaluation with a string input named "pool" is answered, RuntimeError, with
+//   the worker's spare and deferred-close counts ("pool spares=N closing=N made=N taken=N"),
+//   touching no script: how tests/host/budget_test.cpp sees what idle time did.
 // - "crash-at-start=PATH": while PATH exists, the worker exits 70 before it says hello (a worker
 //   that cannot start: the crash-loop path).
 //
@@ -56,6 +59,7 @@ enum Fault : uint32_t {
   kEscape = 1u << 2,
   kGarbage = 1u << 3,
   kCrashOnSource = 1u << 4,
+  kPoolStats = 1u << 5,
 };
 
 // What OUTRUN_TEST_FAULT asked for; written once by start_hooks(), before any evaluation.
@@ -79,6 +83,8 @@ bool parse(std::string_view list, std::string* crash_at_start, std::string* err)
       g_faults |= kEscape;
     } else if (name == "garbage") {
       g_faults |= kGarbage;
+    } else if (name == "pool-stats") {
+      g_faults |= kPoolStats;
     } else if (name.starts_with(kCrashOnSourceName) && name.size() > kCrashOnSourceName.size()) {
       g_faults |= kCrashOnSource;
       g_crash_on_source = name.substr(kCrashOnSourceName.size());
@@ -86,8 +92,8 @@ bool parse(std::string_view list, std::string* crash_at_start, std::string* err)
       *crash_at_start = name.substr(kCrash.size());
     } else {
       *err = "unknown test fault '" + std::string(name) +
-             "' (forget-scripts, need-source-loop, escape, garbage, crash-on-source=MARKER, "
-             "crash-at-start=PATH)";
+             "' (forget-scripts, need-source-loop, escape, garbage, pool-stats, "
+             "crash-on-source=MARKER, crash-at-start=PATH)";
       return false;
     }
   }
@@ -195,6 +201,13 @@ bool on_evaluation(Worker& w, const wire::Evaluation* e) {
   if (g_faults & kGarbage) {
     if (const std::string_view what = string_input(e, "garbage"); !what.empty())
       return write_garbage(w, e, what);
+  }
+  if ((g_faults & kPoolStats) && !string_input(e, "pool").empty()) {
+    const Worker::PoolCounts c = w.pool_counts();
+    w.answer(e->id(), wire::Status::RuntimeError,
+             "pool spares=" + std::to_string(c.spares) + " closing=" + std::to_string(c.closing) +
+                 " made=" + std::to_string(c.made) + " taken=" + std::to_string(c.taken));
+    return true;
   }
   if ((g_faults & kCrashOnSource) && e->source() &&
       e->source()->string_view().find(g_crash_on_source) != std::string_view::npos) {
