@@ -471,7 +471,7 @@ TEST_CASE("outrun::Client server_uids names who may listen, replacing our uid an
 // happens to its queue when it goes, and how it shares a shard with others.
 
 TEST_CASE(
-    "outrund flood: a client that floods and never reads stops being read; bytes stay bounded") {
+    "outrund flood: a client that floods and never reads stops being read, bytes stay bounded") {
   constexpr std::size_t kBudget = 1u << 20;
   Daemon d({"--max-client-queued-bytes", std::to_string(kBudget)});
   const long rss0 = rss_kb(d.pid);

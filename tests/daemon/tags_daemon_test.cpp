@@ -231,7 +231,7 @@ TEST_CASE("outrund tags: a compile error or a bad text answers its error and cha
   CHECK(strip(before) == strip(after));
 }
 
-TEST_CASE("outrund tags: DefineTags and RemoveTags need an admin uid; updates and reads do not") {
+TEST_CASE("outrund tags: DefineTags and RemoveTags need an admin uid, updates and reads do not") {
   char tmpl[] = "/tmp/outrund-conf-XXXXXX";
   const int fd = mkstemp(tmpl);
   REQUIRE(fd >= 0);

@@ -77,7 +77,7 @@ Result honest(Host& host, const Script& s) {
 
 }  // namespace
 
-TEST_CASE("budget: hoarding scripts are evicted; honest scripts answer and the worker lives") {
+TEST_CASE("budget: hoarding scripts are evicted, honest scripts answer and the worker lives") {
   auto host = start_host(one_shard(64 * kMiB));
   const std::vector<Script> hoarders = register_hoarders(*host, 40, 10);
   Script fine = reg(*host, "fine", "return inputs.a + 1");
@@ -161,7 +161,7 @@ TEST_CASE("budget: evicted scripts keep only their bytecode, within the budget")
   CHECK(st.deaths == 0);
 }
 
-TEST_CASE("budget: bytecode keeps a quarter of the budget at most; past it the oldest goes") {
+TEST_CASE("budget: bytecode keeps a quarter of the budget at most, past it the oldest goes") {
   // 1,000 scripts with a 24 KiB constant each: ~24 MiB of bytecode, 6 times a quarter of 16 MiB.
   auto host = start_host(one_shard(16 * kMiB));
   std::vector<Script> scripts;

@@ -231,7 +231,7 @@ TEST_CASE("post_to_loop: an application's timer on the Host's loop submits and i
   host.reset();  // the timer is closed: the loop ends
 }
 
-TEST_CASE("busy_poll: results stay exact with the loop polling; out of range is refused") {
+TEST_CASE("busy_poll: results stay exact with the loop polling, out of range is refused") {
   HostOptions o;
   o.shards = 2;
   o.single_flight = SingleFlight::off;

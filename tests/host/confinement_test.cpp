@@ -152,7 +152,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "Confinement: the shipped outrun-worker has no test faults; OUTRUN_TEST_FAULT is ignored") {
+    "Confinement: the shipped outrun-worker has no test faults, OUTRUN_TEST_FAULT is ignored") {
   // Faults that would make outrun-test-worker exit at start ("/" exists) and refuse every
   // source, and a name it does not know (exit 64 at start): outrun-worker reads none of them.
   FaultEnv fault("crash-at-start=/,need-source-loop,escape,no-such-fault");

@@ -274,7 +274,7 @@ TEST_CASE("Follower: a T+G overrun while a follower waits ends `killed`, the oth
   CHECK(host->evaluate_sync(s, {{"x", 21}}).value == Value(42));
 }
 
-TEST_CASE("Follower: garbage read by a follower is a protocol violation; the others are fine") {
+TEST_CASE("Follower: garbage read by a follower is a protocol violation, the others are fine") {
   struct Case {
     const char* kind;
     Status status;
@@ -319,7 +319,7 @@ TEST_CASE("Follower: garbage read by a follower is a protocol violation; the oth
   }
 }
 
-TEST_CASE("Follower: NeedSource re-sent by a leader; coalesced replacements end the waiters") {
+TEST_CASE("Follower: NeedSource re-sent by a leader, coalesced replacements end the waiters") {
   SUBCASE("forget-scripts") {
     FaultEnv fault("forget-scripts");
     auto host = test::start_host(test::with_test_faults(base_options()));

@@ -126,7 +126,7 @@ TEST_CASE("Quarantine: registering new source under the key ends it at once") {
   CHECK(is_quarantine(get(host->evaluate(bad, {}))));
 }
 
-TEST_CASE("Quarantine: it ends after quarantine_cooldown; a crash soon after renews it") {
+TEST_CASE("Quarantine: it ends after quarantine_cooldown, a crash soon after renews it") {
   FaultEnv fault(kFault);
   auto o = test::with_test_faults(options());
   o.quarantine_cooldown = 500ms;

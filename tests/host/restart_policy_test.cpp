@@ -54,7 +54,7 @@ Death kill(DeathCause cause) {
 
 }  // namespace
 
-TEST_CASE("restart policy: quick crashes back off doubling up to the cap; a healthy one resets") {
+TEST_CASE("restart policy: quick crashes back off doubling up to the cap, a healthy one resets") {
   RestartConfig c = config();
   c.crash_loop_limit = 1000;
   RestartPolicy p(0, c);
@@ -73,7 +73,7 @@ TEST_CASE("restart policy: quick crashes back off doubling up to the cap; a heal
 }
 
 TEST_CASE(
-    "restart policy: crash_loop_limit crashes within the window is a crash loop; older ones "
+    "restart policy: crash_loop_limit crashes within the window is a crash loop, older ones "
     "slide out") {
   RestartPolicy p(3, config());
   const Clock::time_point t0{};
