@@ -279,6 +279,8 @@ bool apply_knob(HostOptions& o, const std::string& name, const std::string& valu
       o.crash_loop_cooldown = ms();
     } else if (name == "worker_path") {
       o.worker_path = value;
+    } else if (name == "busy_poll") {  // microseconds
+      o.busy_poll = std::chrono::microseconds(std::stoll(value));
     } else if (name == "worker_address_space_limit") {
       if (!set_address_space_limit(o, std::stoull(value)))
         throw std::invalid_argument("not in this host");
@@ -288,7 +290,7 @@ bool apply_knob(HostOptions& o, const std::string& name, const std::string& valu
              "fulfill_futures_on_loop callbacks_on_loop "
              "max_queued_while_down restart_delay heartbeat_interval silence_limit single_flight "
              "retries "
-             "crash_loop_limit crash_loop_window crash_loop_cooldown worker_path "
+             "crash_loop_limit crash_loop_window crash_loop_cooldown worker_path busy_poll(us) "
              "worker_address_space_limit worker_large_pages)";
       return false;
     }

@@ -112,13 +112,15 @@ void Worker::close_one_deferred() {
 bool Worker::evict_down_to(std::size_t target, const sandbox::MemoryAccount* keep, bool defer) {
   // Deferred closes count as freed before an evaluation (idle time closes them); the
   // allocator's reclaim needs the bytes now, so it closes them first, for real.
-  const auto held = [&] { return budget_.used - (defer ? closing_bytes_ : 0); };
+  // Spares count as room before an evaluation too: the allocator's reclaim frees them at once
+  // when the evaluation needs their bytes, and freeing them here instead would throw away, before
+  // every evaluation of a full budget, the spare idle time just made (and make it again).
+  const auto held = [&] { return budget_.used - (defer ? closing_bytes_ + spares_bytes_ : 0); };
   while (!defer && budget_.used > target && !closing_.empty()) close_one_deferred();
-  // Then the spares: no script loses anything by them. Idle time makes them again.
-  while (held() > target && !spares_.empty()) {
-    std::unique_ptr<sandbox::ScriptState> spare = std::move(spares_.back());
+  // Then (the allocator's reclaim) the spares: no script loses anything by them.
+  while (!defer && held() > target && !spares_.empty()) {
+    spares_bytes_ -= spares_.back()->memory().used;
     spares_.pop_back();
-    if (defer) close_later(std::move(spare));
   }
   LruLink* l = lru_.prev;
   while (held() > target && l != &lru_) {
@@ -138,6 +140,7 @@ std::unique_ptr<sandbox::ScriptState> Worker::new_state(std::string* err) {
   if (spares_.empty()) return sandbox::ScriptState::create(opts_.memory_limit, err, &budget_);
   std::unique_ptr<sandbox::ScriptState> state = std::move(spares_.back());
   spares_.pop_back();
+  spares_bytes_ -= state->memory().used;
   ++spares_taken_;
   return state;
 }
@@ -153,8 +156,10 @@ bool Worker::input_waiting() const {
 // The work an evaluation would otherwise wait for, done while none is waiting: closing the
 // states evicted before earlier evaluations, then making spares (a new state costs ~20 us, its
 // close ~8 us). One unit at a time, then a look for input, so a frame waits for one unit at most.
-// Spares fill room under budget - headroom; they are the first thing freed when an evaluation
-// needs the room, and idle time makes room for them again by evicting small idle states only.
+// Spares fill room under budget - headroom, and count as room before an evaluation; the
+// allocator's reclaim frees them first when an evaluation needs their bytes. Idle time makes room
+// for them by evicting small idle states only: in a full budget, the eviction the next
+// evaluation would have made, done early, so that the reload it needs takes a ready state.
 void Worker::idle() {
   bool changed = false;
   while (!input_waiting()) {
@@ -181,6 +186,7 @@ void Worker::idle() {
       making_spare_ = false;
       if (!spare) break;  // memory_limit below a bare state's size: new scripts fail as well
       spare_bytes_ = spare->memory().used;
+      spares_bytes_ += spare_bytes_;
       spares_.push_back(std::move(spare));
       ++spares_made_;
     }
@@ -388,7 +394,7 @@ void Worker::evaluate(const wire::Evaluation* e) {
   }
   // The budget: idle states give way before the evaluation rather than inside its allocations
   // (their closes wait for idle time; see evict_down_to).
-  if (budget_.used - closing_bytes_ > evict_above_) [[unlikely]]
+  if (budget_.used - closing_bytes_ - spares_bytes_ > evict_above_) [[unlikely]]
     evict_down_to(evict_above_, &s->state->memory(), true);
   mark_running(e->id());  // T counts from here, for the worker's soft deadline and the host's
   const auto outcome =

@@ -119,7 +119,8 @@ class Worker {
   // Frees room until the budget's bytes are at most `target`: the states waiting in closing_,
   // then the spares, then least recently used states, never the state whose account is `keep`;
   // true when they are. `defer` (before an evaluation): states are moved to closing_ rather than
-  // closed, and their bytes count as gone (the allocator's reclaim closes them for real).
+  // closed, their bytes and the spares' count as room (the allocator's reclaim frees both for
+  // real), and spares are kept.
   bool evict_down_to(std::size_t target, const sandbox::MemoryAccount* keep, bool defer);
   static bool reclaim(void* self, const sandbox::MemoryAccount* asking, std::size_t bytes);
   // A fresh state for a script: a spare when there is one, else a new one.
@@ -152,8 +153,9 @@ class Worker {
   // needed); their bytes, closing_bytes_, are still charged to the budget until then.
   std::vector<std::unique_ptr<sandbox::ScriptState>> closing_;
   std::size_t closing_bytes_ = 0;
-  std::size_t spare_bytes_ = 0;  // what the last spare made held (the room the next one needs)
-  bool making_spare_ = false;    // the budget's reclaim frees nothing for a spare
+  std::size_t spare_bytes_ = 0;   // what the last spare made held (the room the next one needs)
+  std::size_t spares_bytes_ = 0;  // what all of spares_ hold (a spare never runs: it stays fixed)
+  bool making_spare_ = false;     // the budget's reclaim frees nothing for a spare
   uint64_t spares_made_ = 0;
   uint64_t spares_taken_ = 0;
   bool shutdown_ = false;

@@ -422,7 +422,8 @@ void Server::on_drain_timer(uv_timer_t* h) {
     MutexLock lock(s->wake_mu_);
     pending_writes |= !s->want_write_.empty();
   }
-  const bool idle = s->counters_.inflight.load() == 0 && !pending_writes;
+  const bool idle = s->counters_.inflight.load() == 0 && !pending_writes &&
+                    s->tags_reads_.load(std::memory_order_acquire) == 0;
   if (idle || std::chrono::steady_clock::now() >= s->drain_deadline_) {
     if (!idle)
       spdlog::warn("drain deadline passed with {} evaluations in flight; they end cancelled",

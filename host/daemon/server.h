@@ -303,6 +303,7 @@ class Server {
   Mutex sub_mu_;
   std::unordered_map<Conn*, std::shared_ptr<Conn>> subscribers_ GUARDED_BY(sub_mu_);
   std::thread tags_thread_;
+  std::atomic<uint64_t> tags_reads_{0};  // ReadTags waiting on the tags thread (the drain waits)
   Mutex tq_mu_;
   CondVar tq_cv_;  // a job, or tq_stop_
   std::deque<std::function<void()>> tq_ GUARDED_BY(tq_mu_);

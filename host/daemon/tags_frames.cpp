@@ -247,9 +247,11 @@ void Server::handle_subscribe(const std::shared_ptr<Conn>& c, const protocol::Su
   write_tags_reply(c->writer, rid, e, {});
 }
 
-// On the tags thread: a read of an on_read tag past its max_age waits for its evaluation, which
-// the loop thread -- where the frame arrived, and which would read that evaluation's result --
-// must never do (design/daemon.md "One loop").
+// A read that names an on_read tag waits, on the tags thread, for that tag's evaluation when its
+// value is older than its max_age: the loop thread, where the frame arrived, reads that
+// evaluation's result and serves everyone else, and must never wait (design/daemon.md "One
+// loop"). Every other read never waits and is answered here, in order with the connection's
+// other frames.
 void Server::handle_read_tags(const std::shared_ptr<Conn>& c, const protocol::ReadTagsMsg& r) {
   std::string why;
   std::vector<std::string> ids;
@@ -275,13 +277,37 @@ void Server::handle_read_tags(const std::shared_ptr<Conn>& c, const protocol::Re
     reply(Error{ErrorCode::invalid_argument, why}, {}, {});
     return;
   }
-  auto job = [this, reply, ids = std::move(ids)] {
+  bool may_wait = false;
+  for (const std::string& id : ids) {
+    tags::TagInfo info;
+    if (!tags_->info(id, &info) && info.definition.trigger.kind == tags::TriggerKind::on_read) {
+      may_wait = true;
+      break;
+    }
+  }
+  auto read_all = [this, reply](const std::vector<std::string>& read) {
     Error e;
-    std::vector<tags::DataValue> values(ids.size());
-    for (std::size_t i = 0; i < ids.size() && !e; ++i) e = tags_->read(ids[i], &values[i]);
-    reply(e, ids, values);
+    std::vector<tags::DataValue> values(read.size());
+    for (std::size_t i = 0; i < read.size() && !e; ++i) e = tags_->read(read[i], &values[i]);
+    reply(e, read, values);
   };
-  if (!post_tags_job(std::move(job))) busy(*c, rid);
+  if (!may_wait) {
+    read_all(ids);
+    return;
+  }
+  // The drain waits for it (on_drain_timer), as for an evaluation in flight.
+  tags_reads_.fetch_add(1, std::memory_order_relaxed);
+  auto job = [this, read_all, ids = std::move(ids)] {
+    read_all(ids);
+    tags_reads_.fetch_sub(1, std::memory_order_release);
+  };
+  if (post_tags_job(std::move(job))) return;
+  tags_reads_.fetch_sub(1, std::memory_order_relaxed);
+  // TagValues, the body a ReadTags is always answered with (protocol.md), saying Busy.
+  auto& f = t_changes_fbb;
+  f.Clear();
+  c->writer.write(protocol::encode_tag_values(
+      f, rid, wire::Status::Busy, "too many tag reads and definitions waiting; try again", {}));
 }
 
 }  // namespace outrun::daemon
