@@ -126,7 +126,12 @@ void Host::Impl::shutdown() {
     if (loop.data) uv_loop_close(&loop);
     return;
   }
-  stopping.store(true);
+  {
+    // Under the mutex post() checks it with: a function posted after this is refused, one posted
+    // before runs on the loop before the shutdown begins (on_wakeup).
+    MutexLock lock(commands_mu);
+    stopping.store(true);
+  }
   wake();
   loop_thread.join();
   if (int rc = uv_loop_close(&loop); rc != 0)

@@ -209,6 +209,60 @@ script = "local t = os.clock() while os.clock() - t < 0.4 do end return inputs.x
   CHECK(v[0].value.value.as<double>() == 42.0);
 }
 
+// More waiting reads than the tags thread queues: each ReadTags is still answered once, with
+// the body a ReadTags always gets (TagValues), Busy for those refused.
+TEST_CASE(
+    "outrund tags: waiting reads past the tags queue are answered TagValues Busy, once each") {
+  Daemon d({"--timeout", "5000"});
+  auto a = d.client();
+  REQUIRE(!a->define_tags(R"(
+[[tag]]
+id = "slow"
+inputs = ["x"]
+trigger = "on_read"
+max_age_ms = 1
+script = "local t = os.clock() while os.clock() - t < 0.02 do end return inputs.x"
+)",
+                          false));
+  REQUIRE(!a->update_sources({good("x", outrun::Value(7.0))}));
+  const int fd = raw_connect(d.socket);
+  flatbuffers::FlatBufferBuilder f;
+  outrun::protocol::encode_client_hello(f, "t");
+  send_frame(fd, f);
+  constexpr int kReads = 90;  // the queue holds 64, one runs
+  const std::string id = "slow";
+  for (int i = 1; i <= kReads; ++i) {
+    f.Clear();
+    outrun::protocol::encode_read_tags(f, static_cast<uint64_t>(i), {&id, 1});
+    send_frame(fd, f);
+  }
+  outrun::protocol::FrameReader reader;
+  std::map<uint64_t, int> answers;
+  int ok = 0, busy = 0, hellos = 0;
+  while (static_cast<int>(answers.size()) < kReads) {
+    const long n = reader.read_from(fd);
+    REQUIRE(n > 0);
+    outrun::protocol::FrameView fv;
+    while (reader.next(fv)) {
+      if (fv.frame->body_type() == wire::Body::ServerHello) {
+        ++hellos;
+        continue;
+      }
+      REQUIRE(fv.frame->body_type() == wire::Body::TagValues);
+      const auto* tv = fv.frame->body_as_TagValues();
+      ++answers[tv->request_id()];
+      if (tv->status() == wire::Status::Ok) ++ok;
+      if (tv->status() == wire::Status::Busy) ++busy;
+    }
+  }
+  close(fd);
+  CHECK(hellos == 1);
+  for (int i = 1; i <= kReads; ++i) CHECK(answers[static_cast<uint64_t>(i)] == 1);
+  CHECK(ok + busy == kReads);
+  CHECK(ok >= 1);
+  CHECK(busy >= 1);
+}
+
 TEST_CASE("outrund tags: a compile error or a bad text answers its error and changes nothing") {
   Daemon d;
   auto c = d.client();
