@@ -162,7 +162,8 @@ bool Worker::input_waiting() const {
 // evaluation would have made, done early, so that the reload it needs takes a ready state.
 void Worker::idle() {
   bool changed = false;
-  while (!input_waiting()) {
+  // Nothing to do (the common case once the spares are made): no syscall.
+  while ((!closing_.empty() || spares_.size() < kSpareStates) && !input_waiting()) {
     if (!closing_.empty()) {
       close_one_deferred();
     } else if (spares_.size() >= kSpareStates) {
