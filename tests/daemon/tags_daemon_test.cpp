@@ -174,6 +174,16 @@ TEST_CASE(
   CHECK(c->remove_tags({"zz"}).code == outrun::ErrorCode::invalid_argument);
 }
 
+// An on_read tag "slow" (max_age 1 ms) whose script spins `seconds`, over the source x = `x`.
+void define_slow_tag(outrun::Client& c, double seconds, double x, bool doubled = true) {
+  const std::string toml =
+      "[[tag]]\nid = \"slow\"\ninputs = [\"x\"]\ntrigger = \"on_read\"\nmax_age_ms = 1\n"
+      "script = \"local t = os.clock() while os.clock() - t < " +
+      std::to_string(seconds) + " do end return inputs.x" + (doubled ? " * 2" : "") + "\"\n";
+  REQUIRE(!c.define_tags(toml, false));
+  REQUIRE(!c.update_sources({good("x", outrun::Value(x))}));
+}
+
 // The daemon serves its clients on the Host's loop thread (design/daemon.md "One loop"): a read
 // that waits for an on_read tag's evaluation waits on the tags thread, never on that loop, which
 // reads the evaluation's result and keeps answering everyone else meanwhile.
@@ -181,16 +191,7 @@ TEST_CASE("outrund tags: a read waiting for an on_read evaluation does not stop 
   Daemon d({"--timeout", "5000"});
   auto a = d.client();
   auto b = d.client();
-  REQUIRE(!a->define_tags(R"(
-[[tag]]
-id = "slow"
-inputs = ["x"]
-trigger = "on_read"
-max_age_ms = 1
-script = "local t = os.clock() while os.clock() - t < 0.4 do end return inputs.x * 2"
-)",
-                          false));
-  REQUIRE(!a->update_sources({good("x", outrun::Value(21.0))}));
+  define_slow_tag(*a, 0.4, 21.0);  // slow = x * 2
   std::atomic<bool> read_done{false};
   std::vector<tags::Change> v;
   outrun::Error read_err;
@@ -215,16 +216,7 @@ TEST_CASE(
     "outrund tags: waiting reads past the tags queue are answered TagValues Busy, once each") {
   Daemon d({"--timeout", "5000"});
   auto a = d.client();
-  REQUIRE(!a->define_tags(R"(
-[[tag]]
-id = "slow"
-inputs = ["x"]
-trigger = "on_read"
-max_age_ms = 1
-script = "local t = os.clock() while os.clock() - t < 0.02 do end return inputs.x"
-)",
-                          false));
-  REQUIRE(!a->update_sources({good("x", outrun::Value(7.0))}));
+  define_slow_tag(*a, 0.02, 7.0, /*doubled=*/false);
   const int fd = raw_connect(d.socket);
   flatbuffers::FlatBufferBuilder f;
   outrun::protocol::encode_client_hello(f, "t");
