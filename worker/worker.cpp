@@ -166,9 +166,7 @@ void Worker::idle() {
   while ((!closing_.empty() || spares_.size() < kSpareStates) && !input_waiting()) {
     if (!closing_.empty()) {
       close_one_deferred();
-    } else if (spares_.size() >= kSpareStates) {
-      break;
-    } else if (budget_.used + spare_bytes_ > evict_above_) {
+    } else if (budget_.used + one_spare_bytes_ > evict_above_) {
       // No room: the least recently used state makes some, when it is no bigger than the
       // spares still wanted (a full budget of small states: the eviction the next evaluation
       // that needs a state would make anyway), and not the most recently used one (the likeliest
@@ -176,7 +174,8 @@ void Worker::idle() {
       LruLink* l = lru_.prev;
       if (l == &lru_ || l == lru_.next) break;
       auto* lru = static_cast<Script*>(l);
-      if (lru->state && lru->state->memory().used > (kSpareStates - spares_.size()) * spare_bytes_)
+      if (lru->state &&
+          lru->state->memory().used > (kSpareStates - spares_.size()) * one_spare_bytes_)
         break;
       evict_state(lru, true);  // closed on the next round, after another look for input
     } else {
@@ -186,8 +185,8 @@ void Worker::idle() {
           sandbox::ScriptState::create(opts_.memory_limit, &err, &budget_);
       making_spare_ = false;
       if (!spare) break;  // memory_limit below a bare state's size: new scripts fail as well
-      spare_bytes_ = spare->memory().used;
-      spares_bytes_ += spare_bytes_;
+      one_spare_bytes_ = spare->memory().used;
+      spares_bytes_ += one_spare_bytes_;
       spares_.push_back(std::move(spare));
       ++spares_made_;
     }

@@ -153,7 +153,7 @@ class Worker {
   // needed); their bytes, closing_bytes_, are still charged to the budget until then.
   std::vector<std::unique_ptr<sandbox::ScriptState>> closing_;
   std::size_t closing_bytes_ = 0;
-  std::size_t spare_bytes_ = 0;   // what the last spare made held (the room the next one needs)
+  std::size_t one_spare_bytes_ = 0;  // what the last spare made held (the room the next one needs)
   std::size_t spares_bytes_ = 0;  // what all of spares_ hold (a spare never runs: it stays fixed)
   bool making_spare_ = false;     // the budget's reclaim frees nothing for a spare
   uint64_t spares_made_ = 0;

@@ -14,10 +14,6 @@ namespace outrun::daemon {
 
 inline constexpr std::size_t kHardLimitFactor = 4;  // max_client_queued_bytes × this: disconnect
 
-// host.busy_poll_us's default: off (D-busy-poll: spinning did not pay for its CPU on the 2-core
-// VM).
-inline constexpr std::chrono::microseconds kDefaultBusyPoll{0};
-
 struct DaemonConfig {
   // [daemon]
   std::string socket;                  // default: default_socket_path()
@@ -54,11 +50,11 @@ struct DaemonConfig {
   std::size_t max_registry_scripts_per_uid = std::size_t{1} << 21;  // half of the 2^22 record ids
   // [host]
   // The daemon's result callbacks never block (D-inline): they run on the Host's loop thread,
-  // which also serves the clients (design/daemon.md "One loop"). busy_poll: D-busy-poll.
+  // which also serves the clients (design/daemon.md "One loop"). busy_poll stays 0, off
+  // (D-busy-poll: spinning did not pay for its CPU on the 2-core VM).
   HostOptions host = [] {
     HostOptions h;
     h.callbacks_on_loop = true;
-    h.busy_poll = kDefaultBusyPoll;
     return h;
   }();
 };

@@ -247,11 +247,10 @@ void Server::handle_subscribe(const std::shared_ptr<Conn>& c, const protocol::Su
   write_tags_reply(c->writer, rid, e, {});
 }
 
-// A read that names an on_read tag waits, on the tags thread, for that tag's evaluation when its
-// value is older than its max_age: the loop thread, where the frame arrived, reads that
+// A read that would evaluate an on_read tag first (its value older than its max_age) waits for
+// that evaluation on the tags thread: the loop thread, where the frame arrived, reads that
 // evaluation's result and serves everyone else, and must never wait (design/daemon.md "One
-// loop"). Every other read never waits and is answered here, in order with the connection's
-// other frames.
+// loop"). Every other read is answered here, in order with the connection's other frames.
 void Server::handle_read_tags(const std::shared_ptr<Conn>& c, const protocol::ReadTagsMsg& r) {
   std::string why;
   std::vector<std::string> ids;
@@ -277,28 +276,23 @@ void Server::handle_read_tags(const std::shared_ptr<Conn>& c, const protocol::Re
     reply(Error{ErrorCode::invalid_argument, why}, {}, {});
     return;
   }
-  bool may_wait = false;
-  for (const std::string& id : ids) {
-    tags::TagInfo info;
-    if (!tags_->info(id, &info) && info.definition.trigger.kind == tags::TriggerKind::on_read) {
-      may_wait = true;
-      break;
-    }
-  }
-  auto read_all = [this, reply](const std::vector<std::string>& read) {
-    Error e;
-    std::vector<tags::DataValue> values(read.size());
-    for (std::size_t i = 0; i < read.size() && !e; ++i) e = tags_->read(read[i], &values[i]);
-    reply(e, read, values);
-  };
-  if (!may_wait) {
-    read_all(ids);
+  // Answered here unless a tag would be evaluated first (Engine::read_now), all on the tags
+  // thread then, where read() may wait.
+  std::vector<tags::DataValue> values(ids.size());
+  bool would_wait = false;
+  Error e;
+  for (std::size_t i = 0; i < ids.size() && !e && !would_wait; ++i)
+    e = tags_->read_now(ids[i], &values[i], &would_wait);
+  if (!would_wait) {
+    reply(e, ids, values);
     return;
   }
   // The drain waits for it (on_drain_timer), as for an evaluation in flight.
   tags_reads_.fetch_add(1, std::memory_order_relaxed);
-  auto job = [this, read_all, ids = std::move(ids)] {
-    read_all(ids);
+  auto job = [this, reply, ids = std::move(ids), values = std::move(values)]() mutable {
+    Error err;
+    for (std::size_t i = 0; i < ids.size() && !err; ++i) err = tags_->read(ids[i], &values[i]);
+    reply(err, ids, values);
     tags_reads_.fetch_sub(1, std::memory_order_release);
   };
   if (post_tags_job(std::move(job))) return;

@@ -15,7 +15,7 @@ uint32_t SlotTable::alloc() {
   }
   slots_[idx].retries = 0;
   slots_[idx].source_resent = false;
-  live_.store(live_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);  // under mu
+  live_.store(live_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   return idx;
 }
 

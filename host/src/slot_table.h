@@ -49,11 +49,9 @@ class SlotTable {
   Slot& operator[](uint32_t idx) { return slots_[idx]; }
   const Slot& operator[](uint32_t idx) const { return slots_[idx]; }
   uint32_t size() const { return static_cast<uint32_t>(slots_.size()); }
-  // Evaluations not yet ended (sent, waiting or pending).
-  std::size_t in_use() const { return slots_.size() - free_.size(); }
-  // The same count, readable without the shard's mutex (relaxed: a hint, for the loop's busy
-  // polling, never a decision about a slot).
-  uint32_t in_use_hint() const { return live_.load(std::memory_order_relaxed); }
+  // Evaluations not yet ended (sent, waiting or pending). Also readable without the shard's
+  // mutex, as a hint (the loop's busy polling, D-busy-poll), never to decide about a slot.
+  std::size_t in_use() const { return live_.load(std::memory_order_relaxed); }
 
   // Single flight: whether `key_id` has an evaluation in flight (sent, waiting or about to be).
   bool in_flight(uint32_t key_id) const { return key_id < flight_.size() && flight_[key_id] != 0; }
@@ -100,7 +98,7 @@ class SlotTable {
   std::vector<uint32_t> waiting_;
   std::vector<uint32_t> flight_;   // by key id: slot index + 1 of the key's evaluation in flight
   std::vector<uint32_t> pending_;  // by key id: slot index + 1 of the coalesced one behind it
-  std::atomic<uint32_t> live_{0};  // in_use(), for in_use_hint()
+  std::atomic<uint32_t> live_{0};  // in_use(): written under the shard's mutex
 };
 
 }  // namespace outrun::detail

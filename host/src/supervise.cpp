@@ -222,7 +222,7 @@ void Host::Impl::run_posted() {
 // lock (a submitter holds the shard's mutex while it writes to the worker).
 bool Host::Impl::any_in_flight() NO_THREAD_SAFETY_ANALYSIS {
   for (auto& sh : shards)
-    if (sh->table.in_use_hint() != 0) return true;
+    if (sh->table.in_use() != 0) return true;
   return false;
 }
 

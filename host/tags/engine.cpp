@@ -1320,33 +1320,51 @@ Error Engine::update(const std::vector<SourceUpdate>& updates, DateTime time) {
   return {};
 }
 
+namespace {
+// An on_read tag that a read evaluates first: never evaluated, or older than its max_age.
+bool read_evaluates(const Node& n, DateTime now) {
+  if (!n.is_virtual || n.def.trigger.kind != TriggerKind::on_read) return false;
+  const auto age = std::chrono::microseconds(now.unix_micros() - n.last_eval_time.unix_micros());
+  return !n.evaluated || age > n.def.trigger.max_age;
+}
+}  // namespace
+
+Error Engine::read_now(std::string_view id, DataValue* out, bool* would_wait) {
+  Impl& m = *impl_;
+  MutexLock lock(m.mu);
+  *would_wait = false;
+  const Node* n = m.find(id);
+  if (n == nullptr) return {ErrorCode::invalid_argument, "unknown tag '" + std::string(id) + "'"};
+  if (read_evaluates(*n, m.now()))
+    *would_wait = true;
+  else
+    *out = n->value;
+  return {};
+}
+
 Error Engine::read(std::string_view id, DataValue* out) {
   Impl& m = *impl_;
   MutexLock lock(m.mu);
   Node* n = m.find(id);
   if (n == nullptr) return {ErrorCode::invalid_argument, "unknown tag '" + std::string(id) + "'"};
-  if (n->is_virtual && n->def.trigger.kind == TriggerKind::on_read) {
-    const DateTime now = m.now();
-    const auto age = std::chrono::microseconds(now.unix_micros() - n->last_eval_time.unix_micros());
-    if (!n->evaluated || age > n->def.trigger.max_age) {
-      const uint64_t target = n->results;
-      const uint32_t idx = m.by_id.at(std::string(id));
-      const uint32_t gen = n->generation;
-      m.add_root(*n);
-      std::vector<Dispatch> ds;
-      m.start_waves(&ds);
-      lock.unlock();
-      run_dispatches(std::move(ds));
-      m.deliver();
-      lock.lock();
-      m.cv.wait_for(m.mu, m.opts.wait_timeout, [&]() REQUIRES(m.mu) {
-        const Node& t = *m.nodes[idx];
-        return !t.alive || t.generation != gen || t.results > target;
-      });
-      n = m.find(id);
-      if (n == nullptr)
-        return {ErrorCode::invalid_argument, "tag '" + std::string(id) + "' was removed"};
-    }
+  if (read_evaluates(*n, m.now())) {
+    const uint64_t target = n->results;
+    const uint32_t idx = m.by_id.at(std::string(id));
+    const uint32_t gen = n->generation;
+    m.add_root(*n);
+    std::vector<Dispatch> ds;
+    m.start_waves(&ds);
+    lock.unlock();
+    run_dispatches(std::move(ds));
+    m.deliver();
+    lock.lock();
+    m.cv.wait_for(m.mu, m.opts.wait_timeout, [&]() REQUIRES(m.mu) {
+      const Node& t = *m.nodes[idx];
+      return !t.alive || t.generation != gen || t.results > target;
+    });
+    n = m.find(id);
+    if (n == nullptr)
+      return {ErrorCode::invalid_argument, "tag '" + std::string(id) + "' was removed"};
   }
   *out = n->value;
   return {};

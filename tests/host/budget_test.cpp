@@ -255,6 +255,21 @@ HostOptions spares_shard(std::size_t budget) {
   return outrun::test::with_test_faults(one_shard(budget));
 }
 
+// A 16 MiB budget, a 256 MiB cap per script (one script may hold nearly all of it), and the
+// worker's spares all made.
+struct SparesRig {
+  outrun::test::FaultEnv env{"pool-stats"};
+  std::unique_ptr<Host> host;
+  Script probe;
+  SparesRig() {
+    HostOptions o = spares_shard(16 * kMiB);
+    o.memory_limit = 256 * kMiB;
+    host = start_host(o);
+    probe = reg(*host, "pool", "return 0");
+    REQUIRE(wait_for_idle(*host, probe, kSpares).spares == kSpares);
+  }
+};
+
 // Names of the globals a state has, but `inputs`, sorted (what a fresh sandbox has).
 const char* const kGlobalsProbe =
     "local names = {} for k in pairs(_G) do if k ~= 'inputs' then names[#names + 1] = tostring(k) "
@@ -288,12 +303,9 @@ TEST_CASE("budget: spares are made while idle, charged, and taken by new scripts
 
 TEST_CASE("budget: spares count as room before an evaluation: no state gives way, none is lost") {
   // Headroom 8 MiB: states are brought under 8 MiB before each evaluation.
-  outrun::test::FaultEnv env("pool-stats");
-  HostOptions o = spares_shard(16 * kMiB);
-  o.memory_limit = 256 * kMiB;
-  auto host = start_host(o);
-  Script probe = reg(*host, "pool", "return 0");
-  REQUIRE(wait_for_idle(*host, probe, kSpares).spares == kSpares);
+  SparesRig rig;
+  Host* host = rig.host.get();
+  const Script& probe = rig.probe;
   // A keeper holding 8 MiB - 64 KiB: with the 15 spares left, the states hold more than 8 MiB.
   Script keeper =
       reg(*host, "keeper",
@@ -320,12 +332,8 @@ TEST_CASE("budget: spares count as room before an evaluation: no state gives way
 }
 
 TEST_CASE("budget: a script that needs nearly the whole budget runs: its allocator frees spares") {
-  outrun::test::FaultEnv env("pool-stats");
-  HostOptions o = spares_shard(16 * kMiB);
-  o.memory_limit = 256 * kMiB;
-  auto host = start_host(o);
-  Script probe = reg(*host, "pool", "return 0");
-  REQUIRE(wait_for_idle(*host, probe, kSpares).spares == kSpares);
+  SparesRig rig;
+  Host* host = rig.host.get();
   // 16 MiB - 96 KiB: more than the budget leaves beside the 15 spares (~150 KiB).
   Script big = reg(*host, "big",
                    "local t, n = {}, 0 while collectgarbage('count') * 1024 < inputs.bytes do n = "

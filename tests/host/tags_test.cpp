@@ -452,12 +452,30 @@ TEST_CASE("tags: on-read tags evaluate when older than max_age, manual tags on t
   rig.update({src("X", Value(1))}, at(0));
   CHECK(rig.read("Manual").status == tags::codes::BadWaitingForInitialData);  // not yet triggered
   rig.set_clock(at(1));
+  // read_now never waits: it says when read() would evaluate first, and reads nothing then.
+  auto read_now = [&](const char* id, bool* would_wait) {
+    tags::DataValue dv;
+    dv.status = 12345;  // a marker: left as it is when nothing is read
+    REQUIRE(!rig.engine->read_now(id, &dv, would_wait));
+    return dv;
+  };
+  bool would_wait = false;
+  CHECK(read_now("OnRead", &would_wait).status == 12345);
+  CHECK(would_wait);
   CHECK(num(rig.read("OnRead").value) == 1);  // never evaluated: evaluates now
   rig.set_clock(at(3));
+  CHECK(num(read_now("OnRead", &would_wait).value) == 1);
+  CHECK_FALSE(would_wait);
   CHECK(num(rig.read("OnRead").value) == 1);  // 2 s old: served as is
   rig.update({src("X", Value(2))}, at(4));    // an input change does not trigger it
   CHECK(num(rig.read("OnRead").value) == 1);
   rig.set_clock(at(7));
+  read_now("OnRead", &would_wait);
+  CHECK(would_wait);  // 6 s old
+  read_now("Manual", &would_wait);
+  CHECK_FALSE(would_wait);  // only on_read tags are evaluated by a read
+  tags::DataValue none;
+  CHECK(rig.engine->read_now("Nope", &none, &would_wait).code == ErrorCode::invalid_argument);
   CHECK(num(rig.read("OnRead").value) == 2);  // 6 s old: evaluated again
   REQUIRE(!rig.engine->trigger("Manual"));
   REQUIRE(rig.engine->wait_idle());

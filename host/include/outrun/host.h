@@ -117,9 +117,9 @@ struct HostOptions {
   // After the loop thread woke while evaluations are in flight, it polls its sockets without
   // sleeping for up to this long before it sleeps again (design/decisions.md D-busy-poll): a
   // result that arrives meanwhile is read without a wake-up, which on a VM costs about as much
-  // CPU as this spin and adds its latency. For a loop that also serves the application's own
-  // sockets (post_to_loop; outrund), whose requests then find it awake. 0 (the default): the
-  // loop sleeps whenever nothing is ready. 0..10 ms.
+  // CPU as this spin and adds its latency. Meant for a loop that also serves the application's
+  // own sockets (post_to_loop), on a machine with cores to spare; off in outrund too. 0 (the
+  // default): the loop sleeps whenever nothing is ready. 0..10 ms.
   std::chrono::microseconds busy_poll{0};
 
   // Bytes all script records may cost together: key, source and chunk name of each plus

@@ -239,6 +239,9 @@ class Engine {
   // The current DataValue of a tag (virtual or source). An on_read tag whose value is older
   // than its max_age is evaluated first (this call then waits for it).
   Error read(std::string_view id, DataValue* out);
+  // As read(), but never waits: when the tag would be evaluated first, *out is left as it is and
+  // *would_wait is set (read() it then where waiting is allowed; outrund's loop cannot wait).
+  Error read_now(std::string_view id, DataValue* out, bool* would_wait);
   // Manual (or any) trigger: evaluate the tag in a new wave.
   Error trigger(std::string_view id);
   // Offline mode: runs the periodic tags due at `t` (each at most once) and sets the clock.
