@@ -13,6 +13,7 @@
 
 #include "hooks.h"
 #include "outrun/protocol/frame.h"
+#include "outrun/protocol/messages.h"
 #include "outrun/protocol/status_page.h"
 #include "outrun/protocol/worker_exit.h"
 #include "sandbox.h"
@@ -136,7 +137,7 @@ class Worker {
 
   WorkerOptions opts_;
   protocol::FrameReader reader_;
-  flatbuffers::FlatBufferBuilder out_{64 * 1024};
+  protocol::HotBuilder out_{64 * 1024};
   std::vector<flatbuffers::Offset<wire::Result>> results_;
   int64_t first_result_ns_ = 0;
   int64_t now_ns_ = 0;  // read once per evaluation: its start (T), the batch hold, the page

@@ -21,6 +21,7 @@
 
 #include "outrun/protocol/frame.h"
 #include "outrun/protocol/frame_writer.h"
+#include "outrun/protocol/messages.h"
 #include "outrun/runner.h"
 #include "outrun/tags.h"
 #include "outrun/thread_annotations.h"
@@ -91,7 +92,7 @@ struct Conn : std::enable_shared_from_this<Conn> {
 
 // The thread's builder for what the daemon writes to clients (replies, results); kept for its
 // capacity. Tags changes use their own (t_changes_fbb).
-inline thread_local flatbuffers::FlatBufferBuilder t_fbb(4096);
+inline thread_local protocol::HotBuilder t_fbb(4096);
 // Changes are encoded with their own builder: on_tag_changes can run inside a frame's handling
 // (an update whose wave completes at once), which uses t_fbb.
 inline thread_local flatbuffers::FlatBufferBuilder t_changes_fbb(4096);

@@ -144,6 +144,7 @@ void Server::close_conn(Conn* c, const char* why) {
 
 void Server::handle_frames(const std::shared_ptr<Conn>& c) {
   protocol::FrameView fv;
+  frames_now_us_ = 0;  // the frames of one read arrived at once: one clock read serves them
   while (!c->closing) {
     if (c->held.load(std::memory_order_relaxed)) return;  // maybe_resume() goes on
     if (const auto* ev = c->paused_frame) {

@@ -14,7 +14,8 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_pt
   const auto* items =
       static_cast<const flatbuffers::Vector<flatbuffers::Offset<wire::Evaluation>>*>(items_ptr);
   if (!items) return true;
-  const uint64_t t0 = now_us();
+  if (frames_now_us_ == 0) frames_now_us_ = now_us();
+  const uint64_t t0 = frames_now_us_;
   // What the inputs of this frame may decode to, shared subtrees counted per use: without it,
   // one small frame of shared subtrees could keep the loop decoding millions of values. Kept
   // across a pause, so a frame resumed in parts has one budget.

@@ -14,10 +14,23 @@ namespace outrun::daemon {
 
 // The loop's check phase, right after it handled what one poll returned (every client's reads of
 // this turn): what their frames queued goes to the Host now, one Host call (one frame, one send
-// to the worker) per shard for all of them, not one per Evaluate frame or per client.
+// to the worker) per shard for all of them, not one per Evaluate frame or per client. Then the
+// results the turn's reads from the workers corked go to their clients (corked_run_ended).
 void Server::on_refill_check(uv_check_t* h) {
   loop_thread.assert_here();
-  static_cast<Server*>(h->data)->refill_due();
+  auto* s = static_cast<Server*>(h->data);
+  s->in_poll_ = false;
+  s->refill_due();
+  if (s->flush_deferred_) {
+    s->flush_deferred_ = false;
+    s->flush_corked();
+  }
+}
+
+// The loop's prepare phase, right before it polls: until the check phase, what a run of the
+// Host's callbacks corks is flushed there.
+void Server::on_poll_prepare(uv_prepare_t* h) {
+  static_cast<Server*>(h->data)->in_poll_ = true;
 }
 
 void Server::refill_due() {
@@ -34,12 +47,22 @@ void Server::start_refill_check() {
   uv_check_init(loop_, &refill_check_);
   refill_check_.data = this;
   uv_check_start(&refill_check_, &Server::on_refill_check);
+  uv_prepare_init(loop_, &poll_prepare_);
+  poll_prepare_.data = this;
+  uv_prepare_start(&poll_prepare_, &Server::on_poll_prepare);
 }
 
 void Server::close_refill_check() {
   refill_due();  // nothing is left queued behind a closed check
   uv_check_stop(&refill_check_);
   uv_close(reinterpret_cast<uv_handle_t*>(&refill_check_), nullptr);
+  uv_prepare_stop(&poll_prepare_);
+  uv_close(reinterpret_cast<uv_handle_t*>(&poll_prepare_), nullptr);
+  in_poll_ = false;  // from here on a run's results are written when it ends
+  if (flush_deferred_) {
+    flush_deferred_ = false;
+    flush_corked();
+  }
 }
 
 void Server::init_scheduler() {
@@ -152,8 +175,15 @@ void Server::refill(int s, const Done* done) {
 void Server::complete(const Run& run, std::size_t i, Result&& r) {
   const RunItem& it = run.items[i];
   Conn& c = *it.conn;
-  const uint64_t now = now_us();
-  const uint64_t us = now - it.t0;
+  const bool cork = cfg_.host.after_loop_callbacks && host_->on_loop_thread();
+  uint64_t now;
+  if (cork) {
+    if (run_now_us_ == 0) run_now_us_ = now_us();
+    now = run_now_us_;
+  } else {
+    now = now_us();
+  }
+  const uint64_t us = now - std::min(now, it.t0);
   counters_.latency.record(us);
   counters_.shard_latency[run.shard].record(us);
   const int st = static_cast<int>(r.status);
@@ -163,10 +193,10 @@ void Server::complete(const Run& run, std::size_t i, Result&& r) {
   // this one's result arrives is never counted over its limit (and answered busy).
   c.inflight.fetch_sub(1, std::memory_order_relaxed);
   const bool ran = ran_in_worker(r.status);
-  if (cfg_.host.after_loop_callbacks && host_->on_loop_thread()) {
-    // Corked until the Host's run of callbacks ends (flush_corked): one frame and one send per
-    // client per run, however many of its results the run had. The daemon's in-flight count,
-    // which the drain waits on, goes down once it is written.
+  if (cork) {
+    // Corked until this loop turn's check phase (flush_corked): one frame and one send per
+    // client per turn, however many of its results the turn read from however many shards. The
+    // daemon's in-flight count, which the drain waits on, goes down once it is written.
     if (c.corked.empty()) corked_.push_back(it.conn);
     c.corked.emplace_back(it.id, std::move(r));
   } else {
@@ -183,7 +213,17 @@ void Server::destroy_host() {
   (void)host_.release();
 }
 
+void Server::corked_run_ended() {
+  run_now_us_ = 0;
+  if (corked_.empty()) return;
+  if (in_poll_)
+    flush_deferred_ = true;  // this turn's check phase writes them, with the turn's other reads
+  else
+    flush_corked();  // a timer's or a closing handle's run: no check phase before the next poll
+}
+
 void Server::flush_corked() {
+  run_now_us_ = 0;
   for (const std::shared_ptr<Conn>& c : corked_) {
     send_results(*c, c->corked);
     counters_.inflight.fetch_sub(c->corked.size(), std::memory_order_relaxed);

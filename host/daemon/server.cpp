@@ -223,7 +223,7 @@ int Server::run() {
     spdlog::warn("cannot create cache directory {}", cfg_.cache_dir);
   // The host logs through the daemon's logger (its level, its file).
   cfg_.host.log = spdlog_sink(spdlog::default_logger());
-  if (cfg_.host.callbacks_on_loop) cfg_.host.after_loop_callbacks = [this] { flush_corked(); };
+  if (cfg_.host.callbacks_on_loop) cfg_.host.after_loop_callbacks = [this] { corked_run_ended(); };
   if (Error e = Host::create(cfg_.host, &host_)) {
     spdlog::critical("cannot start the workers: {}", e.message);
     return 3;

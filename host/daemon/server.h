@@ -140,6 +140,7 @@ class Server {
   void handle_frames(const std::shared_ptr<Conn>& c) REQUIRES(loop_thread);
   // The check handle that refills the shards this loop turn's frames queued to (RefillDue).
   static void on_refill_check(uv_check_t* h);
+  static void on_poll_prepare(uv_prepare_t* h);
   void refill_due() REQUIRES(loop_thread);
   void start_refill_check() REQUIRES(loop_thread);
   void close_refill_check() REQUIRES(loop_thread);
@@ -180,8 +181,11 @@ class Server {
   // Destroys the Host with host_ still set: its last callbacks (the ends of what was in flight)
   // run while it is destroyed and use host_ (unique_ptr::reset clears it first).
   void destroy_host();
-  // HostOptions::after_loop_callbacks: writes each client's corked results (Conn::corked) of the
-  // run that just ended. The Host's loop thread.
+  // HostOptions::after_loop_callbacks, once per run of the Host's callbacks: flushes now, or in
+  // this turn's check phase when the run was a read in the poll phase. The Host's loop thread.
+  void corked_run_ended();
+  // Writes each client's corked results (Conn::corked) of this loop turn: one frame and one send
+  // per client for the results of every shard read in the turn. The Host's loop thread.
   void flush_corked();
   // A client past kHardLimitFactor × its budget is disconnected by the loop (any thread).
   void check_hard_limit(const std::shared_ptr<Conn>& c);
@@ -247,6 +251,19 @@ class Server {
   uv_signal_t sigterm_{}, sigint_{}, sighup_{};
   uv_timer_t drain_timer_{};
   uv_check_t refill_check_{};
+  // Between the loop's prepare and check phases (in_poll_) a run of the Host's callbacks is one
+  // worker's read; its corked results wait for the check phase (flush_deferred_), so a turn that
+  // read several shards writes each client one frame. Set only in outrund, whose handles share
+  // the Host's loop (the fuzz target flushes at the end of each run).
+  uv_prepare_t poll_prepare_{};
+  bool in_poll_ = false;
+  bool flush_deferred_ = false;
+  // The clock of this run of the Host's callbacks (0: not read yet): every result of one read
+  // from a worker was received at once, one clock read serves them all.
+  uint64_t run_now_us_ = 0;
+  // The same for the frames handle_frames takes from one read of a client: their evaluations'
+  // queueing starts (evaluate_items).
+  uint64_t frames_now_us_ GUARDED_BY(loop_thread) = 0;
   // Connections that have not said hello close after hello_timeout (hello_timer_); accept()
   // failing with EMFILE/ENFILE stops the listening poll for a pause (accept_pause_timer_), so
   // the loop does not spin on a socket that stays readable. Both exist once run() made them.

@@ -443,7 +443,7 @@ void Client::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
   auto shared_done = std::make_shared<BatchCallback>(std::move(done));
   // Thread-local builder: nothing below runs caller code until the frames are sent (failures
   // are completed at the end), so a callback that submits again cannot clobber it.
-  static thread_local flatbuffers::FlatBufferBuilder f(4096);
+  static thread_local protocol::HotBuilder f(4096);
   std::vector<flatbuffers::Offset<wire::Evaluation>> items;
   std::vector<std::size_t> in_frame;  // request indices in the frame being built
   std::vector<std::pair<uint64_t, std::size_t>> ids;

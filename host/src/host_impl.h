@@ -25,6 +25,7 @@
 #include "completion.h"
 #include "log.h"
 #include "outrun/host.h"
+#include "outrun/protocol/messages.h"
 #include "script_registry.h"
 #include "shard.h"
 #include "wire_codec.h"
@@ -218,7 +219,7 @@ using detail::monotonic_ns;
 // The calling thread's builder: a producer's evaluations, and what a reader (the loop or a
 // leader) re-sends or promotes under the shard's mutex.
 inline flatbuffers::FlatBufferBuilder& thread_builder() {
-  thread_local flatbuffers::FlatBufferBuilder fbb(4096);
+  thread_local protocol::HotBuilder fbb(4096);
   return fbb;
 }
 

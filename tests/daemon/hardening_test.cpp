@@ -582,6 +582,75 @@ TEST_CASE("outrund: a pipelined client's results come grouped in frames, each ex
   CHECK(d.stop() == 0);
 }
 
+// The state letter of a process (/proc/PID/stat field 3): 'R' running, 'S' sleeping, 'T' stopped.
+char proc_state(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(in, line);
+  const auto rp = line.rfind(')');
+  return rp != std::string::npos && line.size() > rp + 2 ? line[rp + 2] : '?';
+}
+
+// Results read from several shards in one loop turn are corked until its check phase: a client
+// gets them in one frame and one send, not one per shard. Made deterministic by stopping
+// outrund (SIGSTOP) while both workers compute: their results wait in the sockets, and the
+// first poll after SIGCONT returns both.
+TEST_CASE("outrund: results of two shards read in one loop turn reach a client in one frame") {
+  Daemon d({"--single-flight", "off", "--timeout", "10000"});
+  RawClient raw(d.socket);
+  uint32_t on[2] = {0, 0};
+  bool have[2] = {false, false};
+  for (int i = 0; !(have[0] && have[1]); ++i) {
+    REQUIRE(i < 64);
+    flatbuffers::FlatBufferBuilder f;
+    const auto frame = outrun::protocol::encode_register(
+        f, 1, "spin." + std::to_string(i),
+        "local t = os.clock() while os.clock() - t < 0.3 do end return 1");
+    raw.send_all(frame.data(), frame.size());
+    const wire::Frame* fr = raw.next();
+    REQUIRE(fr->body_type() == wire::Body::Registered);
+    const auto* reg = fr->body_as_Registered();
+    REQUIRE(reg->status() == wire::Status::Ok);
+    const int shard = reg->shard();
+    REQUIRE((shard == 0 || shard == 1));
+    on[shard] = reg->handle();
+    have[shard] = true;
+  }
+  int workers[2] = {-1, -1};
+  const auto st = stats_until(d, [&](const nlohmann::json& j) {
+    for (const auto& sh : j["shards"]) workers[sh["index"].get<int>()] = sh["pid"].get<int>();
+    return workers[0] > 0 && workers[1] > 0;
+  });
+  INFO(st.dump());
+  REQUIRE(workers[0] > 0);
+  REQUIRE(workers[1] > 0);
+  flatbuffers::FlatBufferBuilder f;
+  std::vector<flatbuffers::Offset<wire::Evaluation>> items;
+  for (int s = 0; s < 2; ++s)
+    items.push_back(outrun::protocol::build_evaluation(f, s + 1, on[s], 0, {}, nullptr));
+  const auto frame = outrun::protocol::finish_evaluate(f, items);
+  raw.send_all(frame.data(), frame.size());
+  auto wait_state = [&](char want) {
+    for (int i = 0; i < 1000; ++i) {
+      if (proc_state(workers[0]) == want && proc_state(workers[1]) == want) return true;
+      std::this_thread::sleep_for(1ms);
+    }
+    return false;
+  };
+  REQUIRE(wait_state('R'));  // both evaluations reached their workers
+  REQUIRE(kill(d.pid, SIGSTOP) == 0);
+  const bool both_done = wait_state('S');  // both results written, nobody reads them yet
+  REQUIRE(kill(d.pid, SIGCONT) == 0);
+  REQUIRE(both_done);
+  const wire::Frame* fr = raw.next();
+  REQUIRE(fr->body_type() == wire::Body::Results);
+  const auto* rs = fr->body_as_Results()->items();
+  REQUIRE(rs);
+  CHECK(rs->size() == 2);  // before: one frame per shard's read
+  for (const wire::Result* r : *rs) CHECK(r->status() == wire::Status::Ok);
+  CHECK(d.stop() == 0);
+}
+
 TEST_CASE("outrund cancel: a client that leaves takes its queued evaluations with it") {
   Daemon d({"--timeout", "100", "--single-flight", "off"});
   constexpr int kN = 400;

@@ -60,8 +60,10 @@ class FrameWriter {
   void close() EXCLUDES(mu_);
 
   // Bytes appended behind the send pass in progress (the frames a full socket holds back); for
-  // per-connection budgets (outrund's tags subscribers).
-  std::size_t queued_bytes() EXCLUDES(mu_);
+  // per-connection budgets (outrund's clients and tags subscribers). No lock (outrund reads it
+  // before every frame of a client): the size as of the last change, exact on the thread that
+  // made it.
+  std::size_t queued_bytes() const;
 
   // Counters for tests and the perf harness (approximate when read concurrently).
   uint64_t syscalls() const { return syscalls_.load(std::memory_order_relaxed); }
@@ -89,6 +91,7 @@ class FrameWriter {
   Baton pass_;
   std::vector<uint8_t> inflight_ GUARDED_BY(pass_);
   std::size_t offset_ GUARDED_BY(pass_) = 0;
+  std::atomic<std::size_t> pending_bytes_{0};  // pending_.size(), stored under mu_
   std::atomic<uint64_t> syscalls_{0};
   std::atomic<uint64_t> bytes_written_{0};
 };
