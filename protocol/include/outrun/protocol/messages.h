@@ -27,8 +27,8 @@ namespace outrun::protocol {
 // The builder of the frames every evaluation passes through (Evaluate, Results), kept by its
 // thread or owner for its capacity. Its tables do not share vtables: FlatBuffers otherwise looks
 // each new table's vtable up among every distinct one the buffer already has, one memcmp per
-// candidate of the same size, which was ~8 % of outrund's CPU per evaluation (design/budgets.md
-// "#15, fourth round"). Unshared, a table carries its own vtable, 8-12 bytes for these.
+// candidate of the same size, which was ~8 % of outrund's CPU per evaluation (design/decisions.md
+// D-turn). Unshared, a table carries its own vtable, 8-12 bytes for these.
 class HotBuilder : public flatbuffers::FlatBufferBuilder {
  public:
   explicit HotBuilder(std::size_t initial) : flatbuffers::FlatBufferBuilder(initial) {
