@@ -14,7 +14,7 @@ FrameWriter::State FrameWriter::write(std::span<const uint8_t> frames) {
     MutexLock lock(mu_);
     if (closed_) return State::kClosed;
     pending_.insert(pending_.end(), frames.begin(), frames.end());
-    pending_bytes_.store(pending_.size(), std::memory_order_relaxed);
+    pending_changed();
     if (busy_) return State::kWritten;
     busy_ = true;
   }
@@ -26,7 +26,7 @@ bool FrameWriter::enqueue(std::span<const uint8_t> frames) {
   MutexLock lock(mu_);
   if (closed_) return false;
   pending_.insert(pending_.end(), frames.begin(), frames.end());
-  pending_bytes_.store(pending_.size(), std::memory_order_relaxed);
+  pending_changed();
   if (busy_) return false;
   busy_ = true;
   return true;
@@ -76,7 +76,7 @@ FrameWriter::State FrameWriter::run_passes() {
           return State::kWritten;
         }
         inflight_.swap(pending_);
-        pending_bytes_.store(pending_.size(), std::memory_order_relaxed);
+        pending_changed();
       }
     }
     switch (send_inflight()) {
@@ -97,7 +97,7 @@ FrameWriter::State FrameWriter::run_passes() {
           closed_ = true;
           busy_ = false;
           pending_.clear();
-          pending_bytes_.store(pending_.size(), std::memory_order_relaxed);
+          pending_changed();
           inflight_.clear();
           offset_ = 0;
         }
@@ -126,7 +126,7 @@ FrameWriter::Flush FrameWriter::flush_from_loop() {
         closed_ = true;
         busy_ = loop_owned_ = false;
         pending_.clear();
-        pending_bytes_.store(pending_.size(), std::memory_order_relaxed);
+        pending_changed();
         inflight_.clear();
         offset_ = 0;
         pass_.release();
@@ -144,7 +144,7 @@ FrameWriter::Flush FrameWriter::flush_from_loop() {
       return Flush::kDone;
     }
     inflight_.swap(pending_);
-    pending_bytes_.store(pending_.size(), std::memory_order_relaxed);
+    pending_changed();
   }
 }
 
@@ -156,7 +156,7 @@ void FrameWriter::close() {
   MutexLock lock(mu_);
   closed_ = true;
   pending_.clear();
-  pending_bytes_.store(pending_.size(), std::memory_order_relaxed);
+  pending_changed();
   if (!busy_) {  // no pass can start while mu_ is held: take it for the clear
     pass_.acquire();
     inflight_.clear();

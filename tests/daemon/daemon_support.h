@@ -37,12 +37,19 @@ inline std::string temp_dir() {
 
 using outrun::cli::can_connect;  // host/cli/daemon_process.h
 
-inline bool process_alive(int pid) {
+// The state letter of a process (/proc/PID/stat field 3): 'R' running, 'S' sleeping, 'T'
+// stopped, 'Z' a zombie; '?' when there is no such process.
+inline char proc_state(int pid) {
   std::ifstream st("/proc/" + std::to_string(pid) + "/stat");
   std::string line;
-  if (!std::getline(st, line)) return false;
+  if (!std::getline(st, line)) return '?';
   const auto rp = line.rfind(')');
-  return rp != std::string::npos && line.size() > rp + 2 && line[rp + 2] != 'Z';
+  return rp != std::string::npos && line.size() > rp + 2 ? line[rp + 2] : '?';
+}
+
+inline bool process_alive(int pid) {
+  const char c = proc_state(pid);
+  return c != '?' && c != 'Z';
 }
 
 // The daemon, started on a temporary socket; SIGKILLed if a test forgets to stop it.

@@ -132,13 +132,16 @@ struct RawClient {
     }
     return fv.frame;
   }
-  uint32_t register_script(const std::string& key, const std::string& source) {
+  // The handle; `shard`, if given, gets the shard the script is on.
+  uint32_t register_script(const std::string& key, const std::string& source,
+                           int* shard = nullptr) {
     flatbuffers::FlatBufferBuilder f;
     const auto frame = outrun::protocol::encode_register(f, 1, key, source);
     send_all(frame.data(), frame.size());
     const wire::Frame* fr = next();
     REQUIRE(fr->body_type() == wire::Body::Registered);
     REQUIRE(fr->body_as_Registered()->status() == wire::Status::Ok);
+    if (shard) *shard = fr->body_as_Registered()->shard();
     return fr->body_as_Registered()->handle();
   }
 };
@@ -582,15 +585,6 @@ TEST_CASE("outrund: a pipelined client's results come grouped in frames, each ex
   CHECK(d.stop() == 0);
 }
 
-// The state letter of a process (/proc/PID/stat field 3): 'R' running, 'S' sleeping, 'T' stopped.
-char proc_state(int pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  std::getline(in, line);
-  const auto rp = line.rfind(')');
-  return rp != std::string::npos && line.size() > rp + 2 ? line[rp + 2] : '?';
-}
-
 // Results read from several shards in one loop turn are corked until its check phase: a client
 // gets them in one frame and one send, not one per shard. Made deterministic by stopping
 // outrund (SIGSTOP) while both workers compute: their results wait in the sockets, and the
@@ -602,18 +596,12 @@ TEST_CASE("outrund: results of two shards read in one loop turn reach a client i
   bool have[2] = {false, false};
   for (int i = 0; !(have[0] && have[1]); ++i) {
     REQUIRE(i < 64);
-    flatbuffers::FlatBufferBuilder f;
-    const auto frame = outrun::protocol::encode_register(
-        f, 1, "spin." + std::to_string(i),
-        "local t = os.clock() while os.clock() - t < 0.3 do end return 1");
-    raw.send_all(frame.data(), frame.size());
-    const wire::Frame* fr = raw.next();
-    REQUIRE(fr->body_type() == wire::Body::Registered);
-    const auto* reg = fr->body_as_Registered();
-    REQUIRE(reg->status() == wire::Status::Ok);
-    const int shard = reg->shard();
+    int shard = -1;
+    const uint32_t h = raw.register_script(
+        "spin." + std::to_string(i),
+        "local t = os.clock() while os.clock() - t < 0.3 do end return 1", &shard);
     REQUIRE((shard == 0 || shard == 1));
-    on[shard] = reg->handle();
+    on[shard] = h;
     have[shard] = true;
   }
   int workers[2] = {-1, -1};

@@ -76,6 +76,10 @@ class FrameWriter {
   // Runs passes until the queue is empty, the socket is full (the pass goes to the loop) or
   // the stream failed; gives up the pass either way.
   State run_passes() RELEASE(pass_) EXCLUDES(mu_);
+  // After every change of pending_: the copy queued_bytes() reads without the lock.
+  void pending_changed() REQUIRES(mu_) {
+    pending_bytes_.store(pending_.size(), std::memory_order_relaxed);
+  }
 
   const int fd_;
   const std::function<void()> on_blocked_;
