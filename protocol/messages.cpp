@@ -1,5 +1,7 @@
 #include "outrun/protocol/messages.h"
 
+#include <vector>
+
 namespace outrun::protocol {
 
 namespace {
@@ -48,11 +50,14 @@ flatbuffers::Offset<wire::Evaluation> build_evaluation(
     flatbuffers::FlatBufferBuilder& fbb, uint64_t id, uint32_t script_id, uint64_t timeout_us,
     flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::Input>>> inputs,
     const ScriptSource* source) {
-  flatbuffers::Offset<flatbuffers::Vector<uint8_t>> sha;
+  flatbuffers::Offset<flatbuffers::Vector<uint8_t>> sha, bytecode;
   flatbuffers::Offset<flatbuffers::String> src, name;
   if (source) {
     sha = fbb.CreateVector(source->sha256.data(), source->sha256.size());
-    src = fbb.CreateString(source->source.data(), source->source.size());
+    if (!source->bytecode.empty())
+      bytecode = fbb.CreateVector(source->bytecode.data(), source->bytecode.size());
+    else
+      src = fbb.CreateString(source->source.data(), source->source.size());
     if (source->chunk_name)
       name = fbb.CreateString(source->chunk_name->data(), source->chunk_name->size());
   }
@@ -64,6 +69,7 @@ flatbuffers::Offset<wire::Evaluation> build_evaluation(
   if (source) {
     eb.add_sha256(sha);
     eb.add_source(src);
+    eb.add_bytecode(bytecode);
     eb.add_chunk_name(name);
   }
   return eb.Finish();
@@ -89,9 +95,12 @@ std::span<const uint8_t> encode_forget(flatbuffers::FlatBufferBuilder& fbb,
 bool evaluation_source(const wire::Evaluation* e, ScriptSource* out) {
   const auto* src = e->source();
   const auto* sha = e->sha256();
-  if (!src || !sha || sha->size() != 32) return false;
+  const auto* bytecode = e->bytecode();
+  if ((!src && (!bytecode || bytecode->size() == 0)) || !sha || sha->size() != 32) return false;
   out->sha256 = {sha->data(), sha->size()};
-  out->source = src->string_view();
+  out->source = src ? src->string_view() : std::string_view{};
+  out->bytecode = {};
+  if (!src) out->bytecode = {bytecode->data(), bytecode->size()};
   out->chunk_name.reset();
   if (const auto* name = e->chunk_name()) out->chunk_name = name->string_view();
   return true;
@@ -113,6 +122,41 @@ bool decode_host_frame(const wire::Frame* frame, HostMessage* out, std::string* 
              wire::EnumNameBody(frame->body_type()) + ")";
       return false;
   }
+}
+
+// ---- Host <-> compile-only process
+
+std::span<const uint8_t> encode_compile(flatbuffers::FlatBufferBuilder& fbb,
+                                        std::span<const CompileRequest> items) {
+  std::vector<flatbuffers::Offset<wire::CompileItem>> offsets;
+  offsets.reserve(items.size());
+  for (const CompileRequest& r : items) {
+    const auto src = fbb.CreateString(r.source.data(), r.source.size());
+    const auto name = fbb.CreateString(r.chunk_name.data(), r.chunk_name.size());
+    offsets.push_back(wire::CreateCompileItem(fbb, r.ticket, src, name));
+  }
+  const auto vec = fbb.CreateVector(offsets);
+  return finish_frame(fbb, wire::Body::Compile, wire::CreateCompile(fbb, vec).Union());
+}
+
+flatbuffers::Offset<wire::CompiledItem> build_compiled(flatbuffers::FlatBufferBuilder& fbb,
+                                                       uint32_t ticket, wire::Status status,
+                                                       std::string_view bytecode,
+                                                       std::string_view error) {
+  flatbuffers::Offset<flatbuffers::Vector<uint8_t>> code;
+  flatbuffers::Offset<flatbuffers::String> err;
+  if (status == wire::Status::Ok)
+    code = fbb.CreateVector(reinterpret_cast<const uint8_t*>(bytecode.data()), bytecode.size());
+  else
+    err = fbb.CreateString(error.data(), error.size());
+  return wire::CreateCompiledItem(fbb, ticket, status, code, err);
+}
+
+std::span<const uint8_t> finish_compiled(
+    flatbuffers::FlatBufferBuilder& fbb,
+    std::span<const flatbuffers::Offset<wire::CompiledItem>> items) {
+  const auto vec = fbb.CreateVector(items.data(), items.size());
+  return finish_frame(fbb, wire::Body::Compiled, wire::CreateCompiled(fbb, vec).Union());
 }
 
 // ---- Worker -> host

@@ -3,7 +3,10 @@
 //
 //   outrun-worker --fd 3 [--out-fd 4] --host-pid PID [--memory-limit BYTES]
 //                 [--script-budget BYTES] [--status-page NAME] [--heartbeat-ms MS]
-//                 [--address-space-limit BYTES] [--profile FILE]
+//                 [--address-space-limit BYTES] [--profile FILE] [--compile-only 1]
+//
+// --compile-only 1: the host's compile-only process (compile_only.h): it compiles sources into
+// bytecode and never runs a chunk; confined the same way.
 //
 // Start-up order: die-with-host, close stray fds, map the status page, start the heartbeat
 // thread, a test build's hooks (hooks.h), (optionally) start the CPU profiler, then confine
@@ -25,6 +28,7 @@
 #include <string>
 #include <thread>
 
+#include "compile_only.h"
 #include "confine.h"
 #include "worker.h"
 
@@ -93,6 +97,7 @@ int main(int argc, char** argv) {
   std::string page_name;
   std::string profile_file;
   unsigned long long address_space_limit = 0;
+  bool compile_only = false;
   for (int i = 1; i < argc; i += 2) {  // --option value
     const char* a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -113,6 +118,8 @@ int main(int argc, char** argv) {
       heartbeat_ms = n;
     } else if (std::strcmp(a, "--address-space-limit") == 0 && parse_u64(v, &n)) {
       address_space_limit = n;
+    } else if (std::strcmp(a, "--compile-only") == 0 && v && std::strcmp(v, "1") == 0) {
+      compile_only = true;
     } else if (std::strcmp(a, "--profile") == 0 && v && *v) {
       profile_file = v;
     } else {
@@ -199,6 +206,12 @@ int main(int argc, char** argv) {
     _exit(exit_code(WorkerExit::kConfine));
   }
 
+  if (compile_only) {
+    const int rc = run_compile_only(
+        {opts.fd, opts.out_fd < 0 ? opts.fd : opts.out_fd, opts.memory_limit, opts.page});
+    std::fflush(stderr);
+    _exit(rc);
+  }
   Worker worker(opts);
   const int rc = worker.run();
   if (g_profiler_stop) g_profiler_stop();

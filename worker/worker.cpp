@@ -341,15 +341,22 @@ Worker::Script* Worker::script_for(const wire::Evaluation* e) {
     std::string err;
     // Not linked yet: the budget's reclaim, which may run while it is built, cannot drop it.
     s->state = new_state(&err);
+    const bool from_bytecode = !src.bytecode.empty();
     if (!s->state) {
       s->compile_outcome = {wire::Status::MemoryLimit, err};
+    } else if (from_bytecode) {
+      // The host's compile-only process made it from this source (design/sandbox.md "The
+      // compiler"); loaded as binary only. Should it not load, the host sends the source instead.
+      s->compile_outcome = s->state->load_chunk(
+          {reinterpret_cast<const char*>(src.bytecode.data()), src.bytecode.size()});
+      if (s->compile_outcome.status != wire::Status::Ok) return nullptr;  // NeedSource
     } else {
       const std::string name =
           src.chunk_name ? "=" + std::string(*src.chunk_name) : std::string("=script");
       s->compile_outcome = s->state->compile(src.source, name);
     }
     if (opts_.page) {
-      bump(&opts_.page->compiles);
+      bump(from_bytecode && s->state ? &opts_.page->bytecode_loads : &opts_.page->compiles);
       bump(&opts_.page->scripts);
     }
     scripts_[id] = std::move(s);

@@ -95,6 +95,18 @@ Error Host::Impl::start() {
     uv_timer_init(&loop, &sh->watchdog);
     shards.push_back(std::move(sh));
   }
+  if (opts.bytecode_cache_bytes > 0) {
+    detail::CompilerOptions co;
+    co.spawn = worker_spec(-1);
+    co.cache_bytes = opts.bytecode_cache_bytes;
+    co.deadline = std::chrono::milliseconds(2000);
+    compiler = std::make_unique<detail::Compiler>(
+        &loop, &log, &registry, std::move(co), [this] { wake(); },
+        [this] {
+          loop_role.assert_here();
+          maybe_finish_shutdown();
+        });
+  }
   // Workers are spawned by the loop thread, always: PR_SET_PDEATHSIG follows the thread that
   // forked, and the loop thread lives exactly as long as the host.
   loop_thread = std::thread([this] {
@@ -108,6 +120,11 @@ Error Host::Impl::start() {
         break;
       }
     }
+    // Not waited for: until its hello, new scripts go to the workers with their source.
+    if (compiler)
+      if (Error e = compiler->start())
+        log(LogLevel::warn, "outrun: no compile-only process, workers compile every source: {}",
+            e.message);
     run_loop();
   });
   MutexLock lock(start_mu);
@@ -140,6 +157,7 @@ void Host::Impl::shutdown() {
   // callback may still submit (it gets `cancelled`) to any shard.
   for (auto& sh : shards) sh->dispatcher->stop_and_join();
   shards.clear();
+  compiler.reset();
 }
 
 uint64_t resident_bytes(int pid) {
@@ -206,12 +224,32 @@ Host::~Host() {
 }
 
 Error Host::register_script(std::string_view key, std::string_view source, Script* out) {
-  return impl_->registry.add(key, source, out);
+  return register_script(key, source, out, {});
 }
 
 Error Host::register_script(std::string_view key, std::string_view source, Script* out,
                             const AdmitFn& admit) {
-  return impl_->registry.add(key, source, out, {}, admit);
+  detail::Compiler* compiler = impl_->compiler.get();
+  return impl_->registry.add(
+      key, source, out,
+      [compiler](detail::ScriptRecord& r) {
+        if (compiler) compiler->enqueue(r);  // its own lock, after the registry's
+      },
+      admit);
+}
+
+CompilerStats Host::compiler_stats() const {
+  CompilerStats s;
+  const detail::Compiler* c = impl_->compiler.get();
+  if (!c) return s;
+  s.pid = c->pid();
+  s.compiled = c->counters().compiled.load(std::memory_order_relaxed);
+  s.refused = c->counters().refused.load(std::memory_order_relaxed);
+  s.restarts = c->counters().restarts.load(std::memory_order_relaxed);
+  s.kills = c->counters().kills.load(std::memory_order_relaxed);
+  s.cached_bytes = c->cached_bytes();
+  s.idle = c->idle();
+  return s;
 }
 
 Error Host::unregister_script(std::string_view key) {
@@ -302,6 +340,7 @@ ShardStats Host::shard_stats(int i) const {
     s.worker_script_bytes = rd(p->script_bytes);
     s.worker_evictions = rd(p->evictions);
     s.worker_reloads = rd(p->reloads);
+    s.worker_bytecode_loads = rd(p->bytecode_loads);
     s.worker_peak_rss_bytes = rd(p->peak_rss_bytes);
     if (s.pid > 0) s.worker_rss_bytes = resident_bytes(s.pid);
     const int64_t beat = p->heartbeat_ns.load(std::memory_order_relaxed);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "clock.h"
+#include "compiler.h"
 #include "completion.h"
 #include "log.h"
 #include "outrun/host.h"
@@ -58,6 +59,9 @@ struct Host::Impl final : detail::WorkerEvents {
   std::thread loop_thread;
   ThreadRole loop_role;  // the loop thread: bound when it starts
   std::vector<std::unique_ptr<detail::Shard>> shards;
+  // The compile-only process (null: bytecode_cache_bytes 0). Created before the loop thread
+  // starts; its loop-side members are the loop thread's.
+  std::unique_ptr<detail::Compiler> compiler;
   flatbuffers::FlatBufferBuilder loop_fbb{4096};  // loop thread only (Forget frames)
 
   std::atomic<bool> stopping{false};
@@ -140,6 +144,7 @@ struct Host::Impl final : detail::WorkerEvents {
 
   // workers.cpp (loop thread): the worker's events, and what the host does with them.
   Error spawn(detail::Shard& sh) REQUIRES(loop_role);
+  detail::SpawnSpec worker_spec(int shard) const;
   void on_worker_created(detail::WorkerProcess* w) override;
   void on_worker_exit(detail::WorkerProcess* w) override;
   void on_worker_readable(detail::WorkerProcess* w) override;

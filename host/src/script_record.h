@@ -7,11 +7,28 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "outrun/runner.h"
 
 namespace outrun::detail {
 struct RegistryShared;  // script_registry.h
+
+// The bytecode the host's compile-only process made of a record's source (compiler.h). Charged
+// to the host's bytecode account while it lives.
+struct CompiledChunk {
+  std::string bytes;
+  std::shared_ptr<std::atomic<int64_t>> account;
+  CompiledChunk(std::string b, std::shared_ptr<std::atomic<int64_t>> a)
+      : bytes(std::move(b)), account(std::move(a)) {
+    account->fetch_add(static_cast<int64_t>(bytes.size()), std::memory_order_relaxed);
+  }
+  ~CompiledChunk() {
+    account->fetch_sub(static_cast<int64_t>(bytes.size()), std::memory_order_relaxed);
+  }
+  CompiledChunk(const CompiledChunk&) = delete;
+  CompiledChunk& operator=(const CompiledChunk&) = delete;
+};
 
 // What a runner keeps per registered script. Immutable after registration (but for `refs` and
 // `unregistered`). Reference counted: the runner's registry holds one reference while the
@@ -22,6 +39,7 @@ struct ScriptRecord {
   uint32_t id = 0;              // dense, per runner; reused after the record is freed
   uint32_t key_id = 0;          // dense, per key (re-registering a key keeps it): single flight
   uint32_t shard = 0;           // stable hash of the key mod shards, computed once
+  uint64_t serial = 0;          // per runner, never reused: (id, serial) names one record
   std::string key;
   std::string source;
   std::array<uint8_t, 32> sha256{};      // of `source`, computed once at registration
@@ -45,6 +63,16 @@ struct ScriptRecord {
   // Quarantined until then (0: not quarantined): its evaluations end `runtime_error` before any
   // worker sees them. Set by the loop thread; cleared by the first evaluation after it passed.
   mutable std::atomic<int64_t> quarantined_until_ns{0};
+
+  // Host only: its bytecode from the compile-only process, set once by the loop thread (release)
+  // and read by whoever builds an Evaluation with its source (acquire); null: none (yet). Mutable
+  // like the above: a cache of what `source` compiles to, deleted with the record.
+  mutable std::atomic<const CompiledChunk*> compiled{nullptr};
+
+  ScriptRecord() = default;
+  ~ScriptRecord() { delete compiled.load(std::memory_order_acquire); }
+  ScriptRecord(const ScriptRecord&) = delete;
+  ScriptRecord& operator=(const ScriptRecord&) = delete;
 };
 
 }  // namespace outrun::detail

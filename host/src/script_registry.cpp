@@ -2,6 +2,8 @@
 
 #include <openssl/sha.h>
 
+#include <algorithm>
+
 namespace outrun::detail {
 
 static_assert(sizeof(ScriptRecord) + 96 <= kScriptRecordOverhead,
@@ -55,6 +57,7 @@ ScriptRegistry::~ScriptRegistry() {
 }
 
 void ScriptRegistry::freed(ScriptRecord* r) {
+  if (r->id < by_id_.size() && by_id_[r->id] == r) by_id_[r->id] = nullptr;
   bytes_ -= r->bytes;
   --records_;
   if (--key_refs_[r->key_id] == 0) free_key_ids_.push_back(r->key_id);
@@ -101,6 +104,10 @@ Error ScriptRegistry::add(std::string_view key, std::string_view source, Script*
       } else {
         r->id = next_id_++;
       }
+      r->serial = next_serial_++;
+      if (r->id >= by_id_.size())
+        by_id_.resize(std::max<std::size_t>(r->id + 1, by_id_.size() * 2));
+      by_id_[r->id] = r;
       r->shard = static_cast<uint32_t>(route_hash(key) % shards_);
       r->key = std::string(key);
       r->source = std::string(source);
@@ -162,6 +169,23 @@ std::size_t ScriptRegistry::size() const {
 uint32_t ScriptRegistry::keys() const {
   MutexLock lock(shared_->mu);
   return next_key_id_ - static_cast<uint32_t>(free_key_ids_.size());
+}
+
+Script ScriptRegistry::acquire(uint32_t id, uint64_t serial) const {
+  MutexLock lock(shared_->mu);
+  if (id >= by_id_.size()) return {};
+  const ScriptRecord* r = by_id_[id];
+  if (!r || r->serial != serial) return {};
+  // Alive only while someone holds it: a record whose last reference is going (0, freed() not
+  // yet run) is not taken back.
+  uint32_t n = r->refs.load(std::memory_order_acquire);
+  while (n > 0)
+    if (r->refs.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel)) {
+      Script s(r);
+      r->refs.fetch_sub(1, std::memory_order_acq_rel);  // the one Script(r) took is kept
+      return s;
+    }
+  return {};
 }
 
 void ScriptRegistry::set_on_retire(std::function<void()> f) {

@@ -59,6 +59,10 @@ class ScriptRegistry {
   std::size_t size() const EXCLUDES(shared_->mu);  // records alive
   uint32_t keys() const EXCLUDES(shared_->mu);     // key ids in use
 
+  // Thread-safe. A new reference to the record (id, serial) if it is still alive, else none:
+  // lets the compile-only process's queue name records without keeping them alive.
+  Script acquire(uint32_t id, uint64_t serial) const EXCLUDES(shared_->mu);
+
   // deferred_ids: runs under the registry's lock when a freed id waits for recycle() (Host: wakes
   // the loop). Cleared before the runner's state goes.
   void set_on_retire(std::function<void()> f) EXCLUDES(shared_->mu);
@@ -79,6 +83,8 @@ class ScriptRegistry {
   std::size_t bytes_ GUARDED_BY(shared_->mu) = 0;    // what live records cost
   std::size_t records_ GUARDED_BY(shared_->mu) = 0;  // live records
   uint32_t next_id_ GUARDED_BY(shared_->mu) = 0;
+  uint64_t next_serial_ GUARDED_BY(shared_->mu) = 1;
+  std::vector<ScriptRecord*> by_id_ GUARDED_BY(shared_->mu);  // live records (acquire)
   std::vector<uint32_t> free_ids_ GUARDED_BY(shared_->mu);
   // (shard, id), deferred_ids only
   std::vector<std::pair<uint32_t, uint32_t>> retired_ GUARDED_BY(shared_->mu);

@@ -36,7 +36,11 @@ flatbuffers::Offset<wire::Evaluation> Host::Impl::build_evaluation(
   const bool with_source = !sh.known[r->id];
   if (with_source) {
     sh.known[r->id] = 1;
-    source = {r->sha256, r->source, r->chunk_name};
+    source = {r->sha256, r->source, r->chunk_name, {}};
+    // The compile-only process's bytecode instead, unless the worker asked for the source.
+    if (const detail::CompiledChunk* c = r->compiled.load(std::memory_order_acquire);
+        c && !slot.source_resent)
+      source.bytecode = {reinterpret_cast<const uint8_t*>(c->bytes.data()), c->bytes.size()};
   }
   return protocol::build_evaluation(f, detail::SlotTable::id_of(slot, idx), r->id, timeout_us,
                                     inputs, with_source ? &source : nullptr);

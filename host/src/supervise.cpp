@@ -153,6 +153,7 @@ void Host::Impl::on_wakeup(uv_async_t* a) {
     self->attend_reading(*sh);
   }
   self->flush_forgets();
+  if (self->compiler) self->compiler->pump();
   self->run_posted();
   if (self->stopping.load() && !self->shutdown_started) {
     self->begin_shutdown();
@@ -313,6 +314,7 @@ void Host::Impl::begin_shutdown() {
     if (writer) writer->write_pending();
     deliver_all(sh, ended);
   }
+  if (compiler) compiler->shutdown();
   uv_timer_start(&shutdown_timer, &Impl::on_shutdown_timeout,
                  static_cast<uint64_t>(opts.shutdown_timeout.count()), 0);
   maybe_finish_shutdown();
@@ -327,7 +329,7 @@ void Host::Impl::on_shutdown_timeout(uv_timer_t* t) {
 }
 
 void Host::Impl::maybe_finish_shutdown() {
-  if (!shutdown_started || live_workers > 0) return;
+  if (!shutdown_started || live_workers > 0 || (compiler && compiler->alive())) return;
   uv_timer_stop(&shutdown_timer);
   uv_close(reinterpret_cast<uv_handle_t*>(&shutdown_timer), nullptr);
   {

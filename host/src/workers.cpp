@@ -34,11 +34,11 @@ std::string describe_exit(int64_t status, int signal) {
   return protocol::describe_worker_exit(status);
 }
 
-Error Host::Impl::spawn(Shard& sh) {
+detail::SpawnSpec Host::Impl::worker_spec(int shard) const {
   detail::SpawnSpec spec;
   spec.path = worker_path;
-  spec.shard = sh.index;
-  spec.env = worker_env.empty() ? nullptr : worker_env.data();
+  spec.shard = shard;
+  spec.env = worker_env.empty() ? nullptr : const_cast<char**>(worker_env.data());
   spec.args = {"--host-pid",
                std::to_string(getpid()),
                "--memory-limit",
@@ -49,6 +49,11 @@ Error Host::Impl::spawn(Shard& sh) {
                std::to_string(opts.heartbeat_interval.count()),
                "--address-space-limit",
                std::to_string(opts.worker_address_space_limit)};
+  return spec;
+}
+
+Error Host::Impl::spawn(Shard& sh) {
+  detail::SpawnSpec spec = worker_spec(sh.index);
   if (!opts.worker_profile_prefix.empty()) {
     // The pid is not known before the spawn: the worker appends it (see worker/main.cpp).
     spec.args.push_back("--profile");

@@ -23,7 +23,8 @@ namespace {
 // Every worker of a host started under this fault raises SIGSEGV when it is sent a source that
 // contains the marker.
 constexpr const char* kFault = "crash-on-source=CRASH-ME";
-constexpr const char* kCrashing = "return 1 -- CRASH-ME";
+// The marker is a string constant: it is in the bytecode a restarted worker gets too.
+constexpr const char* kCrashing = "return 'CRASH-ME'";
 
 HostOptions options() {
   HostOptions o;

@@ -82,6 +82,12 @@ std::vector<std::vector<uint8_t>> one_of_each() {
   keep(encode_tag_values(f, 1, wire::Status::Ok, {}, {}));
   f.Clear();
   keep(encode_tags_reply(f, 1, wire::Status::Ok, {}, {}));
+  f.Clear();
+  const CompileRequest req{4, "return 1", "k"};
+  keep(encode_compile(f, {&req, 1}));
+  f.Clear();
+  auto c = build_compiled(f, 4, wire::Status::Ok, "\x1bLuaT", {});
+  keep(finish_compiled(f, {&c, 1}));
   return out;
 }
 
@@ -143,7 +149,7 @@ TEST_CASE("protocol codecs: the worker pipe's messages decode to what was encode
   }
   SUBCASE("Evaluate, with and without source") {
     const std::array<uint8_t, 32> sha = {1, 2, 3};
-    const ScriptSource src{sha, "return 1", "Line1.Avg"};
+    const ScriptSource src{sha, "return 1", "Line1.Avg", {}};
     auto in = f.CreateVector(std::vector<flatbuffers::Offset<wire::Input>>{
         wire::CreateInput(f, f.CreateString("x"), wire::CreateValue(f))});
     const flatbuffers::Offset<wire::Evaluation> items[] = {
@@ -175,7 +181,7 @@ TEST_CASE("protocol codecs: the worker pipe's messages decode to what was encode
   }
   SUBCASE("a source without a 32-byte SHA-256 is no source") {
     const std::array<uint8_t, 31> short_sha{};
-    const ScriptSource src{short_sha, "return 1", std::nullopt};
+    const ScriptSource src{short_sha, "return 1", std::nullopt, {}};
     auto e = build_evaluation(f, 1, 1, 0, {}, &src);
     Received r(finish_evaluate(f, {&e, 1}));
     ScriptSource got;

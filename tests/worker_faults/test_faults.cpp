@@ -19,10 +19,11 @@
 //   RuntimeError), "bad-status" (a status only the host may give), "unknown-status" (a status no
 //   build of outrun knows). The host must take each for a
 //   protocol violation.
-// - "crash-on-source=MARKER": an evaluation that carries a source containing MARKER makes the
-//   worker raise SIGSEGV as it starts running it (the evaluation is on the status page), like an
-//   interpreter bug the script reaches: the crash-attribution path. Every worker sees a source it
-//   does not hold, so the crash repeats on each new worker.
+// - "crash-on-source=MARKER": an evaluation that carries a source containing MARKER (or bytecode
+//   from the host's compile-only process containing it: a string constant of the script) makes
+//   the worker raise SIGSEGV as it starts running it (the evaluation is on the status page), like
+//   an interpreter bug the script reaches: the crash-attribution path. Every worker sees a source
+//   it does not hold, so the crash repeats on each new worker.
 // - "pool-stats": an evaluation with a string input named "pool" is answered, RuntimeError, with
 //   the worker's spare and deferred-close counts ("pool spares=N closing=N made=N taken=N"),
 //   touching no script: how tests/host/budget_test.cpp sees what idle time did.
@@ -209,8 +210,15 @@ bool on_evaluation(Worker& w, const wire::Evaluation* e) {
                  " made=" + std::to_string(c.made) + " taken=" + std::to_string(c.taken));
     return true;
   }
-  if ((g_faults & kCrashOnSource) && e->source() &&
-      e->source()->string_view().find(g_crash_on_source) != std::string_view::npos) {
+  const auto carries_marker = [e] {
+    if (e->source())
+      return e->source()->string_view().find(g_crash_on_source) != std::string_view::npos;
+    if (!e->bytecode()) return false;
+    const std::string_view code(reinterpret_cast<const char*>(e->bytecode()->data()),
+                                e->bytecode()->size());
+    return code.find(g_crash_on_source) != std::string_view::npos;
+  };
+  if ((g_faults & kCrashOnSource) && carries_marker()) {
     w.flush();                // what came before is delivered: only `e` is the crash's suspect
     w.mark_running(e->id());  // so the host knows which evaluation was running when it died
     spdlog::warn("test fault: crashing on the source of evaluation {}", e->id());

@@ -57,10 +57,13 @@ bool check_worker_status(wire::Status status, std::string* why);
 // ---- Host -> worker
 
 // The script an Evaluation carries the first time it goes to a worker.
+// Either its source, or (from the host's compile-only process, design/sandbox.md "The
+// compiler") its bytecode instead: `bytecode` not empty means the source is not sent.
 struct ScriptSource {
-  std::span<const uint8_t> sha256;  // 32 bytes
+  std::span<const uint8_t> sha256;  // 32 bytes, of the source
   std::string_view source;
   std::optional<std::string_view> chunk_name;  // the script key; absent: none was sent
+  std::span<const uint8_t> bytecode;           // not empty: sent instead of `source`
 };
 
 // One Evaluation. `inputs` was built before (null: none); `source` only when the worker may
@@ -77,8 +80,9 @@ std::span<const uint8_t> encode_shutdown(flatbuffers::FlatBufferBuilder& fbb);
 std::span<const uint8_t> encode_forget(flatbuffers::FlatBufferBuilder& fbb,
                                        std::span<const uint32_t> script_ids);
 
-// An Evaluation's source: true (and *out) when it carries a source with a 32-byte SHA-256;
-// false when it names its script by id only (a source without a valid SHA-256 counts as none).
+// An Evaluation's source: true (and *out) when it carries a source or bytecode with a 32-byte
+// SHA-256; false when it names its script by id only (either without a valid SHA-256 counts as
+// none). Both sent: the source is taken, the bytecode ignored.
 bool evaluation_source(const wire::Evaluation* e, ScriptSource* out);
 
 struct EvaluateMsg {
@@ -119,6 +123,25 @@ using WorkerMessage = std::variant<HelloMsg, ResultsMsg>;
 // unexpected frame type") and for a Hello of another protocol version ("speaks protocol
 // version N, host speaks M"). Whether a Hello comes first and once is the caller's to check.
 bool decode_worker_frame(const wire::Frame* frame, WorkerMessage* out, std::string* why);
+
+// ---- Host <-> compile-only process (design/sandbox.md "The compiler")
+
+struct CompileRequest {
+  uint32_t ticket = 0;
+  std::string_view source;
+  std::string_view chunk_name;
+};
+// Compile { items }.
+std::span<const uint8_t> encode_compile(flatbuffers::FlatBufferBuilder& fbb,
+                                        std::span<const CompileRequest> items);
+// One CompiledItem: `bytecode` with Ok, `error` otherwise.
+flatbuffers::Offset<wire::CompiledItem> build_compiled(flatbuffers::FlatBufferBuilder& fbb,
+                                                       uint32_t ticket, wire::Status status,
+                                                       std::string_view bytecode,
+                                                       std::string_view error);
+std::span<const uint8_t> finish_compiled(
+    flatbuffers::FlatBufferBuilder& fbb,
+    std::span<const flatbuffers::Offset<wire::CompiledItem>> items);
 
 // One Result as its receiver sees it.
 struct ResultView {

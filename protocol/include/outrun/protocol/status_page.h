@@ -18,6 +18,8 @@
 //   200     script_bytes        worker   bytes all script states and kept bytecode hold (after each
 //   evaluation) 208     reloads             worker   evicted scripts' states built again from their
 //   bytecode
+//   216     bytecode_loads      worker   scripts whose first state here was loaded from bytecode
+//   the host's compile-only process made (instead of compiling their source)
 //
 // Each field sits in its own 8 bytes; the worker's evaluation fields are on a cache line apart
 // from the heartbeat so the heartbeat thread and the main thread do not share a line.
@@ -61,6 +63,9 @@ struct StatusPage {
   // Evicted scripts whose state was built again from the bytecode the worker kept of their chunk
   // (no NeedSource, no compile).
   std::atomic<uint64_t> reloads;
+  // Scripts whose state was built from the bytecode an Evaluation carried (made by the host's
+  // compile-only process), instead of compiling a source (design/sandbox.md "The compiler").
+  std::atomic<uint64_t> bytecode_loads;
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free &&
@@ -70,7 +75,9 @@ static_assert(sizeof(StatusPage) <= kStatusPageSize);
 static_assert(offsetof(StatusPage, heartbeat_ns) == 64 &&
                   offsetof(StatusPage, evaluations) == 128 &&
                   offsetof(StatusPage, peak_rss_bytes) == 184 &&
-                  offsetof(StatusPage, script_bytes) == 200 && offsetof(StatusPage, reloads) == 208,
+                  offsetof(StatusPage, script_bytes) == 200 &&
+                  offsetof(StatusPage, reloads) == 208 &&
+                  offsetof(StatusPage, bytecode_loads) == 216,
               "layout is part of the protocol");
 
 // Reads the running evaluation consistently. Returns false when it changed under the reader

@@ -1,0 +1,388 @@
+// The host's compile-only process (compiler.h): queue, Compile frames, checks, restarts.
+#include "compiler.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "outrun/protocol/frame.h"
+#include "outrun/protocol/messages.h"
+#include "script_record.h"
+
+namespace outrun::detail {
+
+namespace {
+
+// What every Lua 5.4 binary chunk starts with (lundump.h: LUA_SIGNATURE, then the version byte).
+constexpr char kLuaChunkStart[] = "\x1bLua\x54";
+
+constexpr uint64_t kLingerMs = 1000;
+constexpr int64_t kFirstBackoffMs = 100;
+constexpr int64_t kMaxBackoffMs = 5000;
+
+}  // namespace
+
+Compiler::Compiler(uv_loop_t* loop, const Log* log, const ScriptRegistry* registry,
+                   CompilerOptions opts, std::function<void()> wake, std::function<void()> freed)
+    : loop_(loop),
+      log_(log),
+      registry_(registry),
+      opts_(std::move(opts)),
+      wake_(std::move(wake)),
+      freed_(std::move(freed)),
+      account_(std::make_shared<std::atomic<int64_t>>(0)) {
+  uv_timer_init(loop_, &deadline_);
+  deadline_.data = this;
+  uv_timer_init(loop_, &restart_);
+  restart_.data = this;
+}
+
+Compiler::~Compiler() = default;
+
+void Compiler::enqueue(const ScriptRecord& r) {
+  bool first;
+  {
+    MutexLock lock(mu_);
+    first = incoming_.empty();
+    incoming_.push_back({r.id, r.serial});
+    idle_pub_.store(false, std::memory_order_release);
+  }
+  if (first) wake_();
+}
+
+Error Compiler::start() {
+  SpawnSpec spec = opts_.spawn;
+  spec.args.push_back("--compile-only");
+  spec.args.push_back("1");
+  WorkerProcess* w = nullptr;
+  // Only the loop writes to it: a full socket is finished by the loop's writable poll.
+  if (Error e = WorkerProcess::spawn(
+          loop_, nullptr, this, log_, spec,
+          [this] {
+            if (process_) process_->watch_writable();
+          },
+          &w))
+    return e;
+  process_ = w;
+  ready_ = false;
+  pid_pub_.store(w->pid(), std::memory_order_relaxed);
+  if (ever_started_) counters_.restarts.fetch_add(1, std::memory_order_relaxed);
+  ever_started_ = true;
+  return {};
+}
+
+void Compiler::pump() {
+  {
+    MutexLock lock(mu_);
+    if (!incoming_.empty()) {
+      if (queue_head_ == queue_.size()) {
+        queue_.clear();
+        queue_head_ = 0;
+      }
+      if (queue_.empty()) {
+        queue_.swap(incoming_);
+      } else {
+        queue_.insert(queue_.end(), std::make_move_iterator(incoming_.begin()),
+                      std::make_move_iterator(incoming_.end()));
+        incoming_.clear();
+      }
+    }
+  }
+  send_next();
+  publish();
+}
+
+void Compiler::publish() {
+  pid_pub_.store(process_ ? process_->pid() : 0, std::memory_order_relaxed);
+  MutexLock lock(mu_);
+  idle_pub_.store(
+      incoming_.empty() && in_flight_.empty() && singles_.empty() && queue_head_ == queue_.size(),
+      std::memory_order_release);
+}
+
+std::size_t Compiler::cached_bytes() const {
+  return static_cast<std::size_t>(std::max<int64_t>(0, account_->load()));
+}
+
+// Copies what the Compile frame needs of `p`'s record, if it is alive, registered, without
+// bytecode, and the cache has room; the reference taken for that is dropped at once.
+void Compiler::take(const Pending& p, std::size_t* bytes) {
+  const Script s = registry_->acquire(p.id, p.serial);
+  if (!s.valid()) return;
+  const ScriptRecord* r = s.record();
+  if (r->unregistered.load(std::memory_order_relaxed) ||
+      r->compiled.load(std::memory_order_relaxed))
+    return;
+  if (cached_bytes() >= opts_.cache_bytes) {
+    counters_.refused.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  *bytes += r->source.size();
+  in_flight_.push_back({p, r->source, r->chunk_name});
+}
+
+void Compiler::send_next() {
+  if (stopping_ || !process_ || !ready_ || !in_flight_.empty()) return;
+  std::size_t bytes = 0;
+  // One at a time after a failure, so that a script that breaks the process is found alone.
+  while (in_flight_.empty() && !singles_.empty()) {
+    const Pending p = singles_.back();
+    singles_.pop_back();
+    take(p, &bytes);
+  }
+  while (in_flight_.empty() && queue_head_ < queue_.size()) {
+    while (queue_head_ < queue_.size() && in_flight_.size() < kBatchItems && bytes < kBatchBytes)
+      take(queue_[queue_head_++], &bytes);
+    if (queue_head_ == queue_.size()) {
+      queue_.clear();
+      queue_head_ = 0;
+    }
+  }
+  if (in_flight_.empty()) return;
+  std::vector<protocol::CompileRequest> reqs;
+  reqs.reserve(in_flight_.size());
+  for (std::size_t i = 0; i < in_flight_.size(); ++i)
+    reqs.push_back({static_cast<uint32_t>(i), in_flight_[i].source, in_flight_[i].chunk_name});
+  flatbuffers::FlatBufferBuilder fbb(bytes + 1024 * in_flight_.size() + 1024);
+  const auto frame = protocol::encode_compile(fbb, reqs);
+  if (process_->writer()->write(frame) == protocol::FrameWriter::State::kClosed) {
+    fail("its socket is closed", true);
+    return;
+  }
+  const auto ms = static_cast<uint64_t>(opts_.deadline.count() +
+                                        kPerItemMs * static_cast<int64_t>(in_flight_.size()));
+  uv_timer_start(&deadline_, &Compiler::on_deadline, ms, 0);
+}
+
+void Compiler::on_worker_created(WorkerProcess*) {
+  ++live_;
+}
+
+void Compiler::on_worker_freed(WorkerProcess*) {
+  if (--live_ == 0 && stopping_ && freed_) freed_();
+}
+
+void Compiler::on_worker_exit(WorkerProcess* w) {
+  if (w != process_) return;  // an earlier process, already given up
+  const auto& x = *w->exit_status();
+  fail(x.signal != 0 ? "was killed by signal " + std::to_string(x.signal)
+                     : "exited with code " + std::to_string(x.code),
+       false);
+}
+
+void Compiler::on_worker_stream_error(WorkerProcess* w) {
+  if (w == process_) w->end_stream(kLingerMs);  // its exit status names the cause
+}
+
+void Compiler::on_worker_linger_expired(WorkerProcess* w) {
+  if (w == process_) {
+    fail("closed its stream and did not exit", true);
+  } else {
+    w->mark_dead();
+    w->close_io();
+  }
+}
+
+void Compiler::on_worker_writable(WorkerProcess* w) {
+  if (w != process_) return;
+  switch (w->writer()->flush_from_loop()) {
+    case protocol::FrameWriter::Flush::kMore:
+      return;
+    case protocol::FrameWriter::Flush::kClosed:
+      w->end_stream(kLingerMs);
+      return;
+    case protocol::FrameWriter::Flush::kDone:
+      w->unwatch_writable();
+      return;
+  }
+}
+
+void Compiler::on_worker_readable(WorkerProcess* w) {
+  if (w != process_) return;
+  const long n = w->reader().read_from(w->result_fd());
+  if (n == 0) {
+    w->end_stream(kLingerMs);
+    return;
+  }
+  if (n < 0) {
+    if (n == -EAGAIN || n == -EWOULDBLOCK || n == -EINTR) return;
+    fail(std::string("read failed: ") + std::strerror(static_cast<int>(-n)), true);
+    return;
+  }
+  handle_frames();
+}
+
+void Compiler::handle_frames() {
+  protocol::FrameView fv;
+  while (process_ && process_->reader().next(fv)) {
+    std::string why;
+    switch (fv.frame->body_type()) {
+      case wire::Body::Hello: {
+        protocol::WorkerMessage m;
+        if (ready_) {
+          why = "said hello twice";
+        } else if (protocol::decode_worker_frame(fv.frame, &m, &why)) {
+          ready_ = true;
+          process_->greet();
+          send_next();
+          continue;
+        }
+        break;
+      }
+      case wire::Body::Compiled:
+        if (!ready_) {
+          why = "answered before its hello";
+        } else if (accept(fv.frame->body_as_Compiled(), &why)) {
+          failures_ = 0;
+          uv_timer_stop(&deadline_);
+          in_flight_.clear();
+          send_next();
+          continue;
+        }
+        break;
+      default:
+        why = std::string("sent a frame it may not send (") +
+              wire::EnumNameBody(fv.frame->body_type()) + ")";
+        break;
+    }
+    fail("broke the protocol: " + why, true);
+    return;
+  }
+  if (process_ && process_->reader().error() != protocol::FrameError::kNone)
+    fail(std::string("broke the protocol: ") + protocol::to_string(process_->reader().error()),
+         true);
+  publish();
+}
+
+// Every item is checked before any is kept: a frame that breaks a rule anywhere comes from a
+// process that is not doing what it should, and none of its bytecode is used.
+bool Compiler::accept(const void* compiled_frame, std::string* why) {
+  const auto* c = static_cast<const wire::Compiled*>(compiled_frame);
+  const auto* items = c->items();
+  const std::size_t n = items ? items->size() : 0;
+  if (in_flight_.empty()) {
+    *why = "answered a Compile frame it was not sent";
+    return false;
+  }
+  if (n != in_flight_.size()) {
+    *why =
+        "answered " + std::to_string(n) + " of " + std::to_string(in_flight_.size()) + " sources";
+    return false;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const wire::CompiledItem* item = items->Get(static_cast<flatbuffers::uoffset_t>(i));
+    if (item->ticket() != i) {
+      *why = "answered out of order (ticket " + std::to_string(item->ticket()) + " at " +
+             std::to_string(i) + ")";
+      return false;
+    }
+    switch (item->status()) {
+      case wire::Status::Ok: {
+        const auto* code = item->bytecode();
+        if (!code || code->size() < sizeof kLuaChunkStart ||
+            std::memcmp(code->data(), kLuaChunkStart, sizeof kLuaChunkStart - 1) != 0) {
+          *why = "sent something that is not a Lua 5.4 binary chunk";
+          return false;
+        }
+        break;
+      }
+      case wire::Status::CompileError:
+      case wire::Status::MemoryLimit:
+        break;
+      default:
+        *why = "sent status " + std::to_string(static_cast<int>(item->status()));
+        return false;
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const wire::CompiledItem* item = items->Get(static_cast<flatbuffers::uoffset_t>(i));
+    if (item->status() != wire::Status::Ok ||
+        cached_bytes() + item->bytecode()->size() > opts_.cache_bytes) {
+      // A source that does not compile is sent as it is: the worker gives its error, as always.
+      counters_.refused.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    const Script s = registry_->acquire(in_flight_[i].name.id, in_flight_[i].name.serial);
+    if (!s.valid()) continue;  // freed while it compiled
+    const ScriptRecord* r = s.record();
+    auto* chunk =
+        new CompiledChunk(std::string(reinterpret_cast<const char*>(item->bytecode()->data()),
+                                      item->bytecode()->size()),
+                          account_);
+    const CompiledChunk* none = nullptr;
+    if (r->compiled.compare_exchange_strong(none, chunk, std::memory_order_release,
+                                            std::memory_order_relaxed))
+      counters_.compiled.fetch_add(1, std::memory_order_relaxed);
+    else
+      delete chunk;
+  }
+  return true;
+}
+
+void Compiler::fail(const std::string& why, bool kill) {
+  WorkerProcess* w = process_;
+  if (!w) return;
+  process_ = nullptr;
+  ready_ = false;
+  uv_timer_stop(&deadline_);
+  if (kill) counters_.kills.fetch_add(1, std::memory_order_relaxed);
+  w->mark_dead();  // SIGKILL to its group unless it was reaped
+  w->close_io();
+  if (!stopping_) (*log_)(LogLevel::warn, "outrun: the compile-only process {} {}", w->pid(), why);
+  // Its batch again, one script at a time; a script that fails alone keeps its source path.
+  if (in_flight_.size() == 1) {
+    counters_.refused.fetch_add(1, std::memory_order_relaxed);
+    if (!stopping_)
+      (*log_)(LogLevel::warn,
+              "outrun: script '{}' is not compiled ahead (the compile-only process failed on "
+              "it); its workers compile its source",
+              in_flight_.front().chunk_name);
+  } else {
+    for (auto it = in_flight_.rbegin(); it != in_flight_.rend(); ++it) singles_.push_back(it->name);
+  }
+  in_flight_.clear();
+  publish();
+  if (stopping_) return;
+  const int64_t delay = std::min(kMaxBackoffMs, kFirstBackoffMs << std::min(failures_, 6));
+  ++failures_;
+  uv_timer_start(&restart_, &Compiler::on_restart, static_cast<uint64_t>(delay), 0);
+}
+
+void Compiler::on_deadline(uv_timer_t* t) {
+  auto* self = static_cast<Compiler*>(t->data);
+  self->fail("did not answer in time and was killed", true);
+}
+
+void Compiler::on_restart(uv_timer_t* t) {
+  auto* self = static_cast<Compiler*>(t->data);
+  if (self->stopping_ || self->process_) return;
+  if (Error e = self->start()) {
+    (*self->log_)(LogLevel::warn, "outrun: cannot start the compile-only process: {}", e.message);
+    const int64_t delay = kMaxBackoffMs;
+    uv_timer_start(&self->restart_, &Compiler::on_restart, static_cast<uint64_t>(delay), 0);
+  }
+}
+
+void Compiler::shutdown() {
+  if (stopping_) return;
+  stopping_ = true;
+  uv_timer_stop(&deadline_);
+  uv_timer_stop(&restart_);
+  uv_close(reinterpret_cast<uv_handle_t*>(&deadline_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&restart_), nullptr);
+  // It runs nobody's code and holds nothing worth finishing: killed, like a worker past its
+  // shutdown timeout. Its handles close as it exits.
+  if (WorkerProcess* w = process_) {
+    process_ = nullptr;
+    w->mark_dead();
+    w->close_io();
+  }
+  in_flight_.clear();
+  singles_.clear();
+  queue_.clear();
+  queue_head_ = 0;
+  MutexLock lock(mu_);
+  incoming_.clear();
+}
+
+}  // namespace outrun::detail

@@ -1,0 +1,137 @@
+#include "compile_only.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "outrun/protocol/frame.h"
+#include "outrun/protocol/messages.h"
+#include "outrun/protocol/worker_exit.h"
+#include "sandbox.h"
+
+namespace outrun::worker {
+
+using protocol::exit_code;
+using protocol::WorkerExit;
+
+namespace {
+
+bool write_all(int fd, std::span<const uint8_t> data) {
+  const uint8_t* p = data.data();
+  std::size_t left = data.size();
+  while (left > 0) {
+    const ssize_t n = ::send(fd, p, left, MSG_NOSIGNAL);
+    if (n > 0) {
+      p += n;
+      left -= static_cast<std::size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+// One sandboxed state compiles every source in turn (compile() drops the previous chunk first);
+// nothing is ever called in it. A fresh one after a compile that ran out of memory, and every
+// kStateUses compiles, so that what one source left interned never weighs on many others.
+constexpr int kStateUses = 4096;
+
+class Compiler {
+ public:
+  explicit Compiler(const CompileOnlyOptions& o) : opts_(o) {}
+
+  // Answers one Compile frame with one Compiled frame; false when the host cannot be written to.
+  bool answer(const wire::Compile* c) {
+    fbb_.Clear();
+    items_.clear();
+    if (const auto* items = c->items()) {
+      items_.reserve(items->size());
+      for (const wire::CompileItem* item : *items) items_.push_back(compile_one(item));
+    }
+    return write_all(opts_.out_fd, protocol::finish_compiled(fbb_, items_));
+  }
+
+ private:
+  flatbuffers::Offset<wire::CompiledItem> compile_one(const wire::CompileItem* item) {
+    const auto* src = item->source();
+    const auto* name = item->chunk_name();
+    if (!state_ || uses_ >= kStateUses) {
+      std::string err;
+      state_.reset();
+      state_ = sandbox::ScriptState::create(opts_.memory_limit, &err);
+      uses_ = 0;
+      if (!state_)
+        return protocol::build_compiled(fbb_, item->ticket(), wire::Status::MemoryLimit, {}, err);
+    }
+    ++uses_;
+    // The same chunk name the worker gives a source it compiles itself (Worker::script_for).
+    const std::string chunk_name = name ? "=" + name->str() : std::string("=script");
+    const sandbox::Outcome out =
+        state_->compile(src ? src->string_view() : std::string_view{}, chunk_name);
+    if (opts_.page) opts_.page->compiles.fetch_add(1, std::memory_order_relaxed);
+    if (out.status != wire::Status::Ok) {
+      if (out.status == wire::Status::MemoryLimit) state_.reset();
+      return protocol::build_compiled(fbb_, item->ticket(), out.status, {}, out.error);
+    }
+    bytecode_.clear();
+    if (!state_->dump_chunk(&bytecode_)) {
+      state_.reset();
+      return protocol::build_compiled(fbb_, item->ticket(), wire::Status::MemoryLimit, {},
+                                      "out of memory writing the bytecode");
+    }
+    return protocol::build_compiled(fbb_, item->ticket(), wire::Status::Ok, bytecode_, {});
+  }
+
+  const CompileOnlyOptions opts_;
+  std::unique_ptr<sandbox::ScriptState> state_;
+  int uses_ = 0;
+  std::string bytecode_;
+  flatbuffers::FlatBufferBuilder fbb_{1u << 16};
+  std::vector<flatbuffers::Offset<wire::CompiledItem>> items_;
+};
+
+}  // namespace
+
+int run_compile_only(const CompileOnlyOptions& opts) {
+  {
+    flatbuffers::FlatBufferBuilder fbb(128);
+    if (!write_all(opts.out_fd, protocol::encode_hello(fbb, static_cast<int32_t>(getpid()))))
+      return exit_code(WorkerExit::kIo);
+  }
+  Compiler compiler(opts);
+  protocol::FrameReader reader;
+  for (;;) {
+    const long n = reader.read_from(opts.fd);
+    if (n == 0) return exit_code(WorkerExit::kOk);  // the host closed its end
+    if (n < 0) {
+      spdlog::error("read from host failed: {}", std::strerror(static_cast<int>(-n)));
+      return exit_code(WorkerExit::kIo);
+    }
+    protocol::FrameView fv;
+    while (reader.next(fv)) {
+      switch (fv.frame->body_type()) {
+        case wire::Body::Compile:
+          if (!compiler.answer(fv.frame->body_as_Compile())) return exit_code(WorkerExit::kIo);
+          break;
+        case wire::Body::Shutdown:
+          return exit_code(WorkerExit::kOk);
+        default:
+          break;  // nothing else is for a compiler; ignored, like a worker's unknown frames
+      }
+    }
+    if (reader.error() != protocol::FrameError::kNone) {
+      spdlog::error("protocol violation from host: {}", protocol::to_string(reader.error()));
+      return exit_code(WorkerExit::kProtocol);
+    }
+  }
+}
+
+}  // namespace outrun::worker
