@@ -87,6 +87,8 @@ class Compiler {
       return protocol::build_compiled(fbb_, item->ticket(), wire::Status::MemoryLimit, {},
                                       "out of memory writing the bytecode");
     }
+    if (opts_.hooks && opts_.hooks->compiled) [[unlikely]]
+      opts_.hooks->compiled(&bytecode_);
     return protocol::build_compiled(fbb_, item->ticket(), wire::Status::Ok, bytecode_, {});
   }
 

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 
+#include "hooks.h"
 #include "outrun/protocol/status_page.h"
 
 namespace outrun::worker {
@@ -15,6 +16,7 @@ struct CompileOnlyOptions {
   int out_fd = -1;                       // Compiled frames to the host
   std::size_t memory_limit = 16u << 20;  // one compile's Lua memory, as a script's state
   protocol::StatusPage* page = nullptr;  // counts compiles; may be null
+  const Hooks* hooks = nullptr;          // a test build's (hooks.h)
 };
 
 // Serves until the host closes its end (0) or sends Shutdown (0); an exit code otherwise.

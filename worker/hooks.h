@@ -5,6 +5,8 @@
 // `outrun drill garbage|crash-loop` (design/drills.md, "Test faults in the worker").
 #pragma once
 
+#include <string>
+
 namespace outrun::wire {
 struct Evaluation;
 }
@@ -18,6 +20,9 @@ struct Hooks {
   bool (*evaluation)(Worker& worker, const wire::Evaluation* e) = nullptr;
   // After the evaluations of each read were answered.
   void (*batch_done)(Worker& worker) = nullptr;
+  // The compile-only process (compile_only.h), after each successful compile: may change the
+  // bytecode it is about to send.
+  void (*compiled)(std::string* bytecode) = nullptr;
 };
 
 // Called once by main(), after the status page is mapped and before confinement (so a hook may

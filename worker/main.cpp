@@ -207,8 +207,8 @@ int main(int argc, char** argv) {
   }
 
   if (compile_only) {
-    const int rc = run_compile_only(
-        {opts.fd, opts.out_fd < 0 ? opts.fd : opts.out_fd, opts.memory_limit, opts.page});
+    const int rc = run_compile_only({opts.fd, opts.out_fd < 0 ? opts.fd : opts.out_fd,
+                                     opts.memory_limit, opts.page, opts.hooks});
     std::fflush(stderr);
     _exit(rc);
   }

@@ -27,6 +27,8 @@
 // - "pool-stats": an evaluation with a string input named "pool" is answered, RuntimeError, with
 //   the worker's spare and deferred-close counts ("pool spares=N closing=N made=N taken=N"),
 //   touching no script: how tests/host/budget_test.cpp sees what idle time did.
+// - "compiler-garbage": run as the host's compile-only process (--compile-only), it answers
+//   every source that compiled with bytes that are no Lua chunk.
 // - "crash-at-start=PATH": while PATH exists, the worker exits 70 before it says hello (a worker
 //   that cannot start: the crash-loop path).
 //
@@ -61,6 +63,7 @@ enum Fault : uint32_t {
   kGarbage = 1u << 3,
   kCrashOnSource = 1u << 4,
   kPoolStats = 1u << 5,
+  kCompilerGarbage = 1u << 6,
 };
 
 // What OUTRUN_TEST_FAULT asked for; written once by start_hooks(), before any evaluation.
@@ -86,6 +89,8 @@ bool parse(std::string_view list, std::string* crash_at_start, std::string* err)
       g_faults |= kGarbage;
     } else if (name == "pool-stats") {
       g_faults |= kPoolStats;
+    } else if (name == "compiler-garbage") {
+      g_faults |= kCompilerGarbage;
     } else if (name.starts_with(kCrashOnSourceName) && name.size() > kCrashOnSourceName.size()) {
       g_faults |= kCrashOnSource;
       g_crash_on_source = name.substr(kCrashOnSourceName.size());
@@ -94,7 +99,7 @@ bool parse(std::string_view list, std::string* crash_at_start, std::string* err)
     } else {
       *err = "unknown test fault '" + std::string(name) +
              "' (forget-scripts, need-source-loop, escape, garbage, pool-stats, "
-             "crash-on-source=MARKER, crash-at-start=PATH)";
+             "compiler-garbage, crash-on-source=MARKER, crash-at-start=PATH)";
       return false;
     }
   }
@@ -232,7 +237,13 @@ void on_batch_done(Worker& w) {
   if (g_faults & kForgetScripts) w.drop_all_scripts();
 }
 
-const Hooks kHooks{&on_evaluation, &on_batch_done};
+// "compiler-garbage": the compile-only process sends bytes that are no Lua chunk for every
+// source it compiled (a broken or subverted compiler): the host must refuse them all.
+void on_compiled(std::string* bytecode) {
+  if (g_faults & kCompilerGarbage) *bytecode = "garbage, not bytecode";
+}
+
+const Hooks kHooks{&on_evaluation, &on_batch_done, &on_compiled};
 
 }  // namespace
 
