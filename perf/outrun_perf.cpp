@@ -279,6 +279,8 @@ bool apply_knob(HostOptions& o, const std::string& name, const std::string& valu
       o.crash_loop_cooldown = ms();
     } else if (name == "worker_path") {
       o.worker_path = value;
+    } else if (name == "bytecode_cache_bytes") {
+      o.bytecode_cache_bytes = std::stoull(value);
     } else if (name == "busy_poll") {  // microseconds
       o.busy_poll = std::chrono::microseconds(std::stoll(value));
     } else if (name == "worker_address_space_limit") {
@@ -291,7 +293,7 @@ bool apply_knob(HostOptions& o, const std::string& name, const std::string& valu
              "max_queued_while_down restart_delay heartbeat_interval silence_limit single_flight "
              "retries "
              "crash_loop_limit crash_loop_window crash_loop_cooldown worker_path busy_poll(us) "
-             "worker_address_space_limit worker_large_pages)";
+             "worker_address_space_limit worker_large_pages bytecode_cache_bytes)";
       return false;
     }
   } catch (const std::exception& e) {

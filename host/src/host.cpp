@@ -241,6 +241,7 @@ Error Host::register_script(std::string_view key, std::string_view source, Scrip
 CompilerStats Host::compiler_stats() const {
   CompilerStats s;
   const detail::Compiler* c = impl_->compiler.get();
+  s.idle = c == nullptr || c->idle();
   if (!c) return s;
   s.pid = c->pid();
   s.compiled = c->counters().compiled.load(std::memory_order_relaxed);
@@ -248,7 +249,6 @@ CompilerStats Host::compiler_stats() const {
   s.restarts = c->counters().restarts.load(std::memory_order_relaxed);
   s.kills = c->counters().kills.load(std::memory_order_relaxed);
   s.cached_bytes = c->cached_bytes();
-  s.idle = c->idle();
   return s;
 }
 

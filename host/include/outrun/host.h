@@ -238,7 +238,7 @@ struct CompilerStats {
   uint64_t restarts = 0;      // compile-only processes started after the first
   uint64_t kills = 0;         // killed: late, or it broke the protocol
   uint64_t cached_bytes = 0;  // bytecode kept now
-  bool idle = false;          // every registered script was compiled (or refused)
+  bool idle = true;           // every registered script was compiled or refused (or no process)
 };
 
 // Crashes charged to one script record (HostOptions::quarantine_after).
