@@ -174,6 +174,9 @@ bool read_host(const toml::table& t, HostOptions* h, Reader& r) {
     } else if (key == "worker_script_budget_mb") {
       if ((ok = r.integer(n, key, 1, 1 << 30, &v)))
         h->worker_script_budget = static_cast<std::size_t>(v) << 20;
+    } else if (key == "bytecode_cache_mb") {
+      if ((ok = r.integer(n, key, 0, 1 << 20, &v)))
+        h->bytecode_cache_bytes = static_cast<std::size_t>(v) << 20;
     } else if (key == "worker_address_space_limit_mb") {
       if ((ok = r.integer(n, key, 0, 1 << 30, &v)))
         h->worker_address_space_limit = static_cast<std::size_t>(v) << 20;
@@ -339,6 +342,7 @@ std::string to_toml(const DaemonConfig& c) {
       {"grace_ms", static_cast<int64_t>(h.grace.count())},
       {"memory_limit_mb", static_cast<int64_t>(h.memory_limit >> 20)},
       {"worker_script_budget_mb", static_cast<int64_t>(h.worker_script_budget >> 20)},
+      {"bytecode_cache_mb", static_cast<int64_t>(h.bytecode_cache_bytes >> 20)},
       {"worker_address_space_limit_mb", static_cast<int64_t>(h.worker_address_space_limit >> 20)},
       {"worker_path", h.worker_path},
       {"start_timeout_ms", static_cast<int64_t>(h.start_timeout.count())},

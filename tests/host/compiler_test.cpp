@@ -129,7 +129,17 @@ TEST_CASE("compiler: one that stops answering is killed at its deadline, its bat
     CHECK(get(host->evaluate(more[static_cast<std::size_t>(i)], {{"a", 1}})).value ==
           Value(int64_t{2 + i}));
   REQUIRE(eventually([&] { return host->compiler_stats().kills >= 1; }, 15s));
-  REQUIRE(eventually([&] { return compiled_all(*host, 4); }, 15s));
+  // What was in the stalled frame goes again one source per frame; a frame of one source that
+  // fails is given up (that script keeps its source path). Which of m.* were in it depends on
+  // timing: one alone (given up, the other two compiled by the new process) or more (all
+  // compiled).
+  REQUIRE(eventually(
+      [&] {
+        const CompilerStats c = host->compiler_stats();
+        return c.idle && c.compiled + c.refused >= 4;
+      },
+      15s));
+  CHECK(host->compiler_stats().compiled >= 3);
   CHECK(test::process_gone(pid));
   CHECK(host->compiler_stats().pid != pid);
 }
