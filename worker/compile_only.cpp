@@ -43,6 +43,11 @@ bool write_all(int fd, std::span<const uint8_t> data) {
 // nothing is ever called in it. A fresh one after a compile that ran out of memory, and every
 // kStateUses compiles, so that what one source left interned never weighs on many others.
 constexpr int kStateUses = 4096;
+// The host keeps no bytecode past 1 MiB (kMaxSourceSize: an Evaluate frame with it stays as far
+// below kMaxFrameSize as one with the largest source); and a Compiled frame stays below 12 MiB:
+// what does not fit is answered MemoryLimit, and that script keeps its source path.
+constexpr std::size_t kMaxBytecode = 1u << 20;
+constexpr std::size_t kMaxAnswerBytes = 12u << 20;
 
 class Compiler {
  public:
@@ -87,6 +92,9 @@ class Compiler {
       return protocol::build_compiled(fbb_, item->ticket(), wire::Status::MemoryLimit, {},
                                       "out of memory writing the bytecode");
     }
+    if (bytecode_.size() > kMaxBytecode || fbb_.GetSize() + bytecode_.size() > kMaxAnswerBytes)
+      return protocol::build_compiled(fbb_, item->ticket(), wire::Status::MemoryLimit, {},
+                                      "its bytecode is too large to keep");
     if (opts_.hooks && opts_.hooks->compiled) [[unlikely]]
       opts_.hooks->compiled(&bytecode_);
     return protocol::build_compiled(fbb_, item->ticket(), wire::Status::Ok, bytecode_, {});

@@ -43,6 +43,7 @@ void Compiler::enqueue(const ScriptRecord& r) {
   bool first;
   {
     MutexLock lock(mu_);
+    if (gave_up_.load(std::memory_order_relaxed)) return;
     first = incoming_.empty();
     incoming_.push_back({r.id, r.serial});
     idle_pub_.store(false, std::memory_order_release);
@@ -66,6 +67,9 @@ Error Compiler::start() {
   process_ = w;
   ready_ = false;
   pid_pub_.store(w->pid(), std::memory_order_relaxed);
+  // Its hello has the deadline of a Compile frame: a process stuck before it is killed too.
+  uv_timer_start(&deadline_, &Compiler::on_deadline, static_cast<uint64_t>(opts_.deadline.count()),
+                 0);
   if (ever_started_) counters_.restarts.fetch_add(1, std::memory_order_relaxed);
   ever_started_ = true;
   return {};
@@ -223,6 +227,8 @@ void Compiler::handle_frames() {
           why = "said hello twice";
         } else if (protocol::decode_worker_frame(fv.frame, &m, &why)) {
           ready_ = true;
+          start_failures_ = 0;
+          uv_timer_stop(&deadline_);
           process_->greet();
           send_next();
           continue;
@@ -296,7 +302,7 @@ bool Compiler::accept(const void* compiled_frame, std::string* why) {
   }
   for (std::size_t i = 0; i < n; ++i) {
     const wire::CompiledItem* item = items->Get(static_cast<flatbuffers::uoffset_t>(i));
-    if (item->status() != wire::Status::Ok ||
+    if (item->status() != wire::Status::Ok || item->bytecode()->size() > kMaxBytecode ||
         cached_bytes() + item->bytecode()->size() > opts_.cache_bytes) {
       // A source that does not compile is sent as it is: the worker gives its error, as always.
       counters_.refused.fetch_add(1, std::memory_order_relaxed);
@@ -322,6 +328,7 @@ bool Compiler::accept(const void* compiled_frame, std::string* why) {
 void Compiler::fail(const std::string& why, bool kill) {
   WorkerProcess* w = process_;
   if (!w) return;
+  const bool ready_before = ready_;
   process_ = nullptr;
   ready_ = false;
   uv_timer_stop(&deadline_);
@@ -329,23 +336,56 @@ void Compiler::fail(const std::string& why, bool kill) {
   w->mark_dead();  // SIGKILL to its group unless it was reaped
   w->close_io();
   if (!stopping_) (*log_)(LogLevel::warn, "outrun: the compile-only process {} {}", w->pid(), why);
-  // Its batch again, one script at a time; a script that fails alone keeps its source path.
-  if (in_flight_.size() == 1) {
-    counters_.refused.fetch_add(1, std::memory_order_relaxed);
-    if (!stopping_)
-      (*log_)(LogLevel::warn,
-              "outrun: script '{}' is not compiled ahead (the compile-only process failed on "
-              "it); its workers compile its source",
-              in_flight_.front().chunk_name);
-  } else {
-    for (auto it = in_flight_.rbegin(); it != in_flight_.rend(); ++it) singles_.push_back(it->name);
+  // Its frame again, one script at a time; a script in two failed frames keeps its source path
+  // (a frame of one can fail for reasons of its own: a deadline under load, a kill from outside).
+  if (!ready_before) ++start_failures_;
+  const bool alone = in_flight_.size() == 1;
+  for (auto it = in_flight_.rbegin(); it != in_flight_.rend(); ++it) {
+    if (alone && it->name.retry) {
+      counters_.refused.fetch_add(1, std::memory_order_relaxed);
+      if (!stopping_)
+        (*log_)(LogLevel::warn,
+                "outrun: script '{}' is not compiled ahead (the compile-only process failed on "
+                "it twice); its workers compile its source",
+                it->chunk_name);
+      continue;
+    }
+    singles_.push_back({it->name.id, it->name.serial, true});
   }
   in_flight_.clear();
+  if (!stopping_ && start_failures_ >= kMaxStartFailures) give_up();
   publish();
-  if (stopping_) return;
+  if (stopping_ || given_up_) return;
   const int64_t delay = std::min(kMaxBackoffMs, kFirstBackoffMs << std::min(failures_, 6));
   ++failures_;
   uv_timer_start(&restart_, &Compiler::on_restart, static_cast<uint64_t>(delay), 0);
+}
+
+void Compiler::give_up() {
+  given_up_ = true;
+  gave_up_.store(true, std::memory_order_relaxed);
+  (*log_)(LogLevel::error,
+          "outrun: {} compile-only processes in a row failed before their hello; the host goes "
+          "on without one (workers compile every source)",
+          start_failures_);
+  singles_.clear();
+  queue_.clear();
+  queue_head_ = 0;
+  MutexLock lock(mu_);
+  incoming_.clear();
+}
+
+void Compiler::start_or_retry() {
+  if (stopping_ || given_up_ || process_) return;
+  if (Error e = start()) {
+    (*log_)(LogLevel::warn, "outrun: cannot start the compile-only process: {}", e.message);
+    if (++start_failures_ >= kMaxStartFailures) {
+      give_up();
+      publish();
+      return;
+    }
+    uv_timer_start(&restart_, &Compiler::on_restart, static_cast<uint64_t>(kMaxBackoffMs), 0);
+  }
 }
 
 void Compiler::on_deadline(uv_timer_t* t) {

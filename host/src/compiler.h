@@ -45,6 +45,12 @@ class Compiler final : public WorkerEvents {
   static constexpr std::size_t kBatchItems = 256;
   static constexpr std::size_t kBatchBytes = 4u << 20;  // of source, per Compile frame
   static constexpr int64_t kPerItemMs = 20;
+  // Bytecode past this is not kept (the script keeps its source path): an Evaluate frame with
+  // it stays as far below kMaxFrameSize as one with a source of kMaxSourceSize.
+  static constexpr std::size_t kMaxBytecode = kMaxSourceSize;
+  // Processes in a row that die or stall before their hello (a broken install: an older
+  // outrun-worker that refuses --compile-only): then the host goes on without one, and says so.
+  static constexpr int kMaxStartFailures = 10;
 
   // `wake` runs on any thread to have the loop call pump(); `freed` on the loop once the last
   // process object is gone after shutdown() (the host waits for it like for its workers).
@@ -59,7 +65,9 @@ class Compiler final : public WorkerEvents {
   void enqueue(const ScriptRecord& r) EXCLUDES(mu_);
 
   // Loop thread.
-  Error start();    // spawns the process (start-up does not wait for its hello)
+  // Spawns the process (start-up does not wait for its hello); on failure the restart timer
+  // tries again.
+  void start_first() { start_or_retry(); }
   void pump();      // takes what enqueue() queued; sends the next Compile frame if none is out
   void shutdown();  // Shutdown to the process, its handles closed when it exits
   // Any thread: nothing queued or in flight; the current process (0: none).
@@ -79,8 +87,11 @@ class Compiler final : public WorkerEvents {
   void on_worker_freed(WorkerProcess* w) override;
 
  private:
+  Error start();
   void send_next();
-  void publish();  // idle_pub_, pid_pub_
+  void publish();         // idle_pub_, pid_pub_
+  void start_or_retry();  // start(), or the restart timer when it fails
+  void give_up();
   void handle_frames();
   // The current process failed (`why`): killed, its batch retried one script at a time (or, a
   // batch of one, given up), a new process started after a backoff.
@@ -93,6 +104,7 @@ class Compiler final : public WorkerEvents {
   struct Pending {
     uint32_t id = 0;
     uint64_t serial = 0;
+    bool retry = false;  // it was in a frame whose process failed: a second failure gives it up
   };
   struct InFlight {
     Pending name;
@@ -119,7 +131,9 @@ class Compiler final : public WorkerEvents {
   bool ready_ = false;  // its hello arrived
   bool stopping_ = false;
   int live_ = 0;
-  int failures_ = 0;  // in a row, for the backoff
+  int failures_ = 0;        // in a row, for the backoff
+  int start_failures_ = 0;  // processes in a row that failed before their hello
+  bool given_up_ = false;   // kMaxStartFailures reached: no compile-only process any more
   bool ever_started_ = false;
   uv_timer_t deadline_{};
   uv_timer_t restart_{};
@@ -128,6 +142,7 @@ class Compiler final : public WorkerEvents {
   CompilerCounters counters_;
   std::atomic<bool> idle_pub_{true};
   std::atomic<int> pid_pub_{0};
+  std::atomic<bool> gave_up_{false};  // given_up_, for enqueue()
 };
 
 }  // namespace outrun::detail

@@ -121,10 +121,7 @@ Error Host::Impl::start() {
       }
     }
     // Not waited for: until its hello, new scripts go to the workers with their source.
-    if (compiler)
-      if (Error e = compiler->start())
-        log(LogLevel::warn, "outrun: no compile-only process, workers compile every source: {}",
-            e.message);
+    if (compiler) compiler->start_first();
     run_loop();
   });
   MutexLock lock(start_mu);

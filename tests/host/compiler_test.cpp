@@ -4,8 +4,11 @@
 // its bytecode.
 #include <doctest/doctest.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -203,4 +206,43 @@ TEST_CASE("compiler: an unregistered script's record is not kept alive by the qu
   CHECK(host->registry_stats().scripts == before.scripts);
   REQUIRE(eventually([&] { return host->compiler_stats().idle; }));
   CHECK(host->compiler_stats().compiled < 2000);
+}
+
+TEST_CASE("compiler: one that never says hello is killed at its deadline, the workers go on") {
+  char tmpl[] = "/tmp/outrun-test-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::string wrapper = dir + "/worker";
+  // The compile-only process hangs before its hello (a stuck or wrong binary); workers are real.
+  std::ofstream(wrapper) << "#!/bin/sh\ncase \"$*\" in *--compile-only*) exec sleep 1000;; esac\n"
+                         << "exec '" OUTRUN_TEST_WORKER "' \"$@\"\n";
+  chmod(wrapper.c_str(), 0755);
+  HostOptions o = options();
+  o.worker_path = wrapper;
+  auto host = test::start_host(o);
+  Script a = reg(*host, "a", "return 1 + inputs.a");
+  CHECK(get(host->evaluate(a, {{"a", 1}})).value == Value(int64_t{2}));
+  const int pid = host->compiler_stats().pid;
+  REQUIRE(eventually([&] { return host->compiler_stats().kills >= 1; }, 15s));
+  CHECK(test::process_gone(pid));
+  CHECK(host->compiler_stats().compiled == 0);
+  CHECK(get(host->evaluate(a, {{"a", 2}})).value == Value(int64_t{3}));
+  host.reset();
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("compiler: bytecode larger than 1 MiB is not kept, the script keeps its source path") {
+  auto host = test::start_host(options());
+  std::string src = "local a = inputs.a\nreturn a";
+  for (int i = 0; i < 300000; ++i) src += "+a";  // 600 KB of source, ~3 MB of bytecode
+  Script big = reg(*host, "big", src);
+  REQUIRE(eventually([&] { return host->compiler_stats().idle; }, 30s));
+  CHECK(host->compiler_stats().compiled == 0);
+  CHECK(host->compiler_stats().refused == 1);
+  const uint64_t starts = host->shard_stats(0).starts;
+  REQUIRE(!host->kill_shard(0));
+  REQUIRE(eventually([&] { return restarted(*host, starts); }));
+  const Result r = get(host->evaluate(big, {{"a", 1}}));
+  REQUIRE_MESSAGE(r.status == Status::ok, r.error);
+  CHECK(r.value == Value(int64_t{300001}));
+  CHECK(host->shard_stats(0).worker_compiles == 1);
 }
