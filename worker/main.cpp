@@ -196,6 +196,9 @@ int main(int argc, char** argv) {
   if (!profile_file.empty() &&
       !start_profiler(profile_file + "." + std::to_string(getpid()) + ".prof"))
     _exit(exit_code(WorkerExit::kUsage));
+  // The compile-only process is background work: bytecode for later restarts. At the lowest
+  // priority it takes what the workers (and the host) leave of the CPU, never their share.
+  if (compile_only) setpriority(PRIO_PROCESS, 0, 19);
   ConfineOptions confine_options;
   confine_options.socket_fd = last_fd;
   confine_options.address_space_limit = static_cast<std::size_t>(address_space_limit);
