@@ -15,6 +15,8 @@ uint32_t SlotTable::alloc() {
   }
   slots_[idx].retries = 0;
   slots_[idx].source_resent = false;
+  slots_[idx].sent_bytecode = false;
+  slots_[idx].bytecode_failed = false;
   live_.store(live_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   return idx;
 }

@@ -30,7 +30,9 @@ struct Slot {
   uint32_t generation = 1;
   SlotPlace place = SlotPlace::kFree;
   uint8_t retries = 0;
-  bool source_resent = false;  // NeedSource answered once for it (a second is a violation)
+  bool source_resent = false;    // NeedSource answered once for it (a second is a violation)
+  bool sent_bytecode = false;    // its last send carried the compile-only process's bytecode
+  bool bytecode_failed = false;  // a NeedSource answered that: it gets the source from now on
   Script script;
   Inputs inputs;  // kept to re-send after NeedSource or a restart
   Completion done;

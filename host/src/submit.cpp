@@ -28,20 +28,24 @@ std::string unregistered_message(const detail::ScriptRecord* r) {
 
 flatbuffers::Offset<wire::Evaluation> Host::Impl::build_evaluation(
     flatbuffers::FlatBufferBuilder& f, Shard& sh, uint32_t idx, detail::InputsOffset inputs) {
-  const Slot& slot = sh.table[idx];
+  Slot& slot = sh.table[idx];
   const detail::ScriptRecord* r = slot.script.record();
   if (r->id >= sh.known.size())
     sh.known.resize(std::max<std::size_t>(r->id + 1, sh.known.size() * 2), 0);
   protocol::ScriptSource source;
   const bool with_source = !sh.known[r->id];
+  bool bytecode = false;
   if (with_source) {
     sh.known[r->id] = 1;
     source = {r->sha256, r->source, r->chunk_name, {}};
-    // The compile-only process's bytecode instead, unless the worker asked for the source.
+    // The compile-only process's bytecode instead, unless the worker could not load it.
     if (const detail::CompiledChunk* c = r->compiled.load(std::memory_order_acquire);
-        c && !slot.source_resent)
+        c && !slot.bytecode_failed) {
       source.bytecode = {reinterpret_cast<const uint8_t*>(c->bytes.data()), c->bytes.size()};
+      bytecode = true;
+    }
   }
+  slot.sent_bytecode = bytecode;
   return protocol::build_evaluation(f, detail::SlotTable::id_of(slot, idx), r->id, timeout_us,
                                     inputs, with_source ? &source : nullptr);
 }

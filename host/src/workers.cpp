@@ -317,11 +317,17 @@ void Host::Impl::handle_results(Shard& sh, WorkerProcess*,
       protocol::ResultView r;
       if (!protocol::decode_worker_result(item, &r, violation)) break;
       if (r.status == wire::Status::NeedSource) {
-        if (slot.source_resent) {
+        // After bytecode: it did not load (the source follows, once). Otherwise: the worker
+        // does not hold the script (dropped for its budget, or never sent), which it may say
+        // once per evaluation; the script follows, as bytecode when the host has it.
+        if (slot.sent_bytecode && !slot.bytecode_failed) {
+          slot.bytecode_failed = true;
+        } else if (slot.source_resent) {
           *violation = "asked twice for the source of evaluation " + std::to_string(id);
           break;
+        } else {
+          slot.source_resent = true;
         }
-        slot.source_resent = true;
         const uint32_t sid = slot.script.record()->id;
         if (sid < sh.known.size()) sh.known[sid] = 0;
         slot.place = SlotPlace::kWaiting;

@@ -246,3 +246,28 @@ TEST_CASE("compiler: bytecode larger than 1 MiB is not kept, the script keeps it
   CHECK(r.value == Value(int64_t{300001}));
   CHECK(host->shard_stats(0).worker_compiles == 1);
 }
+
+TEST_CASE("compiler: a script whose bytecode its worker dropped comes back as bytecode, not text") {
+  // 1,000 scripts with a 24 KiB constant in a 16 MiB budget: the worker keeps a quarter of it as
+  // bytecode, so most are dropped and answered NeedSource (budget_test.cpp has the same load).
+  HostOptions o = options();
+  o.worker_script_budget = 16u << 20;
+  auto host = test::start_host(o);
+  std::vector<Script> scripts;
+  const std::string blob(24 * 1024, 'z');
+  for (int i = 0; i < 1000; ++i)
+    scripts.push_back(reg(*host, "blob." + std::to_string(i),
+                          "local s = '" + blob + "'\nreturn #s + inputs.a + " + std::to_string(i)));
+  REQUIRE(eventually([&] { return compiled_all(*host, 1000); }, 30s));
+  for (int round = 0; round < 2; ++round)
+    for (int k = 0; k < 1000; ++k) {
+      const int i = round == 0 ? k : 999 - k;
+      const Result r = get(host->evaluate(scripts[static_cast<std::size_t>(i)], {{"a", 1}}));
+      REQUIRE_MESSAGE(r.status == Status::ok, r.error);
+      REQUIRE(r.value == Value(int64_t{24 * 1024 + 1 + i}));
+    }
+  const ShardStats st = host->shard_stats(0);
+  CHECK(st.worker_compiles == 0);
+  CHECK(st.worker_bytecode_loads > 1000);  // the first round's, and the dropped ones' again
+  CHECK(st.deaths == 0);
+}
