@@ -14,6 +14,7 @@
 #include "outrun/protocol/messages.h"
 #include "outrun/protocol/worker_exit.h"
 #include "sandbox.h"
+#include "worker.h"
 
 namespace outrun::worker {
 
@@ -21,23 +22,6 @@ using protocol::exit_code;
 using protocol::WorkerExit;
 
 namespace {
-
-bool write_all(int fd, std::span<const uint8_t> data) {
-  const uint8_t* p = data.data();
-  std::size_t left = data.size();
-  while (left > 0) {
-    const ssize_t n = ::send(fd, p, left, MSG_NOSIGNAL);
-    if (n > 0) {
-      p += n;
-      left -= static_cast<std::size_t>(n);
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else {
-      return false;
-    }
-  }
-  return true;
-}
 
 // One sandboxed state compiles every source in turn (compile() drops the previous chunk first);
 // nothing is ever called in it. A fresh one after a compile that ran out of memory, and every
@@ -61,7 +45,7 @@ class Compiler {
       items_.reserve(items->size());
       for (const wire::CompileItem* item : *items) items_.push_back(compile_one(item));
     }
-    return write_all(opts_.out_fd, protocol::finish_compiled(fbb_, items_));
+    return send_all(opts_.out_fd, protocol::finish_compiled(fbb_, items_));
   }
 
  private:
@@ -113,7 +97,7 @@ class Compiler {
 int run_compile_only(const CompileOnlyOptions& opts) {
   {
     flatbuffers::FlatBufferBuilder fbb(128);
-    if (!write_all(opts.out_fd, protocol::encode_hello(fbb, static_cast<int32_t>(getpid()))))
+    if (!send_all(opts.out_fd, protocol::encode_hello(fbb, static_cast<int32_t>(getpid()))))
       return exit_code(WorkerExit::kIo);
   }
   Compiler compiler(opts);

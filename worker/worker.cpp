@@ -230,20 +230,27 @@ bool Worker::reclaim(void* self, const sandbox::MemoryAccount* asking, std::size
   return w->evict_down_to(w->budget_.limit - bytes, asking, false);
 }
 
-bool Worker::write_all(const uint8_t* data, std::size_t size) {
-  while (size > 0) {
-    const ssize_t n = ::send(opts_.out_fd, data, size, MSG_NOSIGNAL);
+bool send_all(int fd, std::span<const uint8_t> data) {
+  const uint8_t* p = data.data();
+  std::size_t left = data.size();
+  while (left > 0) {
+    const ssize_t n = ::send(fd, p, left, MSG_NOSIGNAL);
     if (n > 0) {
-      data += n;
-      size -= static_cast<std::size_t>(n);
+      p += n;
+      left -= static_cast<std::size_t>(n);
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else {
-      io_failed_ = true;
       return false;
     }
   }
   return true;
+}
+
+bool Worker::write_all(const uint8_t* data, std::size_t size) {
+  if (send_all(opts_.out_fd, {data, size})) return true;
+  io_failed_ = true;
+  return false;
 }
 
 bool Worker::send_hello() {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,6 +50,9 @@ inline constexpr std::size_t kSpareStates = 16;
 // Serves the host until it closes the pipe or sends Shutdown. Single-threaded: reads every
 // frame that has arrived, runs the evaluations in order, and answers with one write per batch
 // (or sooner when results have waited kMaxResultHoldNs).
+// Sends all of `data` on `fd` (MSG_NOSIGNAL, EINTR retried); false when the socket failed.
+bool send_all(int fd, std::span<const uint8_t> data);
+
 class Worker {
  public:
   explicit Worker(const WorkerOptions& options);

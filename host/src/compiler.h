@@ -137,7 +137,6 @@ class Compiler final : public WorkerEvents {
   bool ever_started_ = false;
   uv_timer_t deadline_{};
   uv_timer_t restart_{};
-  int timers_open_ = 0;
   std::shared_ptr<std::atomic<int64_t>> account_;  // bytes of all kept bytecode
   CompilerCounters counters_;
   std::atomic<bool> idle_pub_{true};
