@@ -110,6 +110,7 @@ std::string Server::stats_json(bool shards_only) const {
     max_queued = std::max<uint64_t>(max_queued, c->writer.queued_bytes());
   }
   const RegistryStats reg = host_->registry_stats();
+  const CompilerStats comp = host_->compiler_stats();
   json j{
       {"version", OUTRUN_VERSION},
       {"pid", getpid()},
@@ -132,6 +133,14 @@ std::string Server::stats_json(bool shards_only) const {
         {"limit", kHardLimitFactor * cfg_.max_client_queued_bytes}}},
       {"scripts", live_scripts_},
       {"registry", {{"scripts", reg.scripts}, {"bytes", reg.bytes}, {"quota", quota_json(quota_)}}},
+      {"compiler",
+       {{"pid", comp.pid},
+        {"compiled", comp.compiled},
+        {"refused", comp.refused},
+        {"restarts", comp.restarts},
+        {"kills", comp.kills},
+        {"bytecode_bytes", comp.cached_bytes},
+        {"idle", comp.idle}}},
       {"evaluations", by_status},
       {"latency_us", latency_json(h)},
       {"shards", shards}};

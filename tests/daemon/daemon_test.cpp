@@ -558,6 +558,8 @@ TEST_CASE("outrund: unregister through outrun::Client and outrun unregister, mem
   const auto before = d.stats();
   REQUIRE(before.contains("registry"));
   CHECK(before["registry"]["scripts"].get<int>() >= 1);
+  REQUIRE(before.contains("compiler"));
+  CHECK(before["compiler"]["pid"].get<int>() > 0);  // the compile-only process runs
   CHECK(!c->unregister_script("unreg.k"));
   // This client knows at once; another one learns it from the daemon.
   outrun::Result r = c->evaluate(s, {}).get();
