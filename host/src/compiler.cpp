@@ -394,13 +394,7 @@ void Compiler::on_deadline(uv_timer_t* t) {
 }
 
 void Compiler::on_restart(uv_timer_t* t) {
-  auto* self = static_cast<Compiler*>(t->data);
-  if (self->stopping_ || self->process_) return;
-  if (Error e = self->start()) {
-    (*self->log_)(LogLevel::warn, "outrun: cannot start the compile-only process: {}", e.message);
-    const int64_t delay = kMaxBackoffMs;
-    uv_timer_start(&self->restart_, &Compiler::on_restart, static_cast<uint64_t>(delay), 0);
-  }
+  static_cast<Compiler*>(t->data)->start_or_retry();
 }
 
 void Compiler::shutdown() {
