@@ -27,10 +27,8 @@ namespace {
 // nothing is ever called in it. A fresh one after a compile that ran out of memory, and every
 // kStateUses compiles, so that what one source left interned never weighs on many others.
 constexpr int kStateUses = 4096;
-// The host keeps no bytecode past 1 MiB (kMaxSourceSize: an Evaluate frame with it stays as far
-// below kMaxFrameSize as one with the largest source); and a Compiled frame stays below 12 MiB:
+// The host keeps no bytecode past kMaxBytecodeSize, and a Compiled frame stays below 12 MiB:
 // what does not fit is answered MemoryLimit, and that script keeps its source path.
-constexpr std::size_t kMaxBytecode = 1u << 20;
 constexpr std::size_t kMaxAnswerBytes = 12u << 20;
 
 class Compiler {
@@ -62,9 +60,9 @@ class Compiler {
     }
     ++uses_;
     // The same chunk name the worker gives a source it compiles itself (Worker::script_for).
-    const std::string chunk_name = name ? "=" + name->str() : std::string("=script");
-    const sandbox::Outcome out =
-        state_->compile(src ? src->string_view() : std::string_view{}, chunk_name);
+    const sandbox::Outcome out = state_->compile(
+        src ? src->string_view() : std::string_view{},
+        sandbox::chunk_name_for(name ? std::optional(name->string_view()) : std::nullopt));
     if (opts_.page) opts_.page->compiles.fetch_add(1, std::memory_order_relaxed);
     if (out.status != wire::Status::Ok) {
       if (out.status == wire::Status::MemoryLimit) state_.reset();
@@ -76,7 +74,8 @@ class Compiler {
       return protocol::build_compiled(fbb_, item->ticket(), wire::Status::MemoryLimit, {},
                                       "out of memory writing the bytecode");
     }
-    if (bytecode_.size() > kMaxBytecode || fbb_.GetSize() + bytecode_.size() > kMaxAnswerBytes)
+    if (bytecode_.size() > protocol::kMaxBytecodeSize ||
+        fbb_.GetSize() + bytecode_.size() > kMaxAnswerBytes)
       return protocol::build_compiled(fbb_, item->ticket(), wire::Status::MemoryLimit, {},
                                       "its bytecode is too large to keep");
     if (opts_.hooks && opts_.hooks->compiled) [[unlikely]]

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -121,5 +122,12 @@ class ScriptState {
 };
 
 int64_t monotonic_ns();
+
+// The Lua chunk name of a script named `key` (Lua's "=name": errors read "key:LINE: ..."); a
+// script sent without a name is "script". The worker and the compile-only process both use it,
+// so a script's bytecode names it as the worker's own compile would.
+inline std::string chunk_name_for(std::optional<std::string_view> key) {
+  return key ? "=" + std::string(*key) : std::string("=script");
+}
 
 }  // namespace outrun::sandbox

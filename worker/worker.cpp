@@ -358,9 +358,7 @@ Worker::Script* Worker::script_for(const wire::Evaluation* e) {
           {reinterpret_cast<const char*>(src.bytecode.data()), src.bytecode.size()});
       if (s->compile_outcome.status != wire::Status::Ok) return nullptr;  // NeedSource
     } else {
-      const std::string name =
-          src.chunk_name ? "=" + std::string(*src.chunk_name) : std::string("=script");
-      s->compile_outcome = s->state->compile(src.source, name);
+      s->compile_outcome = s->state->compile(src.source, sandbox::chunk_name_for(src.chunk_name));
     }
     if (opts_.page) {
       bump(from_bytecode && s->state ? &opts_.page->bytecode_loads : &opts_.page->compiles);

@@ -16,10 +16,6 @@ namespace {
 // What every Lua 5.4 binary chunk starts with (lundump.h: LUA_SIGNATURE, then the version byte).
 constexpr char kLuaChunkStart[] = "\x1bLua\x54";
 
-constexpr uint64_t kLingerMs = 1000;
-constexpr int64_t kFirstBackoffMs = 100;
-constexpr int64_t kMaxBackoffMs = 5000;
-
 }  // namespace
 
 Compiler::Compiler(uv_loop_t* loop, const Log* log, const ScriptRegistry* registry,
@@ -30,6 +26,7 @@ Compiler::Compiler(uv_loop_t* loop, const Log* log, const ScriptRegistry* regist
       opts_(std::move(opts)),
       wake_(std::move(wake)),
       freed_(std::move(freed)),
+      policy_(-1, opts_.restart),
       account_(std::make_shared<std::atomic<int64_t>>(0)) {
   uv_timer_init(loop_, &deadline_);
   deadline_.data = this;
@@ -43,7 +40,6 @@ void Compiler::enqueue(const ScriptRecord& r) {
   bool first;
   {
     MutexLock lock(mu_);
-    if (gave_up_.load(std::memory_order_relaxed)) return;
     first = incoming_.empty();
     incoming_.push_back({r.id, r.serial});
     idle_pub_.store(false, std::memory_order_release);
@@ -78,19 +74,8 @@ Error Compiler::start() {
 void Compiler::pump() {
   {
     MutexLock lock(mu_);
-    if (!incoming_.empty()) {
-      if (queue_head_ == queue_.size()) {
-        queue_.clear();
-        queue_head_ = 0;
-      }
-      if (queue_.empty()) {
-        queue_.swap(incoming_);
-      } else {
-        queue_.insert(queue_.end(), std::make_move_iterator(incoming_.begin()),
-                      std::make_move_iterator(incoming_.end()));
-        incoming_.clear();
-      }
-    }
+    queue_.insert(queue_.end(), incoming_.begin(), incoming_.end());
+    incoming_.clear();
   }
   send_next();
   publish();
@@ -99,9 +84,8 @@ void Compiler::pump() {
 void Compiler::publish() {
   pid_pub_.store(process_ ? process_->pid() : 0, std::memory_order_relaxed);
   MutexLock lock(mu_);
-  idle_pub_.store(
-      incoming_.empty() && in_flight_.empty() && singles_.empty() && queue_head_ == queue_.size(),
-      std::memory_order_release);
+  idle_pub_.store(incoming_.empty() && in_flight_.empty() && singles_.empty() && queue_.empty(),
+                  std::memory_order_release);
 }
 
 std::size_t Compiler::cached_bytes() const {
@@ -134,14 +118,11 @@ void Compiler::send_next() {
     singles_.pop_back();
     take(p, &bytes);
   }
-  while (in_flight_.empty() && queue_head_ < queue_.size()) {
-    while (queue_head_ < queue_.size() && in_flight_.size() < kBatchItems && bytes < kBatchBytes)
-      take(queue_[queue_head_++], &bytes);
-    if (queue_head_ == queue_.size()) {
-      queue_.clear();
-      queue_head_ = 0;
+  if (in_flight_.empty())
+    while (!queue_.empty() && in_flight_.size() < kBatchItems && bytes < kBatchBytes) {
+      take(queue_.front(), &bytes);
+      queue_.pop_front();
     }
-  }
   if (in_flight_.empty()) return;
   std::vector<protocol::CompileRequest> reqs;
   reqs.reserve(in_flight_.size());
@@ -150,7 +131,7 @@ void Compiler::send_next() {
   flatbuffers::FlatBufferBuilder fbb(bytes + 1024 * in_flight_.size() + 1024);
   const auto frame = protocol::encode_compile(fbb, reqs);
   if (process_->writer()->write(frame) == protocol::FrameWriter::State::kClosed) {
-    fail("its socket is closed", true);
+    fail("its socket is closed", DeathCause::kProtocol);
     return;
   }
   const auto ms = static_cast<uint64_t>(opts_.deadline.count() +
@@ -171,7 +152,7 @@ void Compiler::on_worker_exit(WorkerProcess* w) {
   const auto& x = *w->exit_status();
   fail(x.signal != 0 ? "was killed by signal " + std::to_string(x.signal)
                      : "exited with code " + std::to_string(x.code),
-       false);
+       x.signal != 0 ? DeathCause::kCrash : DeathCause::kExit);
 }
 
 void Compiler::on_worker_stream_error(WorkerProcess* w) {
@@ -180,7 +161,7 @@ void Compiler::on_worker_stream_error(WorkerProcess* w) {
 
 void Compiler::on_worker_linger_expired(WorkerProcess* w) {
   if (w == process_) {
-    fail("closed its stream and did not exit", true);
+    fail("closed its stream and did not exit", DeathCause::kProtocol);
   } else {
     w->mark_dead();
     w->close_io();
@@ -210,7 +191,7 @@ void Compiler::on_worker_readable(WorkerProcess* w) {
   }
   if (n < 0) {
     if (n == -EAGAIN || n == -EWOULDBLOCK || n == -EINTR) return;
-    fail(std::string("read failed: ") + std::strerror(static_cast<int>(-n)), true);
+    fail(std::string("read failed: ") + std::strerror(static_cast<int>(-n)), DeathCause::kProtocol);
     return;
   }
   handle_frames();
@@ -227,7 +208,6 @@ void Compiler::handle_frames() {
           why = "said hello twice";
         } else if (protocol::decode_worker_frame(fv.frame, &m, &why)) {
           ready_ = true;
-          start_failures_ = 0;
           uv_timer_stop(&deadline_);
           process_->greet();
           send_next();
@@ -239,7 +219,6 @@ void Compiler::handle_frames() {
         if (!ready_) {
           why = "answered before its hello";
         } else if (accept(fv.frame->body_as_Compiled(), &why)) {
-          failures_ = 0;
           uv_timer_stop(&deadline_);
           in_flight_.clear();
           send_next();
@@ -251,19 +230,18 @@ void Compiler::handle_frames() {
               wire::EnumNameBody(fv.frame->body_type()) + ")";
         break;
     }
-    fail("broke the protocol: " + why, true);
+    fail("broke the protocol: " + why, DeathCause::kProtocol);
     return;
   }
   if (process_ && process_->reader().error() != protocol::FrameError::kNone)
     fail(std::string("broke the protocol: ") + protocol::to_string(process_->reader().error()),
-         true);
+         DeathCause::kProtocol);
   publish();
 }
 
 // Every item is checked before any is kept: a frame that breaks a rule anywhere comes from a
 // process that is not doing what it should, and none of its bytecode is used.
-bool Compiler::accept(const void* compiled_frame, std::string* why) {
-  const auto* c = static_cast<const wire::Compiled*>(compiled_frame);
+bool Compiler::accept(const wire::Compiled* c, std::string* why) {
   const auto* items = c->items();
   const std::size_t n = items ? items->size() : 0;
   if (in_flight_.empty()) {
@@ -302,7 +280,8 @@ bool Compiler::accept(const void* compiled_frame, std::string* why) {
   }
   for (std::size_t i = 0; i < n; ++i) {
     const wire::CompiledItem* item = items->Get(static_cast<flatbuffers::uoffset_t>(i));
-    if (item->status() != wire::Status::Ok || item->bytecode()->size() > kMaxBytecode ||
+    if (item->status() != wire::Status::Ok ||
+        item->bytecode()->size() > protocol::kMaxBytecodeSize ||
         cached_bytes() + item->bytecode()->size() > opts_.cache_bytes) {
       // A source that does not compile is sent as it is: the worker gives its error, as always.
       counters_.refused.fetch_add(1, std::memory_order_relaxed);
@@ -325,20 +304,18 @@ bool Compiler::accept(const void* compiled_frame, std::string* why) {
   return true;
 }
 
-void Compiler::fail(const std::string& why, bool kill) {
+void Compiler::fail(const std::string& why, DeathCause cause) {
   WorkerProcess* w = process_;
   if (!w) return;
-  const bool ready_before = ready_;
   process_ = nullptr;
   ready_ = false;
   uv_timer_stop(&deadline_);
-  if (kill) counters_.kills.fetch_add(1, std::memory_order_relaxed);
+  if (cause == DeathCause::kProtocol) counters_.kills.fetch_add(1, std::memory_order_relaxed);
   w->mark_dead();  // SIGKILL to its group unless it was reaped
   w->close_io();
   if (!stopping_) (*log_)(LogLevel::warn, "outrun: the compile-only process {} {}", w->pid(), why);
   // Its frame again, one script at a time; a script in two failed frames keeps its source path
   // (a frame of one can fail for reasons of its own: a deadline under load, a kill from outside).
-  if (!ready_before) ++start_failures_;
   const bool alone = in_flight_.size() == 1;
   for (auto it = in_flight_.rbegin(); it != in_flight_.rend(); ++it) {
     if (alone && it->name.retry) {
@@ -353,44 +330,43 @@ void Compiler::fail(const std::string& why, bool kill) {
     singles_.push_back({it->name.id, it->name.serial, true});
   }
   in_flight_.clear();
-  if (!stopping_ && start_failures_ >= kMaxStartFailures) give_up();
   publish();
-  if (stopping_ || given_up_) return;
-  const int64_t delay = std::min(kMaxBackoffMs, kFirstBackoffMs << std::min(failures_, 6));
-  ++failures_;
-  uv_timer_start(&restart_, &Compiler::on_restart, static_cast<uint64_t>(delay), 0);
+  if (stopping_) return;
+  Death d;
+  d.cause = cause;
+  d.uptime = Clock::now() - w->started_at();
+  if (const auto& x = w->exit_status()) {
+    d.exit_code = x->code;
+    d.signal = x->signal;
+  }
+  d.how = why;
+  schedule_restart(policy_.on_death(d, Clock::now()));
 }
 
-void Compiler::give_up() {
-  given_up_ = true;
-  gave_up_.store(true, std::memory_order_relaxed);
-  (*log_)(LogLevel::error,
-          "outrun: {} compile-only processes in a row failed before their hello; the host goes "
-          "on without one (workers compile every source)",
-          start_failures_);
-  singles_.clear();
-  queue_.clear();
-  queue_head_ = 0;
-  MutexLock lock(mu_);
-  incoming_.clear();
+// The shards' restart policy: backoff after quick crashes, and a crash loop (a cool-down, then a
+// new try) for a process that keeps failing or cannot run at all (an outrun-worker that does not
+// know --compile-only exits with the usage code). Until then new scripts wait in the queue, and
+// the workers compile every source they are sent.
+void Compiler::schedule_restart(const RestartDecision& d) {
+  if (d.kind == RestartDecision::Kind::kCrashLoop)
+    (*log_)(LogLevel::error,
+            "outrun: the compile-only process keeps failing; the next one starts in {} ms "
+            "(meanwhile the workers compile every source)",
+            d.delay.count());
+  uv_timer_start(&restart_, &Compiler::on_restart, static_cast<uint64_t>(d.delay.count()), 0);
 }
 
 void Compiler::start_or_retry() {
-  if (stopping_ || given_up_ || process_) return;
+  if (stopping_ || process_) return;
   if (Error e = start()) {
     (*log_)(LogLevel::warn, "outrun: cannot start the compile-only process: {}", e.message);
-    if (++start_failures_ >= kMaxStartFailures) {
-      give_up();
-      publish();
-      return;
-    }
-    uv_timer_start(&restart_, &Compiler::on_restart, static_cast<uint64_t>(kMaxBackoffMs), 0);
+    schedule_restart(policy_.on_start_failure(e.message, Clock::now()));
   }
 }
 
 void Compiler::on_deadline(uv_timer_t* t) {
   auto* self = static_cast<Compiler*>(t->data);
-  self->fail("did not answer in time and was killed", true);
+  self->fail("did not answer in time and was killed", DeathCause::kProtocol);
 }
 
 void Compiler::on_restart(uv_timer_t* t) {
@@ -414,7 +390,6 @@ void Compiler::shutdown() {
   in_flight_.clear();
   singles_.clear();
   queue_.clear();
-  queue_head_ = 0;
   MutexLock lock(mu_);
   incoming_.clear();
 }

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -21,6 +22,7 @@
 #include "log.h"
 #include "outrun/runner.h"
 #include "outrun/thread_annotations.h"
+#include "restart_policy.h"
 #include "script_registry.h"
 #include "worker_process.h"
 
@@ -29,7 +31,8 @@ namespace outrun::detail {
 struct CompilerOptions {
   SpawnSpec spawn;                     // --compile-only 1 is added
   std::size_t cache_bytes = 0;         // what all kept bytecode may hold together
-  std::chrono::milliseconds deadline;  // per Compile frame, plus kPerItemMs per script in it
+  std::chrono::milliseconds deadline;  // its hello, and per Compile frame plus kPerItemMs each
+  RestartConfig restart;               // the shards' backoff and crash loop, applied to it
 };
 
 // Counters (any thread).
@@ -45,12 +48,6 @@ class Compiler final : public WorkerEvents {
   static constexpr std::size_t kBatchItems = 256;
   static constexpr std::size_t kBatchBytes = 4u << 20;  // of source, per Compile frame
   static constexpr int64_t kPerItemMs = 20;
-  // Bytecode past this is not kept (the script keeps its source path): an Evaluate frame with
-  // it stays as far below kMaxFrameSize as one with a source of kMaxSourceSize.
-  static constexpr std::size_t kMaxBytecode = kMaxSourceSize;
-  // Processes in a row that die or stall before their hello (a broken install: an older
-  // outrun-worker that refuses --compile-only): then the host goes on without one, and says so.
-  static constexpr int kMaxStartFailures = 10;
 
   // `wake` runs on any thread to have the loop call pump(); `freed` on the loop once the last
   // process object is gone after shutdown() (the host waits for it like for its workers).
@@ -91,12 +88,13 @@ class Compiler final : public WorkerEvents {
   void send_next();
   void publish();         // idle_pub_, pid_pub_
   void start_or_retry();  // start(), or the restart timer when it fails
-  void give_up();
+  void schedule_restart(const RestartDecision& d);
   void handle_frames();
-  // The current process failed (`why`): killed, its batch retried one script at a time (or, a
-  // batch of one, given up), a new process started after a backoff.
-  void fail(const std::string& why, bool kill);
-  bool accept(const void* compiled_frame, std::string* why);
+  // The current process failed (`why`, `cause` for the restart policy): killed, its frame's
+  // sources retried one per frame (a source in two failed frames is given up), the next process
+  // started when the policy says.
+  void fail(const std::string& why, DeathCause cause);
+  bool accept(const wire::Compiled* c, std::string* why);
   static void on_deadline(uv_timer_t* t);
   static void on_restart(uv_timer_t* t);
 
@@ -123,25 +121,21 @@ class Compiler final : public WorkerEvents {
   std::vector<Pending> incoming_ GUARDED_BY(mu_);
 
   // Loop thread.
-  std::vector<Pending> queue_;    // to compile, in order; singles_ first
-  std::vector<Pending> singles_;  // of a batch whose process failed: retried one at a time
-  std::size_t queue_head_ = 0;
+  std::deque<Pending> queue_;        // to compile, in order; singles_ first
+  std::vector<Pending> singles_;     // of a frame whose process failed: retried one at a time
   std::vector<InFlight> in_flight_;  // the Compile frame out now
   WorkerProcess* process_ = nullptr;
   bool ready_ = false;  // its hello arrived
   bool stopping_ = false;
   int live_ = 0;
-  int failures_ = 0;        // in a row, for the backoff
-  int start_failures_ = 0;  // processes in a row that failed before their hello
-  bool given_up_ = false;   // kMaxStartFailures reached: no compile-only process any more
   bool ever_started_ = false;
+  RestartPolicy policy_;
   uv_timer_t deadline_{};
   uv_timer_t restart_{};
   std::shared_ptr<std::atomic<int64_t>> account_;  // bytes of all kept bytecode
   CompilerCounters counters_;
   std::atomic<bool> idle_pub_{true};
   std::atomic<int> pid_pub_{0};
-  std::atomic<bool> gave_up_{false};  // given_up_, for enqueue()
 };
 
 }  // namespace outrun::detail

@@ -100,6 +100,7 @@ Error Host::Impl::start() {
     co.spawn = worker_spec(-1);
     co.cache_bytes = opts.bytecode_cache_bytes;
     co.deadline = std::chrono::milliseconds(2000);
+    co.restart = restart;
     compiler = std::make_unique<detail::Compiler>(
         &loop, &log, &registry, std::move(co), [this] { wake(); },
         [this] {

@@ -253,7 +253,7 @@ uint64_t resident_bytes(int pid);
 // Backoff and crash-loop constants (see HostOptions for the configurable ones).
 inline constexpr auto kMaxRestartDelay = std::chrono::milliseconds(5000);
 inline constexpr auto kHealthyUptime = std::chrono::milliseconds(1000);
-inline constexpr uint64_t kLingerMs = 1000;
+using detail::kLingerMs;
 // Frames of evaluations are cut at this size so a large batch never nears kMaxFrameSize.
 inline constexpr std::size_t kFrameCutBytes = 1u << 20;
 inline constexpr std::size_t kFrameCutItems = 4096;

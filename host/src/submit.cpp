@@ -34,7 +34,6 @@ flatbuffers::Offset<wire::Evaluation> Host::Impl::build_evaluation(
     sh.known.resize(std::max<std::size_t>(r->id + 1, sh.known.size() * 2), 0);
   protocol::ScriptSource source;
   const bool with_source = !sh.known[r->id];
-  bool bytecode = false;
   if (with_source) {
     sh.known[r->id] = 1;
     source = {r->sha256, r->source, r->chunk_name, {}};
@@ -42,10 +41,9 @@ flatbuffers::Offset<wire::Evaluation> Host::Impl::build_evaluation(
     if (const detail::CompiledChunk* c = r->compiled.load(std::memory_order_acquire);
         c && !slot.bytecode_failed) {
       source.bytecode = {reinterpret_cast<const uint8_t*>(c->bytes.data()), c->bytes.size()};
-      bytecode = true;
     }
+    slot.sent_bytecode = !source.bytecode.empty();  // only on this path: none per evaluation
   }
-  slot.sent_bytecode = bytecode;
   return protocol::build_evaluation(f, detail::SlotTable::id_of(slot, idx), r->id, timeout_us,
                                     inputs, with_source ? &source : nullptr);
 }

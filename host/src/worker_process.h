@@ -176,6 +176,9 @@ class WorkerProcess {
 };
 
 inline constexpr std::size_t kMaxWorkerLogBytes = 64u << 10;  // per worker process
+// After its stream ended, how long a worker (or the compile-only process) has to exit before it
+// is killed.
+inline constexpr uint64_t kLingerMs = 1000;
 
 const char* to_string(WorkerProcess::Life l);
 

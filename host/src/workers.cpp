@@ -322,6 +322,7 @@ void Host::Impl::handle_results(Shard& sh, WorkerProcess*,
         // once per evaluation; the script follows, as bytecode when the host has it.
         if (slot.sent_bytecode && !slot.bytecode_failed) {
           slot.bytecode_failed = true;
+          slot.sent_bytecode = false;
         } else if (slot.source_resent) {
           *violation = "asked twice for the source of evaluation " + std::to_string(id);
           break;

@@ -31,6 +31,10 @@ inline constexpr uint16_t kProtocolVersion = 1;
 // Largest FlatBuffer (the part after the length) a peer may send: 16 MiB. A larger length is a
 // protocol violation and the stream is abandoned (it cannot be resynchronised).
 inline constexpr uint32_t kMaxFrameSize = 16u << 20;
+// The largest bytecode of one script the host keeps from its compile-only process (as large as
+// the largest source, kMaxSourceSize): an Evaluate frame carrying it stays as far below
+// kMaxFrameSize as one carrying a source (design/sandbox.md "The compiler").
+inline constexpr std::size_t kMaxBytecodeSize = 1u << 20;
 
 // Smallest FlatBuffer that can hold a root offset and a table: anything shorter is malformed.
 inline constexpr uint32_t kMinFrameSize = 8;
