@@ -310,8 +310,8 @@ void Compiler::fail(const std::string& why, DeathCause cause) {
   process_ = nullptr;
   ready_ = false;
   uv_timer_stop(&deadline_);
-  if (cause == DeathCause::kProtocol) counters_.kills.fetch_add(1, std::memory_order_relaxed);
   w->mark_dead();  // SIGKILL to its group unless it was reaped
+  if (cause == DeathCause::kProtocol) counters_.kills.fetch_add(1, std::memory_order_relaxed);
   w->close_io();
   if (!stopping_) (*log_)(LogLevel::warn, "outrun: the compile-only process {} {}", w->pid(), why);
   // Its frame again, one script at a time; a script in two failed frames keeps its source path
