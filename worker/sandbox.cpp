@@ -2,8 +2,10 @@
 
 #include <mimalloc.h>
 
+#include <algorithm>
 #include <cstring>
 #include <ctime>
+#include <iterator>
 #include <lua.hpp>
 #include <new>
 
@@ -194,8 +196,8 @@ int safe_collectgarbage(lua_State* L) {
 // A library proxy's metatable: reads go to the library (`__index`), writes raise, and the
 // metatable is hidden (`__metatable`), so the library cannot be reached or changed through it.
 // Leaves the metatable on the stack; its `__index` is set by the caller.
-void push_read_only_metatable(lua_State* L) {
-  lua_createtable(L, 0, 4);
+void push_read_only_metatable(lua_State* L, int more_fields = 0) {
+  lua_createtable(L, 0, 4 + more_fields);
   lua_pushcfunction(L, read_only_newindex);
   lua_setfield(L, -2, "__newindex");
   lua_pushboolean(L, 0);
@@ -278,29 +280,58 @@ int open_os_clocks(lua_State* L) {
 }
 
 // Libraries most scripts never touch are opened on first use: a new script state costs about
-// half as much time and memory (a warm restart creates one per script). Until then the proxy's
-// `__index` is this function; it opens the library, makes it the proxy's `__index`, and answers
-// the read. A script cannot tell the difference: proxies are opaque either way.
-// Upvalues: [1] the proxy's metatable, [2] the library's luaopen function.
+// half as much time and memory (a warm restart creates one per script). Until then every lazy
+// proxy has the same read-only metatable, made once per state, whose `__index` is this function
+// and which maps each proxy to its library (proxy -> index into kLazyLibs, keys no script can
+// reach: the metatable is hidden). On first use it opens the library and gives the proxy a
+// read-only metatable of its own whose `__index` is the library table, so later reads go straight
+// to it. A script cannot tell the difference: proxies are opaque either way. One shared metatable
+// instead of one per library took ~10k instructions off every new state (a fifth of setup_sandbox,
+// design/decisions.md "D-lean-state").
+// Upvalue: [1] the shared metatable.
+struct LazyLib {
+  const char* name;
+  lua_CFunction open;
+};
+constexpr LazyLib kLazyLibs[] = {{LUA_COLIBNAME, open_coroutine},
+                                 {LUA_TABLIBNAME, luaopen_table},
+                                 {LUA_MATHLIBNAME, luaopen_math},
+                                 {LUA_UTF8LIBNAME, luaopen_utf8},
+                                 {LUA_OSLIBNAME, open_os_clocks}};
+constexpr int kLazyLibCount = static_cast<int>(std::size(kLazyLibs));
+
 int open_on_first_use(lua_State* L) {
-  lua_pushvalue(L, lua_upvalueindex(2));
+  lua_pushvalue(L, 1);
+  const lua_Integer i = lua_rawget(L, lua_upvalueindex(1)) == LUA_TNUMBER ? lua_tointeger(L, -1) : 0;
+  lua_pop(L, 1);
+  if (i < 1 || i > kLazyLibCount) return 0;  // not a proxy of this state: nothing there
+  lua_pushcfunction(L, kLazyLibs[i - 1].open);
   lua_call(L, 0, 1);  // the library table
-  lua_pushvalue(L, -1);
-  lua_setfield(L, lua_upvalueindex(1), "__index");  // later reads go straight to the table
+  push_read_only_metatable(L);
+  lua_pushvalue(L, -2);
+  lua_setfield(L, -2, "__index");  // later reads go straight to the table
+  lua_setmetatable(L, 1);          // from C: __metatable does not stop it
   lua_pushvalue(L, 2);
   lua_rawget(L, -2);
   return 1;
 }
 
-void make_lazy(lua_State* L, const char* name, lua_CFunction open) {
-  lua_newtable(L);  // proxy
-  push_read_only_metatable(L);
+// The five lazy proxies, as globals, sharing one metatable.
+void make_lazy_libs(lua_State* L) {
+  push_read_only_metatable(L, kLazyLibCount);
   lua_pushvalue(L, -1);
-  lua_pushcfunction(L, open);
-  lua_pushcclosure(L, open_on_first_use, 2);
+  lua_pushcclosure(L, open_on_first_use, 1);
   lua_setfield(L, -2, "__index");
-  lua_setmetatable(L, -2);
-  lua_setglobal(L, name);
+  for (int i = 0; i < kLazyLibCount; ++i) {
+    lua_newtable(L);  // proxy
+    lua_pushvalue(L, -1);
+    lua_pushinteger(L, i + 1);
+    lua_rawset(L, -4);  // metatable[proxy] = i + 1
+    lua_pushvalue(L, -2);
+    lua_setmetatable(L, -2);
+    lua_setglobal(L, kLazyLibs[i].name);
+  }
+  lua_pop(L, 1);
 }
 
 void wrap_global(lua_State* L, const char* name, lua_CFunction fn) {
@@ -353,11 +384,7 @@ int setup_sandbox(lua_State* L) {
   lua_pop(L, 2);
 
   make_read_only(L, LUA_STRLIBNAME);
-  make_lazy(L, LUA_COLIBNAME, open_coroutine);
-  make_lazy(L, LUA_TABLIBNAME, luaopen_table);
-  make_lazy(L, LUA_MATHLIBNAME, luaopen_math);
-  make_lazy(L, LUA_UTF8LIBNAME, luaopen_utf8);
-  make_lazy(L, LUA_OSLIBNAME, open_os_clocks);
+  make_lazy_libs(L);
   return 0;
 }
 
@@ -483,6 +510,14 @@ std::unique_ptr<ScriptState> ScriptState::create(std::size_t memory_limit, std::
     return nullptr;  // the destructor closes the state
   }
   lua_gc(s->L_, LUA_GCRESTART);
+  // The state starts as though a collection had just ended: the first one starts once it has
+  // allocated as much again as it holds (LUA_GCPAUSE's 200 %). RESTART leaves the collector's
+  // debt at 0, so the first allocation after it (the chunk's load, the inputs table) began a
+  // cycle that marked the whole bare state: ~9k instructions of a miss's ~122k, for a state that,
+  // with more scripts than the budget holds, is often evicted after that one evaluation. A
+  // negative LUA_GCSTEP adds a negative debt (lapi.c: debt = data * 1024 + GCdebt) and runs no
+  // step (design/decisions.md "D-lean-state").
+  lua_gc(s->L_, LUA_GCSTEP, -static_cast<int>(std::max<std::size_t>(1, s->account_->used / 1024)));
   lua_sethook(s->L_, count_hook, LUA_MASKCOUNT, kHookInterval);
   return s;
 }

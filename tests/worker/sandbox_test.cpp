@@ -1051,6 +1051,10 @@ TEST_CASE("sandbox globals: libraries opened on first use behave like opened one
       unknown = math.no_such_thing == nil, raw = rawget(math, "pi") == nil, mt = getmetatable(math),
       co = coroutine.isyieldable(), tab = table.concat({"a", "b"}), utf = utf8.char(72), os = math.type(os.time()),
       no_exit = os.exit == nil,
+      -- math.random is a closure over its generator's state: one library, opened once per state
+      seeded = (function() math.randomseed(7); local x = math.random(1, 1 << 40); math.randomseed(7)
+                           return x == math.random(1, 1 << 40) end)(),
+      same_random = rawequal(math.random, math.random),
     })");
   for (int i = 0; i < 3; ++i) {
     const Result res = r.run(s);
@@ -1062,6 +1066,8 @@ TEST_CASE("sandbox globals: libraries opened on first use behave like opened one
     CHECK(*find(m, "unknown") == Value(true));
     CHECK(*find(m, "raw") == Value(true));
     CHECK(*find(m, "mt") == Value(false));
+    CHECK(*find(m, "seeded") == Value(true));
+    CHECK(*find(m, "same_random") == Value(true));
     CHECK(*find(m, "co") == Value(false));
     CHECK(*find(m, "tab") == Value("ab"));
     CHECK(*find(m, "utf") == Value("H"));
