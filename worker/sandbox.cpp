@@ -302,7 +302,8 @@ constexpr int kLazyLibCount = static_cast<int>(std::size(kLazyLibs));
 
 int open_on_first_use(lua_State* L) {
   lua_pushvalue(L, 1);
-  const lua_Integer i = lua_rawget(L, lua_upvalueindex(1)) == LUA_TNUMBER ? lua_tointeger(L, -1) : 0;
+  const lua_Integer i =
+      lua_rawget(L, lua_upvalueindex(1)) == LUA_TNUMBER ? lua_tointeger(L, -1) : 0;
   lua_pop(L, 1);
   if (i < 1 || i > kLazyLibCount) return 0;  // not a proxy of this state: nothing there
   lua_pushcfunction(L, kLazyLibs[i - 1].open);
