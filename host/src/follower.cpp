@@ -74,7 +74,7 @@ void Host::Impl::wait_for_result(Shard& sh, SyncWaiter& me) {
         if (me.done) return;
         if (sh.reading.holder == Holder::kNone && sh.reading.source && !sh.reading.loop_wants &&
             !sh.reading.handoff_read && sh.reading.handoff_violation.empty()) {
-          sh.reading.holder = Holder::kFollower;
+          sh.reading.set_holder(Holder::kFollower);
           me.has_token = true;
         } else {
           // Someone reads (the loop, or a leader that will hand the token on), or the shard has
@@ -92,20 +92,50 @@ void Host::Impl::wait_for_result(Shard& sh, SyncWaiter& me) {
     }
     sh.reading.token.acquire();
     Handoff h;
-    if (w) h = lead(sh, w, me);
-    if (follower_release(sh, me, std::move(h))) wake();
+    if (w) h = lead(sh, w, &me, nullptr, nullptr);
+    if (follower_release(sh, &me, std::move(h))) wake();
   }
 }
 
-Host::Impl::Handoff Host::Impl::lead(Shard& sh, WorkerProcess* w, SyncWaiter& me) {
+// A shard's dispatcher with nothing to run (design/threading.md "Reading dispatchers"): it takes
+// the read token when nobody holds it and reads the shard's results until it has callbacks to
+// run, which it then runs itself after giving the token up: one host wake-up per result instead
+// of the loop's and then the dispatcher's. Giving the token up polls the loop again when
+// evaluations are in flight, so a slow callback delays no read: the loop reads meanwhile.
+bool Host::Impl::dispatcher_read(Shard& sh, std::vector<Delivery>* out,
+                                 const std::atomic<bool>& stop) {
+  WorkerProcess* w = nullptr;
+  {
+    MutexLock lock(sh.reading.mu);
+    if (sh.reading.holder != Holder::kNone || !sh.reading.source || sh.reading.loop_wants ||
+        sh.reading.handoff_read || !sh.reading.handoff_violation.empty() ||
+        !sh.reading.followers.empty())
+      return false;
+    sh.reading.set_holder(Holder::kFollower);
+    w = sh.reading.source;
+  }
+  sh.reading.token.acquire();
+  Handoff h = lead(sh, w, nullptr, out, &stop);
+  if (follower_release(sh, nullptr, std::move(h))) wake();
+  return true;
+}
+
+Host::Impl::Handoff Host::Impl::lead(Shard& sh, WorkerProcess* w, SyncWaiter* me,
+                                     std::vector<Delivery>* out, const std::atomic<bool>* stop) {
   Handoff h;
   thread_local std::vector<Delivery> to_dispatch;
+  std::vector<Delivery>* callbacks = out ? out : &to_dispatch;
   pollfd fds[2] = {{w->result_fd(), POLLIN, 0}, {sh.reading.kick_fd, POLLIN, 0}};
   for (;;) {
     {
       MutexLock lock(sh.reading.mu);
-      me.rd.mu.assert_held();  // me.rd is sh.reading
-      if (me.done || sh.reading.loop_wants || sh.reading.source != w) break;
+      if (sh.reading.loop_wants || sh.reading.source != w) break;
+      if (me) {
+        me->rd.mu.assert_held();  // me->rd is sh.reading
+        if (me->done) break;
+      } else if (stop->load(std::memory_order_relaxed)) {
+        break;
+      }
     }
     const long n = w->reader().read_from(w->result_fd());
     if (n == -EAGAIN) {
@@ -121,7 +151,12 @@ Host::Impl::Handoff Host::Impl::lead(Shard& sh, WorkerProcess* w, SyncWaiter& me
       break;
     }
     sh.reads.fetch_add(1, std::memory_order_relaxed);
-    follow_frames(sh, w, &h, &to_dispatch);
+    follow_frames(sh, w, &h, callbacks);
+    // A dispatcher gives the token up after each read: it runs what it read, and a caller in
+    // evaluate_sync waiting for the token gets it.
+    if (out) break;
+    // A leader in evaluate_sync runs no callback: what it read goes to the dispatcher, per read.
+    if (!to_dispatch.empty()) sh.dispatcher->post(to_dispatch);
     if (h.read || !h.violation.empty()) break;
   }
   return h;
@@ -147,7 +182,6 @@ void Host::Impl::follow_frames(Shard& sh, WorkerProcess* w, Handoff* h,
   // A broken stream: the loop reads its error from the reader and kills the worker.
   if (!h->read && h->violation.empty() && w->reader().error() != protocol::FrameError::kNone)
     h->read = true;
-  if (!to_dispatch->empty()) sh.dispatcher->post(*to_dispatch);  // per read, never batched up
 }
 
 bool Host::Impl::hand_to_follower(Shard& sh) {
@@ -158,7 +192,7 @@ bool Host::Impl::hand_to_follower(Shard& sh) {
     f->rd.mu.assert_held();
     if (!f->done && !f->has_token) {
       f->has_token = true;
-      sh.reading.holder = Holder::kFollower;
+      sh.reading.set_holder(Holder::kFollower);
       f->cv.notify_one();
       return true;
     }
@@ -166,15 +200,17 @@ bool Host::Impl::hand_to_follower(Shard& sh) {
   return false;
 }
 
-bool Host::Impl::follower_release(Shard& sh, SyncWaiter& me, Handoff&& h) {
+bool Host::Impl::follower_release(Shard& sh, SyncWaiter* me, Handoff&& h) {
   sh.reading.token.release();
   // Shard::mu for in_use(): it and loop_paused are read together, under both mutexes, so an
   // evaluation sent while the loop does not poll is either counted here or sees loop_paused
   // (Host::Impl::submit) and asks for the resume itself.
   MutexLock lock(sh.mu);
   MutexLock rlock(sh.reading.mu);
-  me.rd.mu.assert_held();  // me.rd is sh.reading
-  me.has_token = false;
+  if (me) {
+    me->rd.mu.assert_held();  // me->rd is sh.reading
+    me->has_token = false;
+  }
   if (h.read) sh.reading.handoff_read = true;
   if (!h.violation.empty()) {
     sh.reading.handoff_violation = std::move(h.violation);
@@ -182,16 +218,16 @@ bool Host::Impl::follower_release(Shard& sh, SyncWaiter& me, Handoff&& h) {
   }
   if (sh.reading.loop_wants) {
     sh.reading.loop_wants = false;
-    sh.reading.holder = Holder::kLoop;
+    sh.reading.set_holder(Holder::kLoop);
     sh.reading.loop_cv.notify_one();
     return false;
   }
   if (sh.reading.handoff_read || !sh.reading.handoff_violation.empty()) {
-    sh.reading.holder = Holder::kNone;
+    sh.reading.set_holder(Holder::kNone);
     return true;  // the loop acts on it (on_wakeup -> attend_reading)
   }
   if (hand_to_follower(sh)) return false;
-  sh.reading.holder = Holder::kNone;
+  sh.reading.set_holder(Holder::kNone);
   return sh.reading.loop_paused.load() && sh.table.in_use() > 0 &&
          !sh.reading.resume_asked.exchange(true);
 }

@@ -48,6 +48,13 @@ struct ReadToken {
 
   Mutex mu;  // after Shard::mu when both are held; also guards every SyncWaiter of the shard
   Holder holder GUARDED_BY(mu) = Holder::kNone;
+  // holder != kNone, readable without `mu`: a submitter reads it under Shard::mu (must_resume),
+  // which every change to kNone is made under too (the releases), so it never misses a release.
+  std::atomic<bool> held{false};
+  void set_holder(Holder h) REQUIRES(mu) {
+    holder = h;
+    held.store(h != Holder::kNone, std::memory_order_relaxed);
+  }
   // The worker a follower may read: set when it is spawned, cleared (so nobody takes the token
   // for it again) when its stream ended, a violation was found, or its death is handled.
   WorkerProcess* source GUARDED_BY(mu) = nullptr;
@@ -106,6 +113,9 @@ struct Shard {
   std::vector<Delivery> to_dispatch;       // scratch: results of one read by the loop
   std::atomic<bool> write_blocked{false};  // a producer handed the rest of a write to the loop
 
+  // The dispatcher's reader of this shard's results (HostOptions::dispatchers_read; null: off).
+  // Declared before the dispatcher, whose thread uses it until it is joined.
+  std::unique_ptr<IdleReader> reader;
   std::unique_ptr<Dispatcher> dispatcher;
   ReadToken reading;
 

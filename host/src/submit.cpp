@@ -16,6 +16,16 @@ using protocol::FrameWriter;
 
 namespace {
 
+// An evaluation was just sent, and the loop may not be polling the shard's result socket (it
+// stopped while a leader or a reading dispatcher held the token: loop_paused). Whoever holds the
+// token now reads it, or sees it in flight when it gives the token up and has the loop poll again
+// (follower_release, loop_release); with nobody holding it, the loop must be asked now (design/
+// threading.md "Leader/follower").
+bool must_resume(Shard& sh) REQUIRES(sh.mu) {
+  return sh.reading.loop_paused.load() && !sh.reading.held.load(std::memory_order_relaxed) &&
+         !sh.reading.resume_asked.exchange(true);
+}
+
 std::string busy_message(const detail::ScriptRecord* r) {
   return "an evaluation of '" + r->key + "' is already in flight (single flight: refuse)";
 }
@@ -126,7 +136,7 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
       // the loop does not poll would go unread unless the loop polls again (design/threading.md
       // "Leader/follower": loop_paused is written under the token's mutex, read here under
       // Shard::mu; a leader giving the token up reads both under both).
-      resume = !waiter && sh.reading.loop_paused.load() && !sh.reading.resume_asked.exchange(true);
+      resume = !waiter && must_resume(sh);
     } else {
       sh.table.admit(script, std::move(inputs), std::move(done), SlotPlace::kWaiting, single);
     }
@@ -225,8 +235,7 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
         }
         if (!evs.empty() && sh.writer->enqueue(finish_evaluate(f, evs.data(), evs.size())))
           writer = sh.writer;
-        resume = !evs.empty() && sh.reading.loop_paused.load() &&
-                 !sh.reading.resume_asked.exchange(true);  // as in submit()
+        resume = !evs.empty() && must_resume(sh);  // as in submit()
       }
       sh.evaluations.fetch_add(accepted, std::memory_order_relaxed);
       if (writer) writer->write_pending();

@@ -134,7 +134,7 @@ void Host::Impl::loop_read(Shard& sh, WorkerProcess* w) {
       }
       return;
     }
-    sh.reading.holder = detail::ReadToken::Holder::kLoop;
+    sh.reading.set_holder(detail::ReadToken::Holder::kLoop);
     buffered = std::exchange(sh.reading.handoff_read, false);
     violation = std::exchange(sh.reading.handoff_violation, {});
   }
@@ -163,7 +163,7 @@ void Host::Impl::loop_release(Shard& sh, WorkerProcess* w, bool poison) {
   MutexLock rlock(sh.reading.mu);
   if (poison && sh.reading.source == w) sh.reading.source = nullptr;
   if (hand_to_follower(sh)) return;
-  sh.reading.holder = detail::ReadToken::Holder::kNone;
+  sh.reading.set_holder(detail::ReadToken::Holder::kNone);
   if (sh.reading.loop_paused.load() && sh.table.in_use() > 0) {
     sh.reading.loop_paused.store(false);
     w->resume_reading();
@@ -182,7 +182,7 @@ void Host::Impl::take_token_for_death(Shard& sh, WorkerProcess* w) {
       return sh.reading.holder == detail::ReadToken::Holder::kLoop;
     });
   } else {
-    sh.reading.holder = detail::ReadToken::Holder::kLoop;
+    sh.reading.set_holder(detail::ReadToken::Holder::kLoop);
   }
   sh.reading.token.acquire();
 }
@@ -418,7 +418,7 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
   {
     sh.reading.token.release();
     MutexLock lock(sh.reading.mu);
-    sh.reading.holder = detail::ReadToken::Holder::kNone;  // nobody reads `w` again
+    sh.reading.set_holder(detail::ReadToken::Holder::kNone);  // nobody reads `w` again
   }
   uv_timer_stop(&sh.watchdog);
 
