@@ -98,9 +98,9 @@ void Host::Impl::wait_for_result(Shard& sh, SyncWaiter& me) {
 }
 
 // A shard's dispatcher with nothing to run (design/threading.md "Reading dispatchers"): it takes
-// the read token when nobody holds it and reads the shard's results until it has callbacks to
-// run, which it then runs itself after giving the token up: one host wake-up per result instead
-// of the loop's and then the dispatcher's. Giving the token up polls the loop again when
+// the read token when nobody holds it, waits for and reads the shard's next results, and runs
+// their callbacks itself after giving the token up: one host wake-up per result instead of the
+// loop's and then the dispatcher's. Giving the token up polls the loop again when
 // evaluations are in flight, so a slow callback delays no read: the loop reads meanwhile.
 bool Host::Impl::dispatcher_read(Shard& sh, std::vector<Delivery>* out,
                                  const std::atomic<bool>& stop) {

@@ -133,7 +133,7 @@ struct Host::Impl final : detail::WorkerEvents {
   void wait_for_result(detail::Shard& sh, detail::SyncWaiter& me);
   // Reads `w`'s results while holding the token: for `me` (evaluate_sync) until its result is
   // in, callbacks posted to the dispatcher per read; or, for the shard's dispatcher (me null),
-  // until it read callbacks, left in `out`, or `stop` is set.
+  // once (waiting for input until then, or until `stop` is set), callbacks left in `out`.
   Handoff lead(detail::Shard& sh, detail::WorkerProcess* w, detail::SyncWaiter* me,
                std::vector<detail::Delivery>* out, const std::atomic<bool>* stop)
       REQUIRES(sh.reading.token);
