@@ -252,9 +252,6 @@ bool apply_knob(HostOptions& o, const std::string& name, const std::string& valu
     } else if (name == "callbacks_on_loop") {
       if (!parse_bool(value, &b)) throw std::invalid_argument("bool");
       o.callbacks_on_loop = b;
-    } else if (name == "dispatchers_read") {
-      if (!parse_bool(value, &b)) throw std::invalid_argument("bool");
-      o.dispatchers_read = b;
     } else if (name == "max_queued_while_down") {
       o.max_queued_while_down = std::stoull(value);
     } else if (name == "restart_delay") {
@@ -296,7 +293,6 @@ bool apply_knob(HostOptions& o, const std::string& name, const std::string& valu
              "max_queued_while_down restart_delay heartbeat_interval silence_limit single_flight "
              "retries "
              "crash_loop_limit crash_loop_window crash_loop_cooldown worker_path busy_poll(us) "
-             "dispatchers_read "
              "worker_address_space_limit worker_large_pages bytecode_cache_bytes)";
       return false;
     }

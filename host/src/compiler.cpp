@@ -16,6 +16,9 @@ namespace {
 // What every Lua 5.4 binary chunk starts with (lundump.h: LUA_SIGNATURE, then the version byte).
 constexpr char kLuaChunkStart[] = "\x1bLua\x54";
 
+// The protocol layer cannot see the API's source limit; the two must stay one size.
+static_assert(protocol::kMaxBytecodeSize == kMaxSourceSize);
+
 }  // namespace
 
 Compiler::Compiler(uv_loop_t* loop, const Log* log, const ScriptRegistry* registry,

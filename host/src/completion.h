@@ -1,7 +1,6 @@
 // How an evaluation reports its result, and the dispatcher threads that run callbacks.
 #pragma once
 
-#include <atomic>
 #include <future>
 #include <memory>
 #include <thread>
@@ -53,24 +52,10 @@ struct Delivery {
   Result result;
 };
 
-// What a dispatcher thread may do instead of sleeping while its queue is empty: the Host's
-// dispatchers read their own shard's results (design/threading.md "Reading dispatchers").
-class IdleReader {
- public:
-  virtual ~IdleReader() = default;
-  // Reads results, leaving the deliveries that run caller code in `*out` (to run next, on this
-  // thread). False when it could not read now (someone else reads): the dispatcher then sleeps
-  // until something is posted. Returns soon after `stop` is set (and interrupt() called).
-  virtual bool read(std::vector<Delivery>* out, const std::atomic<bool>& stop) = 0;
-  // Makes a read() in progress look at `stop` (wakes it where it waits for input).
-  virtual void interrupt() = 0;
-};
-
-// A thread that runs deliveries in order, blocking (never spinning) while there are none. With
-// an IdleReader it reads results itself while it has nothing to run.
+// A thread that runs deliveries in order, blocking (never spinning) while there are none.
 class Dispatcher {
  public:
-  explicit Dispatcher(const Log& log, IdleReader* reader = nullptr);
+  explicit Dispatcher(const Log& log);
   ~Dispatcher();  // stop_and_join()
 
   // Runs what is queued, then joins. Deliveries posted after that run inline on the poster's
@@ -85,17 +70,12 @@ class Dispatcher {
 
  private:
   void run() EXCLUDES(mu_);
-  // After a post or stop: wakes the thread, in its condition variable or in its reader.
-  void wake(bool was_empty, bool reading);
-  const Log& log_;            // the host's, which outlives its dispatchers
-  IdleReader* const reader_;  // null: none; outlives the thread
+  const Log& log_;  // the host's, which outlives its dispatchers
   Mutex mu_;
   CondVar cv_;  // queue_ became non-empty, or stop_
   std::vector<Delivery> queue_ GUARDED_BY(mu_);
   bool stop_ GUARDED_BY(mu_) = false;
-  bool exited_ GUARDED_BY(mu_) = false;   // run() returned: post() delivers inline
-  bool reading_ GUARDED_BY(mu_) = false;  // in reader_->read(): a post interrupts it
-  std::atomic<bool> interrupted_{false};  // what reader_->read() watches; reset before each read
+  bool exited_ GUARDED_BY(mu_) = false;  // run() returned: post() delivers inline
   std::thread thread_;
 };
 

@@ -92,50 +92,20 @@ void Host::Impl::wait_for_result(Shard& sh, SyncWaiter& me) {
     }
     sh.reading.token.acquire();
     Handoff h;
-    if (w) h = lead(sh, w, &me, nullptr, nullptr);
-    if (follower_release(sh, &me, std::move(h))) wake();
+    if (w) h = lead(sh, w, me);
+    if (follower_release(sh, me, std::move(h))) wake();
   }
 }
 
-// A shard's dispatcher with nothing to run (design/threading.md "Reading dispatchers"): it takes
-// the read token when nobody holds it, waits for and reads the shard's next results, and runs
-// their callbacks itself after giving the token up: one host wake-up per result instead of the
-// loop's and then the dispatcher's. Giving the token up polls the loop again when
-// evaluations are in flight, so a slow callback delays no read: the loop reads meanwhile.
-bool Host::Impl::dispatcher_read(Shard& sh, std::vector<Delivery>* out,
-                                 const std::atomic<bool>& stop) {
-  WorkerProcess* w = nullptr;
-  {
-    MutexLock lock(sh.reading.mu);
-    if (sh.reading.holder != Holder::kNone || !sh.reading.source || sh.reading.loop_wants ||
-        sh.reading.handoff_read || !sh.reading.handoff_violation.empty() ||
-        !sh.reading.followers.empty())
-      return false;
-    sh.reading.set_holder(Holder::kFollower);
-    w = sh.reading.source;
-  }
-  sh.reading.token.acquire();
-  Handoff h = lead(sh, w, nullptr, out, &stop);
-  if (follower_release(sh, nullptr, std::move(h))) wake();
-  return true;
-}
-
-Host::Impl::Handoff Host::Impl::lead(Shard& sh, WorkerProcess* w, SyncWaiter* me,
-                                     std::vector<Delivery>* out, const std::atomic<bool>* stop) {
+Host::Impl::Handoff Host::Impl::lead(Shard& sh, WorkerProcess* w, SyncWaiter& me) {
   Handoff h;
   thread_local std::vector<Delivery> to_dispatch;
-  std::vector<Delivery>* callbacks = out ? out : &to_dispatch;
   pollfd fds[2] = {{w->result_fd(), POLLIN, 0}, {sh.reading.kick_fd, POLLIN, 0}};
   for (;;) {
     {
       MutexLock lock(sh.reading.mu);
-      if (sh.reading.loop_wants || sh.reading.source != w) break;
-      if (me) {
-        me->rd.mu.assert_held();  // me->rd is sh.reading
-        if (me->done) break;
-      } else if (stop->load(std::memory_order_relaxed)) {
-        break;
-      }
+      me.rd.mu.assert_held();  // me.rd is sh.reading
+      if (me.done || sh.reading.loop_wants || sh.reading.source != w) break;
     }
     const long n = w->reader().read_from(w->result_fd());
     if (n == -EAGAIN) {
@@ -151,12 +121,7 @@ Host::Impl::Handoff Host::Impl::lead(Shard& sh, WorkerProcess* w, SyncWaiter* me
       break;
     }
     sh.reads.fetch_add(1, std::memory_order_relaxed);
-    follow_frames(sh, w, &h, callbacks);
-    // A dispatcher gives the token up after each read: it runs what it read, and a caller in
-    // evaluate_sync waiting for the token gets it.
-    if (out) break;
-    // A leader in evaluate_sync runs no callback: what it read goes to the dispatcher, per read.
-    if (!to_dispatch.empty()) sh.dispatcher->post(to_dispatch);
+    follow_frames(sh, w, &h, &to_dispatch);
     if (h.read || !h.violation.empty()) break;
   }
   return h;
@@ -182,6 +147,7 @@ void Host::Impl::follow_frames(Shard& sh, WorkerProcess* w, Handoff* h,
   // A broken stream: the loop reads its error from the reader and kills the worker.
   if (!h->read && h->violation.empty() && w->reader().error() != protocol::FrameError::kNone)
     h->read = true;
+  if (!to_dispatch->empty()) sh.dispatcher->post(*to_dispatch);  // per read, never batched up
 }
 
 bool Host::Impl::hand_to_follower(Shard& sh) {
@@ -200,17 +166,15 @@ bool Host::Impl::hand_to_follower(Shard& sh) {
   return false;
 }
 
-bool Host::Impl::follower_release(Shard& sh, SyncWaiter* me, Handoff&& h) {
+bool Host::Impl::follower_release(Shard& sh, SyncWaiter& me, Handoff&& h) {
   sh.reading.token.release();
   // Shard::mu for in_use(): it and loop_paused are read together, under both mutexes, so an
   // evaluation sent while the loop does not poll is either counted here or sees loop_paused
   // (Host::Impl::submit) and asks for the resume itself.
   MutexLock lock(sh.mu);
   MutexLock rlock(sh.reading.mu);
-  if (me) {
-    me->rd.mu.assert_held();  // me->rd is sh.reading
-    me->has_token = false;
-  }
+  me.rd.mu.assert_held();  // me.rd is sh.reading
+  me.has_token = false;
   if (h.read) sh.reading.handoff_read = true;
   if (!h.violation.empty()) {
     sh.reading.handoff_violation = std::move(h.violation);

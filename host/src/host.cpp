@@ -15,23 +15,6 @@
 
 namespace outrun {
 
-namespace {
-// A shard's dispatcher reads the shard's results while it has nothing to run
-// (HostOptions::dispatchers_read; design/threading.md "Reading dispatchers").
-class DispatcherReader final : public detail::IdleReader {
- public:
-  DispatcherReader(Host::Impl* host, detail::Shard* shard) : host_(host), shard_(shard) {}
-  bool read(std::vector<detail::Delivery>* out, const std::atomic<bool>& stop) override {
-    return host_->dispatcher_read(*shard_, out, stop);
-  }
-  void interrupt() override { shard_->reading.kick(); }
-
- private:
-  Host::Impl* const host_;
-  detail::Shard* const shard_;
-};
-}  // namespace
-
 using detail::Completion;
 using detail::Shard;
 
@@ -107,9 +90,7 @@ Error Host::Impl::start() {
   restart.grace = opts.grace;
   for (int i = 0; i < opts.shards; ++i) {
     auto sh = std::make_unique<Shard>(i, restart);
-    if (opts.dispatchers_read && !opts.callbacks_on_loop)
-      sh->reader = std::make_unique<DispatcherReader>(this, sh.get());
-    sh->dispatcher = std::make_unique<detail::Dispatcher>(log, sh->reader.get());
+    sh->dispatcher = std::make_unique<detail::Dispatcher>(log);
     uv_timer_init(&loop, &sh->restart_timer);
     uv_timer_init(&loop, &sh->watchdog);
     shards.push_back(std::move(sh));

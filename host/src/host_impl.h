@@ -131,21 +131,13 @@ struct Host::Impl final : detail::WorkerEvents {
     std::string violation;
   };
   void wait_for_result(detail::Shard& sh, detail::SyncWaiter& me);
-  // Reads `w`'s results while holding the token: for `me` (evaluate_sync) until its result is
-  // in, callbacks posted to the dispatcher per read; or, for the shard's dispatcher (me null),
-  // once (waiting for input until then, or until `stop` is set), callbacks left in `out`.
-  Handoff lead(detail::Shard& sh, detail::WorkerProcess* w, detail::SyncWaiter* me,
-               std::vector<detail::Delivery>* out, const std::atomic<bool>* stop)
+  Handoff lead(detail::Shard& sh, detail::WorkerProcess* w, detail::SyncWaiter& me)
       REQUIRES(sh.reading.token);
-  // The shard's dispatcher thread while it has nothing to run (DispatcherReader); false when
-  // someone else holds the token.
-  bool dispatcher_read(detail::Shard& sh, std::vector<detail::Delivery>* out,
-                       const std::atomic<bool>& stop);
   void follow_frames(detail::Shard& sh, detail::WorkerProcess* w, Handoff* h,
                      std::vector<detail::Delivery>* to_dispatch) REQUIRES(sh.reading.token);
   // Gives the token up (to the loop if it waits, else to a waiting follower, else to nobody);
   // true when the loop must be woken (a hand-off, or it must poll again).
-  bool follower_release(detail::Shard& sh, detail::SyncWaiter* me, Handoff&& h)
+  bool follower_release(detail::Shard& sh, detail::SyncWaiter& me, Handoff&& h)
       RELEASE(sh.reading.token);
   // To the first waiting follower that is not done (shard and token mutexes held); false: none.
   static bool hand_to_follower(detail::Shard& sh) REQUIRES(sh.mu, sh.reading.mu);

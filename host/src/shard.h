@@ -113,9 +113,6 @@ struct Shard {
   std::vector<Delivery> to_dispatch;       // scratch: results of one read by the loop
   std::atomic<bool> write_blocked{false};  // a producer handed the rest of a write to the loop
 
-  // The dispatcher's reader of this shard's results (HostOptions::dispatchers_read; null: off).
-  // Declared before the dispatcher, whose thread uses it until it is joined.
-  std::unique_ptr<IdleReader> reader;
   std::unique_ptr<Dispatcher> dispatcher;
   ReadToken reading;
 

@@ -17,10 +17,9 @@ using protocol::FrameWriter;
 namespace {
 
 // An evaluation was just sent, and the loop may not be polling the shard's result socket (it
-// stopped while a leader or a reading dispatcher held the token: loop_paused). Whoever holds the
-// token now reads it, or sees it in flight when it gives the token up and has the loop poll again
-// (follower_release, loop_release); with nobody holding it, the loop must be asked now (design/
-// threading.md "Leader/follower").
+// stopped while a leader held the token: loop_paused). A leader that holds the token now reads it,
+// or sees it in flight when it gives the token up and has the loop poll again (follower_release);
+// with nobody holding it, the loop must be asked now (design/threading.md "Leader/follower").
 bool must_resume(Shard& sh) REQUIRES(sh.mu) {
   return sh.reading.loop_paused.load() && !sh.reading.held.load(std::memory_order_relaxed) &&
          !sh.reading.resume_asked.exchange(true);

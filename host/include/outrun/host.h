@@ -107,15 +107,6 @@ struct HostOptions {
   // evaluate().
   bool callbacks_on_loop = false;
 
-  // Opt-in, without callbacks_on_loop: a shard's dispatcher thread, after running callbacks,
-  // reads that shard's next results itself instead of sleeping until the loop reads them and
-  // hands them over (design/decisions.md D-reading-dispatcher): about one host wake-up per result
-  // instead of two. It gives the read up before it runs a callback, and the loop reads meanwhile
-  // when evaluations are in flight, so a slow callback still delays no read, heartbeat or timer.
-  // Off by default: on a 2-core machine it cut the host's CPU at 10k/s by 7-13 % but made the
-  // p99 2.6-7x worse (the reading dispatcher loses the scheduler's wake-up priority).
-  bool dispatchers_read = false;
-
   // With callbacks_on_loop: runs on the loop thread after each run of callbacks there (the
   // results of one read from a worker, or the ends one death or shutdown gave), before the loop
   // reads again. Lets callbacks that write somewhere buffer what they write and send it once per
