@@ -19,6 +19,7 @@
 #include <unordered_map>
 
 #include "error_wire.h"
+#include "future_state.h"
 #include "outrun/protocol/client_messages.h"
 #include "outrun/protocol/frame.h"
 #include "outrun/thread_annotations.h"
@@ -525,10 +526,10 @@ void Client::evaluate(const Script& script, Inputs inputs, Callback done) {
                  [done = std::move(done)](std::size_t, Result r) { done(std::move(r)); });
 }
 
-std::future<Result> Client::evaluate(const Script& script, Inputs inputs) {
-  auto p = std::make_shared<std::promise<Result>>();
-  auto fut = p->get_future();
-  evaluate(script, std::move(inputs), [p](Result r) { p->set_value(std::move(r)); });
+Future Client::evaluate(const Script& script, Inputs inputs) {
+  auto p = std::make_shared<detail::Promise>();
+  Future fut = p->future();
+  evaluate(script, std::move(inputs), [p](Result r) { p->set(std::move(r)); });
   return fut;
 }
 

@@ -6,8 +6,8 @@ void Completion::deliver(Result&& r, const Log& log) {
   try {
     if (auto* cb = std::get_if<Callback>(&v_)) {
       (*cb)(std::move(r));
-    } else if (auto* p = std::get_if<std::promise<Result>>(&v_)) {
-      p->set_value(std::move(r));
+    } else if (auto* f = std::get_if<std::shared_ptr<HostFuture>>(&v_)) {
+      fulfil(**f, std::move(r));
     } else if (auto* b = std::get_if<BatchTarget>(&v_)) {
       (*b->callback)(b->index, std::move(r));
     } else if (auto* w = std::get_if<SyncWaiter*>(&v_)) {

@@ -1,7 +1,6 @@
 // How an evaluation reports its result, and the dispatcher threads that run callbacks.
 #pragma once
 
-#include <future>
 #include <memory>
 #include <thread>
 #include <variant>
@@ -22,14 +21,17 @@ struct BatchTarget {
 struct SyncWaiter;
 // Hands `r` to the waiter and wakes it (follower.cpp). Runs no caller code.
 void fulfil(SyncWaiter& w, Result&& r);
+// The state behind a Host's outrun::Future (host_impl.h).
+struct HostFuture;
+void fulfil(HostFuture& f, Result&& r);
 
-// Exactly one of: a callback, a promise, a batch callback with the request's index, or a caller
+// Exactly one of: a callback, a Host future, a batch callback with the request's index, or a caller
 // waiting in evaluate_sync.
 class Completion {
  public:
   Completion() = default;
   explicit Completion(Callback cb) : v_(std::move(cb)) {}
-  explicit Completion(std::promise<Result> p) : v_(std::move(p)) {}
+  explicit Completion(std::shared_ptr<HostFuture> f) : v_(std::move(f)) {}
   explicit Completion(BatchTarget b) : v_(std::move(b)) {}
   explicit Completion(SyncWaiter* w) : v_(w) {}
 
@@ -40,11 +42,16 @@ class Completion {
   // True for a caller blocked in evaluate_sync: delivered where the result is read, always.
   bool wakes_waiter() const { return std::holds_alternative<SyncWaiter*>(v_); }
   bool empty() const { return std::holds_alternative<std::monostate>(v_); }
+  // The Host future it fulfils, or null.
+  HostFuture* host_future() const {
+    auto* f = std::get_if<std::shared_ptr<HostFuture>>(&v_);
+    return f ? f->get() : nullptr;
+  }
   // A callback that throws is logged to `log` and otherwise ignored.
   void deliver(Result&& r, const Log& log);
 
  private:
-  std::variant<std::monostate, Callback, std::promise<Result>, BatchTarget, SyncWaiter*> v_;
+  std::variant<std::monostate, Callback, std::shared_ptr<HostFuture>, BatchTarget, SyncWaiter*> v_;
 };
 
 struct Delivery {

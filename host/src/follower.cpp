@@ -45,11 +45,55 @@ void fulfil(SyncWaiter& w, Result&& r) {
   MutexLock lock(w.rd.mu);
   w.result = std::move(r);
   w.done = true;
+  w.ready.store(true, std::memory_order_release);
   if (std::this_thread::get_id() == w.thread) return;  // the leader read its own result
   // Delivered by another thread (the loop at a death, a refusal, a coalesced replacement): wake
   // it, in its condition variable or, while it leads, in its poll.
   if (w.has_token) w.rd.kick();
   w.cv.notify_one();
+}
+
+void fulfil(HostFuture& f, Result&& r) {
+  fulfil(f.waiter, std::move(r));
+}
+
+void HostFuture::wait() {
+  if (waiter.ready.load(std::memory_order_acquire)) return;
+  if (!gate->enter()) return;  // closed: the host ended every evaluation before it closed
+  impl->wait_for_result(*shard, waiter);
+  gate->leave();
+}
+
+void HostFuture::settle_resume() {
+  if (owes_resume.load(std::memory_order_relaxed) &&
+      owes_resume.exchange(false, std::memory_order_relaxed))
+    impl->resume_if_paused(*shard);
+}
+
+void HostFuture::abandon() {
+  if (waiter.ready.load(std::memory_order_acquire) || !gate->enter()) return;
+  settle_resume();
+  gate->leave();
+}
+
+bool HostFuture::wait_for(std::chrono::nanoseconds d) {
+  if (waiter.ready.load(std::memory_order_acquire)) return true;
+  if (!gate->enter()) return true;
+  settle_resume();
+  bool in;
+  {
+    // Not a follower: a timed wait is handed its result by whoever reads it (the loop, a leader).
+    MutexLock lock(waiter.rd.mu);
+    in = waiter.cv.wait_for(waiter.rd.mu, d, [&]() REQUIRES(waiter.rd.mu) { return waiter.done; });
+  }
+  gate->leave();
+  return in;
+}
+
+// After wait() or a true wait_for(): `ready` was read (acquire) or `done` under the mutex, and
+// nothing writes the result again.
+Result HostFuture::take() NO_THREAD_SAFETY_ANALYSIS {
+  return std::move(waiter.result);
 }
 
 }  // namespace detail
@@ -70,6 +114,7 @@ void Host::Impl::wait_for_result(Shard& sh, SyncWaiter& me) {
     {
       MutexLock lock(sh.reading.mu);
       me.rd.mu.assert_held();  // me.rd is sh.reading
+      me.thread = std::this_thread::get_id();
       if (!me.has_token) {
         if (me.done) return;
         if (sh.reading.holder == Holder::kNone && sh.reading.source && !sh.reading.loop_wants &&

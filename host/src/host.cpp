@@ -154,6 +154,8 @@ void Host::Impl::shutdown() {
   // Every dispatcher runs what is queued and joins before any shard is destroyed: a last
   // callback may still submit (it gets `cancelled`) to any shard.
   for (auto& sh : shards) sh->dispatcher->stop_and_join();
+  // Every evaluation has ended: wait for the threads still inside a future's wait to leave.
+  future_gate->close();
   shards.clear();
   compiler.reset();
 }
@@ -275,11 +277,12 @@ void Host::evaluate(const Script& script, Inputs inputs, Callback done) {
   impl_->submit(script, std::move(inputs), Completion(std::move(done)));
 }
 
-std::future<Result> Host::evaluate(const Script& script, Inputs inputs) {
-  std::promise<Result> p;
-  auto f = p.get_future();
-  impl_->submit(script, std::move(inputs), Completion(std::move(p)));
-  return f;
+Future Host::evaluate(const Script& script, Inputs inputs) {
+  const detail::ScriptRecord* r = script.record();
+  Shard& sh = *impl_->shards[r && r->owner == impl_.get() ? r->shard : 0];
+  auto state = std::make_shared<detail::HostFuture>(*impl_, sh);
+  impl_->submit(script, std::move(inputs), Completion(state));
+  return Future(std::move(state));
 }
 
 Result Host::evaluate_sync(const Script& script, Inputs inputs) {
@@ -327,6 +330,11 @@ ShardStats Host::shard_stats(int i) const {
   s.retried = rd(sh.retried);
   s.read_syscalls = rd(sh.reads);
   s.frames_read = rd(sh.frames);
+  {
+    MutexLock table_lock(sh.mu);
+    s.in_flight = sh.table.in_use();
+  }
+  s.futures_left_to_caller = rd(sh.futures_left_to_caller);
   MutexLock lock(sh.stats_mu);
   s.last_death = sh.last_death;
   if (sh.stats_page) {

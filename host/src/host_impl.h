@@ -59,6 +59,8 @@ struct Host::Impl final : detail::WorkerEvents {
   std::thread loop_thread;
   ThreadRole loop_role;  // the loop thread: bound when it starts
   std::vector<std::unique_ptr<detail::Shard>> shards;
+  // Threads waiting on this host's futures (shutdown closes it before the shards go).
+  std::shared_ptr<detail::WaitGate> future_gate = std::make_shared<detail::WaitGate>();
   // The compile-only process (null: bytecode_cache_bytes 0). Created before the loop thread
   // starts; its loop-side members are the loop thread's.
   std::unique_ptr<detail::Compiler> compiler;
@@ -101,6 +103,8 @@ struct Host::Impl final : detail::WorkerEvents {
 
   // submit.cpp (any thread)
   void submit(const Script& script, Inputs&& inputs, detail::Completion&& done);
+  // Has the loop poll `sh` again if it stopped for a leader that has gone and nobody else asked.
+  void resume_if_paused(detail::Shard& sh);
   void submit_batch(std::vector<Request>&& requests, BatchCallback&& cb);
   void deliver_now(detail::Shard& sh, detail::Completion&& done, Result&& r);
   flatbuffers::Offset<wire::Evaluation> build_evaluation(flatbuffers::FlatBufferBuilder& f,
@@ -218,6 +222,34 @@ struct Host::Impl final : detail::WorkerEvents {
   Error start();
   void shutdown();
 };
+
+namespace detail {
+
+// The state behind a Host's outrun::Future: a SyncWaiter its caller waits in like evaluate_sync
+// (follower.cpp), fulfilled through its Completion. Keeps the gate, not the host: waiting while
+// the host lives passes the gate; afterwards the result is in (WaitGate).
+struct HostFuture final : FutureState {
+  HostFuture(Host::Impl& host, Shard& sh) : waiter(sh.reading), impl(&host), shard(&sh),
+                                            gate(host.future_gate) {}
+  void wait() override;
+  bool wait_for(std::chrono::nanoseconds d) override;
+  Result take() override;
+  void abandon() override;
+  // Has the loop poll its shard again if `owes_resume` (below).
+  void settle_resume();
+
+  SyncWaiter waiter;
+  // Submitted while the loop did not poll its shard (a leader had stopped it) and nobody read it,
+  // as the shard's only evaluation: instead of waking the loop to poll, submit left it to this
+  // future's caller, who reads it when it waits (one wake-up, not three). A timed wait, an
+  // abandoned future and the loop's watchdog (Host::Impl::on_watchdog) have the loop poll.
+  std::atomic<bool> owes_resume{false};
+  Host::Impl* const impl;
+  Shard* const shard;
+  const std::shared_ptr<WaitGate> gate;
+};
+
+}  // namespace detail
 
 using detail::monotonic_ns;
 

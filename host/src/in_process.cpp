@@ -2,6 +2,7 @@
 
 #include <lua.hpp>
 
+#include "future_state.h"
 #include "lua_values.h"
 #include "outrun/thread_annotations.h"
 #include "sandbox.h"
@@ -144,10 +145,11 @@ void InProcess::evaluate(const Script& script, Inputs inputs, Callback done) {
   done(run(script, inputs));
 }
 
-std::future<Result> InProcess::evaluate(const Script& script, Inputs inputs) {
-  std::promise<Result> p;
-  p.set_value(run(script, inputs));
-  return p.get_future();
+Future InProcess::evaluate(const Script& script, Inputs inputs) {
+  detail::Promise p;
+  Future f = p.future();
+  p.set(run(script, inputs));
+  return f;
 }
 
 Result InProcess::evaluate_sync(const Script& script, Inputs inputs) {

@@ -80,16 +80,48 @@ struct ReadToken {
   Baton token;
 };
 
-// A caller blocked in evaluate_sync, on its stack. Its fields are guarded by its shard's
-// ReadToken::mu, so a deliverer wakes it (under that mutex) before the caller can return.
+// A caller waiting for one result: in evaluate_sync (on its stack), or on a Host's future
+// (HostFuture, host_impl.h). Its fields are guarded by its shard's ReadToken::mu, so a deliverer
+// wakes it (under that mutex) before the caller can return. One thread waits on it at a time.
 struct SyncWaiter {
-  explicit SyncWaiter(ReadToken& r) : rd(r), thread(std::this_thread::get_id()) {}
+  explicit SyncWaiter(ReadToken& r) : rd(r) {}
   ReadToken& rd;
-  const std::thread::id thread;
+  // The thread in wait_for_result (none before it, and none for a timed wait on a future): a
+  // result that thread read itself wakes nobody.
+  std::thread::id thread GUARDED_BY(rd.mu);
   CondVar cv;  // done or has_token
   bool done GUARDED_BY(rd.mu) = false;
+  // `done`, readable without rd.mu: set (release) after `result`, under rd.mu. A future asked
+  // after its host is gone reads only this and the result.
+  std::atomic<bool> ready{false};
   bool has_token GUARDED_BY(rd.mu) = false;  // handed the token (or took it): it leads
   Result result GUARDED_BY(rd.mu);
+};
+
+// The threads waiting on a Host's futures: shutdown closes it once every evaluation has ended,
+// and waits for them to leave before it destroys the shards they wait on. A future waited on
+// after that finds its result in without touching its shard.
+struct WaitGate {
+  Mutex mu;
+  CondVar cv;  // inside fell to 0 while closed
+  bool open GUARDED_BY(mu) = true;
+  int inside GUARDED_BY(mu) = 0;
+
+  bool enter() EXCLUDES(mu) {
+    MutexLock lock(mu);
+    if (!open) return false;
+    ++inside;
+    return true;
+  }
+  void leave() EXCLUDES(mu) {
+    MutexLock lock(mu);
+    if (--inside == 0 && !open) cv.notify_all();
+  }
+  void close() EXCLUDES(mu) {
+    MutexLock lock(mu);
+    open = false;
+    cv.wait(mu, [&]() REQUIRES(mu) { return inside == 0; });
+  }
 };
 
 struct Shard {
@@ -119,6 +151,7 @@ struct Shard {
   // Counters (relaxed; read by stats).
   std::atomic<uint64_t> starts{0}, deaths{0}, evaluations{0}, reads{0}, frames{0}, retried{0};
   std::atomic<uint64_t> crashes_charged{0}, quarantine_refusals{0};
+  std::atomic<uint64_t> futures_left_to_caller{0};
   std::atomic<uint64_t> by_cause[kDeathCauses] = {};
   std::atomic<int> pid{0};
   // CLOCK_MONOTONIC start of the current worker; 0 while down.

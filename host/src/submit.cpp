@@ -107,6 +107,7 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
   Result refusal;       // status ok: accepted
   Completion replaced;  // coalesce-latest: the waiting one this one replaces
   const bool waiter = done.wakes_waiter();
+  detail::HostFuture* const future = done.host_future();
   bool resume = false;  // the loop stopped reading for a follower: it must read this one
   {
     MutexLock lock(sh.mu);
@@ -135,7 +136,14 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
       // the loop does not poll would go unread unless the loop polls again (design/threading.md
       // "Leader/follower": loop_paused is written under the token's mutex, read here under
       // Shard::mu; a leader giving the token up reads both under both).
-      resume = !waiter && must_resume(sh);
+      // A future that is the shard's only evaluation is left to its caller, who is likely to
+      // wait on it now (HostFuture::owes_resume).
+      if (future && sh.table.in_use() == 1 && sh.reading.loop_paused.load() &&
+          !sh.reading.held.load(std::memory_order_relaxed) && !sh.reading.resume_asked.load()) {
+        future->owes_resume.store(true, std::memory_order_relaxed);
+        sh.futures_left_to_caller.fetch_add(1, std::memory_order_relaxed);
+      } else
+        resume = !waiter && must_resume(sh);
     } else {
       sh.table.admit(script, std::move(inputs), std::move(done), SlotPlace::kWaiting, single);
     }
@@ -153,6 +161,15 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
                        {},
                        "replaced by a newer evaluation of '" + r->key + "' (coalesce-latest)",
                        sh.index});
+}
+
+void Host::Impl::resume_if_paused(Shard& sh) {
+  bool resume;
+  {
+    MutexLock lock(sh.mu);
+    resume = must_resume(sh);
+  }
+  if (resume) wake();
 }
 
 void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& cb) {

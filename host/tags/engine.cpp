@@ -970,7 +970,7 @@ std::string user_lines(const std::string& error, const TagDefinition& d) {
   return prefix + std::to_string(last) + rest;
 }
 
-Result wait_result(std::future<Result>& f, std::chrono::milliseconds timeout) {
+Result wait_result(Future& f, std::chrono::milliseconds timeout) {
   if (f.wait_for(timeout) != std::future_status::ready)
     return {Status::unavailable, Value(), "no answer from the runner in time", -1};
   return f.get();
@@ -1114,7 +1114,7 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
       }
     }
   }
-  std::vector<std::pair<Plan*, std::future<Result>>> checks;
+  std::vector<std::pair<Plan*, Future>> checks;
   for (auto& p : plans) {
     if (!p.new_script) continue;
     Map ctx{{"m", Value("c")}};

@@ -232,7 +232,7 @@ TEST_CASE("outrund: SIGTERM drains in-flight evaluations and exits 0 with no wor
     REQUIRE(!c->register_script(
         "slow." + std::to_string(i),
         "local x = 0 for i = 1, 3000000 do x = x + 1 end return x + inputs.i", &keys[i]));
-  std::vector<std::future<outrun::Result>> fs;
+  std::vector<outrun::Future> fs;
   for (int i = 0; i < kN; ++i) fs.push_back(c->evaluate(keys[i], {{"i", i}}));
   // Once the daemon has them all in flight, stop it.
   for (int i = 0; i < 2000; ++i) {
@@ -261,7 +261,7 @@ TEST_CASE("outrund: SIGTERM past the drain deadline with evaluations running sti
   std::vector<outrun::Script> keys(kN);
   for (int i = 0; i < kN; ++i)
     REQUIRE(!c->register_script("spin." + std::to_string(i), "while true do end", &keys[i]));
-  std::vector<std::future<outrun::Result>> fs;
+  std::vector<outrun::Future> fs;
   for (int i = 0; i < kN; ++i) fs.push_back(c->evaluate(keys[i], {}));
   for (int i = 0; i < 2000; ++i) {
     if (d.stats()["inflight"].get<int>() == kN) break;

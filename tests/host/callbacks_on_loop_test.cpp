@@ -239,7 +239,7 @@ TEST_CASE("busy_poll: results stay exact with the loop polling, out of range is 
   o.busy_poll = std::chrono::microseconds(200);
   auto host = test::start_host(o);
   const Script s = reg(*host, "bp", "return inputs.x + 1");
-  std::vector<std::future<Result>> fs;
+  std::vector<Future> fs;
   for (int i = 0; i < 2000; ++i) fs.push_back(host->evaluate(s, {{"x", i}}));
   for (int i = 0; i < 2000; ++i) {
     Result r = fs[static_cast<std::size_t>(i)].get();

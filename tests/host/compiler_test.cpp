@@ -34,7 +34,7 @@ HostOptions options(int shards = 1) {
   return o;
 }
 
-Result get(std::future<Result> f) {
+Result get(Future f) {
   REQUIRE(f.wait_for(30s) == std::future_status::ready);
   return f.get();
 }

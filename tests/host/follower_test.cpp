@@ -38,7 +38,7 @@ const char* kStuckInC = "local s = string.rep('a', 200000) return s:find('.-.-.-
 const char* kBusy1ms =
     "local t = os.clock() while os.clock() - t < 0.001 do end return inputs.x * 2";
 
-Result get(std::future<Result> f, std::chrono::seconds limit = 30s) {
+Result get(Future f, std::chrono::seconds limit = 30s) {
   REQUIRE(f.wait_for(limit) == std::future_status::ready);
   return f.get();
 }
@@ -105,7 +105,7 @@ TEST_CASE("Follower: a future sent behind a leader's evaluation is read after th
   Script later = reg(*host, "later",
                      "local t = os.clock() while os.clock() - t < 0.003 do end return inputs.x");
   for (int round = 0; round < 100; ++round) {
-    std::future<Result> f;
+    Future f;
     std::thread sender([&] {
       std::this_thread::sleep_for(200us);
       f = host->evaluate(later, {{"x", round}});
@@ -129,7 +129,7 @@ TEST_CASE("Follower: many waiting threads on one shard and on two, with callback
   std::atomic<int> wrong{0};
   Collector c(kAsync);
   std::thread async([&] {
-    std::vector<std::future<Result>> fs;
+    std::vector<Future> fs;
     for (int i = 0; i < kAsync; ++i) {
       const Script& s = (i % 4 == 0) ? sa : (i % 4 == 1) ? sb : (i % 2 ? b : a);
       if (i % 3 == 0) {

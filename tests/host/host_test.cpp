@@ -87,7 +87,7 @@ TEST_CASE("Host: 1,000 distinct scripts give correct results and match InProcess
     hs.push_back(reg(*host, "s" + std::to_string(i), corpus_source(i)));
     is.push_back(reg(inproc, "s" + std::to_string(i), corpus_source(i)));
   }
-  std::vector<std::future<Result>> futures;
+  std::vector<Future> futures;
   for (int i = 0; i < kScripts; ++i) futures.push_back(host->evaluate(hs[i], {{"x", i}}));
   int shard_counts[2] = {0, 0};
   for (int i = 0; i < kScripts; ++i) {
@@ -511,7 +511,7 @@ TEST_CASE(
 TEST_CASE("Host: an evaluation in flight when its script is unregistered finishes ok") {
   auto host = make_host(2, 5000ms);
   Script s = reg(*host, "unreg.slow", "local n = 0 for i = 1, 3e6 do n = n + 1 end return n");
-  std::vector<std::future<Result>> running;
+  std::vector<Future> running;
   running.push_back(host->evaluate(s, {}));
   CHECK(!host->unregister_script("unreg.slow"));
   s = Script();  // the evaluation holds the record alone now

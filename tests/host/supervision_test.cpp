@@ -49,7 +49,7 @@ using test::scripts_on_shards_0_and_1;
 const char* kStuckInC = "local s = string.rep('a', 200000) return s:find('.-.-.-.-.-.-.-.-.-b')";
 
 // A result, or a test failure (not a hang) when it does not come.
-Result get(std::future<Result> f, std::chrono::seconds limit = 30s) {
+Result get(Future f, std::chrono::seconds limit = 30s) {
   REQUIRE(f.wait_for(limit) == std::future_status::ready);
   return f.get();
 }

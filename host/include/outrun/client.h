@@ -45,7 +45,7 @@ class Client final : public Runner {
   // the reader does not read while it runs. If the connection is lost, what is in flight ends
   // `unavailable`.
   void evaluate(const Script& script, Inputs inputs, Callback done) override;
-  std::future<Result> evaluate(const Script& script, Inputs inputs) override;
+  Future evaluate(const Script& script, Inputs inputs) override;
   void evaluate_batch(std::vector<Request> requests, BatchCallback done) override;
 
   // The daemon's shard count (from its hello) and whether the connection is still up.

@@ -215,6 +215,10 @@ struct ShardStats {
   uint64_t quarantine_refusals = 0;  // evaluations ended `runtime_error`: script quarantined
   uint64_t read_syscalls = 0;
   uint64_t frames_read = 0;
+  uint64_t in_flight = 0;  // evaluations accepted and not ended yet (sent, or waiting to be)
+  // Futures submitted while the loop did not poll the shard, left for their caller to read when
+  // it waits (design/threading.md "A future's wait").
+  uint64_t futures_left_to_caller = 0;
   // From the worker's status page (0 while down).
   uint64_t worker_evaluations = 0;
   uint64_t worker_compiles = 0;
@@ -276,7 +280,7 @@ class Host final : public Runner {
                         const AdmitFn& admit);
   Error unregister_script(std::string_view key) override;
   void evaluate(const Script& script, Inputs inputs, Callback done) override;
-  std::future<Result> evaluate(const Script& script, Inputs inputs) override;
+  Future evaluate(const Script& script, Inputs inputs) override;
   // Waits on this thread. While it waits the caller may read its shard's results itself
   // (leader/follower, design/threading.md): it then also releases the slots of, and fulfils the
   // futures of, other evaluations of that shard it reads, and posts their callbacks to the

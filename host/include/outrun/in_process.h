@@ -37,7 +37,7 @@ class InProcess final : public Runner {
   Error register_script(std::string_view key, std::string_view source, Script* out) override;
   Error unregister_script(std::string_view key) override;
   void evaluate(const Script& script, Inputs inputs, Callback done) override;
-  std::future<Result> evaluate(const Script& script, Inputs inputs) override;
+  Future evaluate(const Script& script, Inputs inputs) override;
   Result evaluate_sync(const Script& script, Inputs inputs) override;  // runs it here
   void evaluate_batch(std::vector<Request> requests, BatchCallback done) override;
 

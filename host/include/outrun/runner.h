@@ -2,6 +2,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -105,6 +106,75 @@ struct Result {
   int shard = -1;     // shard that ran it (-1: none, or InProcess)
 };
 
+namespace detail {
+// What stands behind a Future: each runner has its own (host/src/future_state.h).
+class FutureState {
+ public:
+  virtual ~FutureState() = default;
+  // Returns once the result is in.
+  virtual void wait() = 0;
+  // Waits at most `d`; true once the result is in.
+  virtual bool wait_for(std::chrono::nanoseconds d) = 0;
+  // The result, moved out: once, after wait() or a wait_for() that returned true.
+  virtual Result take() = 0;
+  // The Future let go without taking the result (its evaluation goes on).
+  virtual void abandon() {}
+};
+}  // namespace detail
+
+// One evaluation's result, later (Runner::evaluate). Like std::future<Result>: move-only, get()
+// once, and destroying it does not cancel the evaluation. A Host's future waits the way
+// evaluate_sync does: a caller blocked in get() or wait() reads its shard's results itself when
+// nobody else does (leader/follower, design/threading.md), so an idle round trip costs the host
+// one wake-up, the caller's. A timed wait (wait_for, wait_until) only waits to be handed the
+// result. Fulfilling a future runs no caller code. Waiting on one in a callback that runs on a
+// Host's loop thread (callbacks_on_loop) never returns; a future may outlive its runner.
+class Future {
+ public:
+  Future() noexcept = default;
+  explicit Future(std::shared_ptr<detail::FutureState> s) noexcept : s_(std::move(s)) {}
+  Future(Future&&) noexcept = default;
+  Future& operator=(Future&& o) noexcept {
+    if (this != &o) {
+      Future old(std::move(*this));
+      s_ = std::move(o.s_);
+    }
+    return *this;
+  }
+  Future(const Future&) = delete;
+  Future& operator=(const Future&) = delete;
+  ~Future() {
+    if (s_) s_->abandon();
+  }
+
+  bool valid() const noexcept { return s_ != nullptr; }
+  // Waits for the result and returns it; valid() is false afterwards. Precondition: valid().
+  Result get() {
+    std::shared_ptr<detail::FutureState> s = std::move(s_);
+    s->wait();
+    return s->take();
+  }
+  void wait() const { s_->wait(); }
+  // `ready` or `timeout` (never `deferred`).
+  template <class Rep, class Period>
+  std::future_status wait_for(const std::chrono::duration<Rep, Period>& d) const {
+    if (d >= std::chrono::hours(24 * 365)) {  // "forever", and no overflow below
+      s_->wait();
+      return std::future_status::ready;
+    }
+    const auto ns = d <= d.zero() ? std::chrono::nanoseconds(0)
+                                  : std::chrono::ceil<std::chrono::nanoseconds>(d);
+    return s_->wait_for(ns) ? std::future_status::ready : std::future_status::timeout;
+  }
+  template <class Clock, class Duration>
+  std::future_status wait_until(const std::chrono::time_point<Clock, Duration>& t) const {
+    return wait_for(t - Clock::now());
+  }
+
+ private:
+  std::shared_ptr<detail::FutureState> s_;
+};
+
 // Called exactly once per evaluation. Host: on a dispatcher thread, never the I/O loop.
 // InProcess: on the calling thread, before evaluate() returns.
 using Callback = std::function<void(Result)>;
@@ -141,10 +211,10 @@ class Runner {
   // Evaluates `script` with `inputs`; `done` is called exactly once.
   virtual void evaluate(const Script& script, Inputs inputs, Callback done) = 0;
 
-  // Same, as a future. Fulfilling the future runs no caller code.
-  virtual std::future<Result> evaluate(const Script& script, Inputs inputs) = 0;
+  // Same, as a future (Future above). Fulfilling the future runs no caller code.
+  virtual Future evaluate(const Script& script, Inputs inputs) = 0;
 
-  // Same, waiting for the result on the calling thread (no future, no promise). By default
+  // Same, waiting for the result on the calling thread. By default
   // `evaluate(script, inputs).get()`. Host: the waiting caller reads its shard's results itself
   // when no one else does (leader/follower; one host wake-up per round trip). InProcess: runs it
   // here. It blocks: called from a Host callback, it holds up that dispatcher's other callbacks.
