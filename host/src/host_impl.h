@@ -229,8 +229,8 @@ namespace detail {
 // (follower.cpp), fulfilled through its Completion. Keeps the gate, not the host: waiting while
 // the host lives passes the gate; afterwards the result is in (WaitGate).
 struct HostFuture final : FutureState {
-  HostFuture(Host::Impl& host, Shard& sh) : waiter(sh.reading), impl(&host), shard(&sh),
-                                            gate(host.future_gate) {}
+  HostFuture(Host::Impl& host, Shard& sh)
+      : waiter(sh.reading), impl(&host), shard(&sh), gate(host.future_gate) {}
   void wait() override;
   bool wait_for(std::chrono::nanoseconds d) override;
   Result take() override;

@@ -140,7 +140,7 @@ TEST_CASE("Future: many threads each blocked in get() on one shard, mixed with s
     ts.emplace_back([&, t] {
       for (int i = 0; i < 150; ++i) {
         const int x = t * 1000 + i;
-        Result r = (t % 3 == 0)   ? host->evaluate_sync(s, {{"x", x}})
+        Result r = (t % 3 == 0)    ? host->evaluate_sync(s, {{"x", x}})
                    : (i % 10 == 0) ? host->evaluate(slow, {{"x", x}}).get()
                                    : host->evaluate(s, {{"x", x}}).get();
         if (r.status != Status::ok || r.value != Value(x)) ++wrong;
@@ -180,9 +180,8 @@ TEST_CASE("Future: outlives its host, and a caller blocked in get() while the ho
     Script spin = reg(*host, "spin", "while true do end");
     Future blocked = host->evaluate(spin, {});
     later = host->evaluate(spin, {});
-    waiter = std::thread([&status, f = std::move(blocked)]() mutable {
-      status = static_cast<int>(f.get().status);
-    });
+    waiter = std::thread(
+        [&status, f = std::move(blocked)]() mutable { status = static_cast<int>(f.get().status); });
     std::this_thread::sleep_for(50ms);  // the waiter is in get(), likely leading
     host.reset();
   }
