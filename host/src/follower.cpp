@@ -59,6 +59,8 @@ void fulfil(HostFuture& f, Result&& r) {
 
 void HostFuture::wait() {
   if (waiter.ready.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::timed_mutex> one(wait_mu);
+  if (waiter.ready.load(std::memory_order_acquire)) return;  // another thread waited it out
   if (!gate->enter()) return;  // closed: the host ended every evaluation before it closed
   impl->wait_for_result(*shard, waiter);
   gate->leave();
@@ -78,13 +80,17 @@ void HostFuture::abandon() {
 
 bool HostFuture::wait_for(std::chrono::nanoseconds d) {
   if (waiter.ready.load(std::memory_order_acquire)) return true;
+  const auto deadline = std::chrono::steady_clock::now() + d;
+  std::unique_lock<std::timed_mutex> one(wait_mu, std::defer_lock);
+  if (!one.try_lock_until(deadline)) return waiter.ready.load(std::memory_order_acquire);
   if (!gate->enter()) return true;
   settle_resume();
   bool in;
   {
     // Not a follower: a timed wait is handed its result by whoever reads it (the loop, a leader).
     MutexLock lock(waiter.rd.mu);
-    in = waiter.cv.wait_for(waiter.rd.mu, d, [&]() REQUIRES(waiter.rd.mu) { return waiter.done; });
+    in = waiter.cv.wait_until(waiter.rd.mu, deadline,
+                              [&]() REQUIRES(waiter.rd.mu) { return waiter.done; });
   }
   gate->leave();
   return in;

@@ -56,6 +56,7 @@ class Promise {
 
   Future future() const { return Future(s_); }
   void set(Result&& r) {
+    if (!s_) return;  // set once: a second result is dropped
     s_->set(std::move(r));
     s_.reset();
   }

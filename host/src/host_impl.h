@@ -238,6 +238,9 @@ struct HostFuture final : FutureState {
   // Has the loop poll its shard again if `owes_resume` (below).
   void settle_resume();
 
+  // One waiting thread at a time: a waiter leads and follows as one SyncWaiter (design/threading.md
+  // "A future's wait"); others wait here, a timed one with its deadline.
+  std::timed_mutex wait_mu;
   SyncWaiter waiter;
   // Submitted while the loop did not poll its shard (a leader had stopped it) and nobody read it,
   // as the shard's only evaluation: instead of waking the loop to poll, submit left it to this

@@ -117,10 +117,15 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
     } else if (sh.state == ShardState::kCrashLoop) {
       refusal = {Status::unavailable, {}, sh.unavailable_reason, sh.index};
     } else if (single && sh.table.in_flight(r->key_id)) {
-      if (opts.single_flight == SingleFlight::refuse)
+      // The one in flight may be a future left to its caller (HostFuture::owes_resume): have
+      // its result read now, or this key would stay busy until that caller waits.
+      if (opts.single_flight == SingleFlight::refuse) {
         refusal = {Status::busy, {}, busy_message(r), sh.index};
-      else  // coalesce-latest: wait behind the one in flight, replacing any that waits
+        resume = must_resume(sh);
+      } else {  // coalesce-latest: wait behind the one in flight, replacing any that waits
         sh.table.admit_pending(script, std::move(inputs), std::move(done), &replaced);
+        resume = !waiter && must_resume(sh);
+      }
     } else if (sh.state == ShardState::kDown &&
                sh.table.waiting_count() >= opts.max_queued_while_down) {
       refusal = {Status::unavailable,
@@ -149,6 +154,7 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
     }
   }
   if (refusal.status != Status::ok) {
+    if (resume) wake();
     deliver_now(sh, std::move(done), std::move(refusal));
     return;
   }
@@ -167,7 +173,7 @@ void Host::Impl::resume_if_paused(Shard& sh) {
   bool resume;
   {
     MutexLock lock(sh.mu);
-    resume = must_resume(sh);
+    resume = sh.table.in_use() > 0 && must_resume(sh);
   }
   if (resume) wake();
 }
@@ -318,11 +324,12 @@ void Host::Impl::send_slots(Shard& sh, const std::vector<uint32_t>& idxs) {
 void Host::Impl::deliver_read(Completion&& done, Result&& r, std::vector<Delivery>* to_dispatch) {
   // Waiters and futures (no caller code) and, when the application promised they never block
   // and this is the loop thread, callbacks are delivered here: no dispatcher hop. A leader
-  // (follower.cpp) never runs a callback.
+  // (follower.cpp) never runs a callback, and fulfils futures itself whatever
+  // fulfill_futures_on_loop says (that option is the loop's).
   if (done.wakes_waiter()) {
     done.deliver(std::move(r), log);
   } else if (done.runs_caller_code() ? opts.callbacks_on_loop && on_loop_thread()
-                                     : opts.fulfill_futures_on_loop) {
+                                     : opts.fulfill_futures_on_loop || !on_loop_thread()) {
     if (done.runs_caller_code()) loop_callbacks_ran = true;  // the loop's: see the condition
     done.deliver(std::move(r), log);
   } else

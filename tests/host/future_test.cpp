@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cmath>
 #include <thread>
 #include <vector>
 
@@ -116,6 +117,80 @@ TEST_CASE("Future: left to its caller, then dropped, waited with a timeout, or n
     CHECK(eventually([&] { return in_flight(*host) == 0; }, 5s));
     CHECK(f.get().value == Value(4));
   }
+}
+
+TEST_CASE("Future: left to its caller, its key's next evaluation has it read (single flight)") {
+  SUBCASE("refuse: the next one may be busy, but not for long") {
+    auto o = quiet_options();
+    o.single_flight = SingleFlight::refuse;
+    auto host = test::start_host(o);
+    Script s = reg(*host, "id", "return inputs.x");
+    for (int round = 0; round < 5; ++round) {
+      Future f = future_left_to_caller(*host, s, round);
+      REQUIRE(f.valid());
+      CHECK(eventually(
+          [&] {
+            return host->evaluate_sync(s, {{"x", 1}}).status == Status::ok;
+          },
+          5s));
+      CHECK(f.get().value == Value(round));
+    }
+  }
+  SUBCASE("coalesce-latest: the one queued behind it ends") {
+    auto o = quiet_options();
+    o.single_flight = SingleFlight::coalesce_latest;
+    auto host = test::start_host(o);
+    Script s = reg(*host, "id", "return inputs.x");
+    for (int round = 0; round < 5; ++round) {
+      Future f = future_left_to_caller(*host, s, round);
+      REQUIRE(f.valid());
+      test::Collector c(1);
+      host->evaluate(s, {{"x", 100 + round}}, c.at(0));
+      REQUIRE(c.wait_all(5s));
+      CHECK(c.results[0].value == Value(100 + round));
+      CHECK(f.get().value == Value(round));
+    }
+  }
+}
+
+TEST_CASE("Future: two threads wait on one future at once, with and without a timeout") {
+  auto host = test::start_host(quiet_options());
+  Script slow = reg(*host, "slow", kBusy5ms);
+  for (int round = 0; round < 50; ++round) {
+    Future f = host->evaluate(slow, {{"x", round}});
+    std::atomic<int> ready{0};
+    std::thread a([&] {
+      f.wait();
+      ++ready;
+    });
+    std::thread b([&] {
+      if (f.wait_for(10s) == std::future_status::ready) ++ready;
+    });
+    a.join();
+    b.join();
+    CHECK(ready == 2);
+    CHECK(f.get().value == Value(round));
+  }
+  // The shard still reads: nobody kept the token.
+  CHECK(host->evaluate_sync(slow, {{"x", 1}}).value == Value(1));
+}
+
+TEST_CASE("Future: wait_for and wait_until at the edges") {
+  auto host = test::start_host(quiet_options());
+  Script s = reg(*host, "id", "return inputs.x");
+  Script spin =
+      reg(*host, "spin", "local t = os.clock() while os.clock() - t < 0.3 do end return 1");
+  Future f = host->evaluate(spin, {});
+  CHECK(f.wait_for(0ms) == std::future_status::timeout);
+  CHECK(f.wait_for(-5s) == std::future_status::timeout);
+  CHECK(f.wait_for(std::chrono::duration<double>(std::nan(""))) == std::future_status::timeout);
+  CHECK(f.wait_until(std::chrono::steady_clock::time_point::min()) == std::future_status::timeout);
+  CHECK(f.wait_until(std::chrono::system_clock::now() - 1h) == std::future_status::timeout);
+  CHECK(f.wait_for(std::chrono::hours::max()) == std::future_status::ready);
+  CHECK(f.get().value == Value(1));
+  Future g = host->evaluate(s, {{"x", 2}});
+  CHECK(g.wait_until(std::chrono::system_clock::now() + 10s) == std::future_status::ready);
+  CHECK(g.get().value == Value(2));
 }
 
 TEST_CASE("Future: kept unread, it is read by the shard's watchdog within T") {

@@ -92,7 +92,9 @@ struct HostOptions {
   std::chrono::milliseconds shutdown_timeout{2000};
 
   // Futures are fulfilled on the I/O loop thread (no thread hop; fulfilling runs no caller
-  // code). false: through the shard's dispatcher thread, like callbacks.
+  // code). false: the loop hands them to the shard's dispatcher thread, like callbacks (a
+  // caller that reads its shard's results while it waits fulfils them itself either way); a
+  // callback must then not wait on a future of its own shard (its dispatcher would fulfil it).
   bool fulfill_futures_on_loop = true;
 
   // Opt-in: callbacks (evaluate's and evaluate_batch's) run on the I/O loop thread, where their

@@ -129,6 +129,8 @@ class FutureState {
 // one wake-up, the caller's. A timed wait (wait_for, wait_until) only waits to be handed the
 // result. Fulfilling a future runs no caller code. Waiting on one in a callback that runs on a
 // Host's loop thread (callbacks_on_loop) never returns; a future may outlive its runner.
+// Several threads may wait on one future at once (they wait one after the other); moving,
+// assigning or destroying it while another thread waits on it is not allowed.
 class Future {
  public:
   Future() noexcept = default;
@@ -155,23 +157,29 @@ class Future {
     return s->take();
   }
   void wait() const { s_->wait(); }
-  // `ready` or `timeout` (never `deferred`).
+  // `ready` or `timeout` (never `deferred`). Zero, negative or NaN: polls; a year or more:
+  // waits like wait().
   template <class Rep, class Period>
   std::future_status wait_for(const std::chrono::duration<Rep, Period>& d) const {
-    if (d >= std::chrono::hours(24 * 365)) {  // "forever", and no overflow below
+    const std::chrono::duration<double> secs = d;  // any ratio, no overflow
+    if (!(secs > secs.zero())) return poll(std::chrono::nanoseconds(0));
+    if (secs >= std::chrono::hours(24 * 365)) {
       s_->wait();
       return std::future_status::ready;
     }
-    const auto ns = d <= d.zero() ? std::chrono::nanoseconds(0)
-                                  : std::chrono::ceil<std::chrono::nanoseconds>(d);
-    return s_->wait_for(ns) ? std::future_status::ready : std::future_status::timeout;
+    return poll(std::chrono::ceil<std::chrono::nanoseconds>(secs));
   }
   template <class Clock, class Duration>
   std::future_status wait_until(const std::chrono::time_point<Clock, Duration>& t) const {
-    return wait_for(t - Clock::now());
+    const auto now = Clock::now();
+    if (t <= now) return poll(std::chrono::nanoseconds(0));
+    return wait_for(t - now);
   }
 
  private:
+  std::future_status poll(std::chrono::nanoseconds d) const {
+    return s_->wait_for(d) ? std::future_status::ready : std::future_status::timeout;
+  }
   std::shared_ptr<detail::FutureState> s_;
 };
 
