@@ -57,13 +57,35 @@ void fulfil(HostFuture& f, Result&& r) {
   fulfil(f.waiter, std::move(r));
 }
 
+bool HostFuture::take_turn(const std::chrono::steady_clock::time_point* deadline) {
+  MutexLock lock(turn_mu);
+  auto free = [&]() REQUIRES(turn_mu) { return !turn_taken; };
+  if (deadline) {
+    if (!turn_cv.wait_until(turn_mu, *deadline, free)) return false;
+  } else {
+    turn_cv.wait(turn_mu, free);
+  }
+  turn_taken = true;
+  return true;
+}
+
+void HostFuture::end_turn() {
+  {
+    MutexLock lock(turn_mu);
+    turn_taken = false;
+  }
+  turn_cv.notify_one();
+}
+
 void HostFuture::wait() {
   if (waiter.ready.load(std::memory_order_acquire)) return;
-  std::lock_guard<std::timed_mutex> one(wait_mu);
-  if (waiter.ready.load(std::memory_order_acquire)) return;  // another thread waited it out
-  if (!gate->enter()) return;  // closed: the host ended every evaluation before it closed
-  impl->wait_for_result(*shard, waiter);
-  gate->leave();
+  take_turn(nullptr);
+  // Not ready (another thread may have waited it out meanwhile) and the gate open: wait here.
+  if (!waiter.ready.load(std::memory_order_acquire) && gate->enter()) {
+    impl->wait_for_result(*shard, waiter);
+    gate->leave();
+  }
+  end_turn();
 }
 
 void HostFuture::settle_resume() {
@@ -81,18 +103,20 @@ void HostFuture::abandon() {
 bool HostFuture::wait_for(std::chrono::nanoseconds d) {
   if (waiter.ready.load(std::memory_order_acquire)) return true;
   const auto deadline = std::chrono::steady_clock::now() + d;
-  std::unique_lock<std::timed_mutex> one(wait_mu, std::defer_lock);
-  if (!one.try_lock_until(deadline)) return waiter.ready.load(std::memory_order_acquire);
-  if (!gate->enter()) return true;
-  settle_resume();
-  bool in;
-  {
-    // Not a follower: a timed wait is handed its result by whoever reads it (the loop, a leader).
-    MutexLock lock(waiter.rd.mu);
-    in = waiter.cv.wait_until(waiter.rd.mu, deadline,
-                              [&]() REQUIRES(waiter.rd.mu) { return waiter.done; });
+  if (!take_turn(&deadline)) return waiter.ready.load(std::memory_order_acquire);
+  bool in = true;  // the gate closed: the host ended every evaluation before it closed
+  if (gate->enter()) {
+    settle_resume();
+    {
+      // Not a follower: a timed wait is handed its result by whoever reads it (the loop, a
+      // leader).
+      MutexLock lock(waiter.rd.mu);
+      in = waiter.cv.wait_until(waiter.rd.mu, deadline,
+                                [&]() REQUIRES(waiter.rd.mu) { return waiter.done; });
+    }
+    gate->leave();
   }
-  gate->leave();
+  end_turn();
   return in;
 }
 

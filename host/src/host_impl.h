@@ -239,8 +239,13 @@ struct HostFuture final : FutureState {
   void settle_resume();
 
   // One waiting thread at a time: a waiter leads and follows as one SyncWaiter (design/threading.md
-  // "A future's wait"); others wait here, a timed one with its deadline.
-  std::timed_mutex wait_mu;
+  // "A future's wait"); others wait for their turn, a timed one until its deadline. (Not a
+  // std::timed_mutex: ThreadSanitizer does not see its timed lock.)
+  bool take_turn(const std::chrono::steady_clock::time_point* deadline) EXCLUDES(turn_mu);
+  void end_turn() EXCLUDES(turn_mu);
+  Mutex turn_mu;
+  CondVar turn_cv;  // turn_taken became false
+  bool turn_taken GUARDED_BY(turn_mu) = false;
   SyncWaiter waiter;
   // Submitted while the loop did not poll its shard (a leader had stopped it) and nobody read it,
   // as the shard's only evaluation: instead of waking the loop to poll, submit left it to this
