@@ -92,6 +92,18 @@ int64_t input_of(int64_t i) {
   return i % 1'000'000;
 }
 
+// Protocol 2's Evaluation.inputs_buffer (outrund passes it to the worker as it is), or protocol
+// 1's `inputs` (outrund decodes them and the host encodes them again): --daemon-inputs.
+bool g_nested_inputs = true;
+
+}  // namespace
+
+void set_daemon_nested_inputs(bool nested) {
+  g_nested_inputs = nested;
+}
+
+namespace {
+
 class FrameConn {
  public:
   explicit FrameConn(const std::string& path) { fd_ = connect_unix(path); }
@@ -143,7 +155,9 @@ class FrameConn {
   bool hello(std::string* why) {
     flatbuffers::FlatBufferBuilder fbb;
     protocol::DaemonMessage m;
-    if (!send(protocol::encode_client_hello(fbb, "outrun-perf")) || !read_message(&m)) {
+    if (!send(protocol::encode_client_hello(fbb, "outrun-perf",
+                                            g_nested_inputs ? protocol::kProtocolVersion : 1)) ||
+        !read_message(&m)) {
       *why = "no ServerHello";
       return false;
     }
@@ -181,18 +195,28 @@ class FrameConn {
 // `out` (fbb is cleared: the frame is copied out).
 void append_evaluate(std::vector<uint8_t>& out, flatbuffers::FlatBufferBuilder& fbb, int64_t id,
                      uint32_t handle) {
+  // The inputs: in a builder of their own (an InputList) or in the frame's.
+  static thread_local flatbuffers::FlatBufferBuilder list(256);
+  flatbuffers::FlatBufferBuilder& ib = g_nested_inputs ? list : fbb;
   fbb.Clear();
-  protocol::WireValueBuilder v(fbb);
+  ib.Clear();
+  protocol::WireValueBuilder v(ib);
   const int64_t a = input_of(id);
   const auto va = v.integer(a);
   const auto vb = v.integer(a + 1);
-  const auto na = fbb.CreateString("a");
-  const auto nb = fbb.CreateString("b");
-  const std::array<flatbuffers::Offset<wire::Input>, 2> in = {wire::CreateInput(fbb, na, va),
-                                                              wire::CreateInput(fbb, nb, vb)};
-  const auto inputs = fbb.CreateVector(in.data(), in.size());
-  const auto ev =
-      protocol::build_evaluation(fbb, static_cast<uint64_t>(id), handle, 0, inputs, nullptr);
+  const auto na = ib.CreateString("a");
+  const auto nb = ib.CreateString("b");
+  const std::array<flatbuffers::Offset<wire::Input>, 2> in = {wire::CreateInput(ib, na, va),
+                                                              wire::CreateInput(ib, nb, vb)};
+  const auto inputs = ib.CreateVector(in.data(), in.size());
+  flatbuffers::Offset<wire::Evaluation> ev;
+  if (g_nested_inputs) {
+    ib.Finish(wire::CreateInputList(ib, inputs));
+    const auto buffer = protocol::add_input_list(fbb, {ib.GetBufferPointer(), ib.GetSize()});
+    ev = protocol::build_evaluation(fbb, static_cast<uint64_t>(id), handle, 0, {}, nullptr, buffer);
+  } else {
+    ev = protocol::build_evaluation(fbb, static_cast<uint64_t>(id), handle, 0, inputs, nullptr);
+  }
   const std::span<const uint8_t> frame = protocol::finish_evaluate(fbb, std::span(&ev, 1));
   out.insert(out.end(), frame.begin(), frame.end());
 }

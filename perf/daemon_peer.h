@@ -55,6 +55,10 @@ struct DaemonCost {
   double total_us() const { return daemon_us + workers_us; }
 };
 
+// How the raw-frames client sends inputs: protocol 2's Evaluation.inputs_buffer (true, the
+// default) or protocol 1's `inputs` (outrun-perf --daemon-inputs plain).
+void set_daemon_nested_inputs(bool nested);
+
 struct DaemonSingleFig {
   LatencyFig lat;
   DaemonCost cost;

@@ -70,6 +70,7 @@ struct Options {
   int redis_clients = 16, redis_depth = 16;
   std::string redis_binary = "redis-server";
   std::string outrund_binary;  // empty: bin/outrund next to outrun-perf; "none": no daemon rows
+  std::string daemon_inputs = "nested";  // how the raw-frames client sends inputs (daemon_peer.h)
   int repeat = 1;
   bool quick = false, smoke = false, verbose = false;
   std::set<std::string> sections;
@@ -1165,6 +1166,12 @@ std::optional<int> parse_options(int argc, char** argv, Options* out) {
   app.add_option("--outrund", o.outrund_binary,
                  "outrund for the daemon rows (default: next to outrun-perf; 'none': no daemon "
                  "rows)");
+  app.add_option("--daemon-inputs", o.daemon_inputs,
+                 "how the daemon rows' client sends inputs: nested (protocol 2's inputs_buffer, "
+                 "passed to the worker as it is) or plain (protocol 1's inputs, decoded and "
+                 "encoded again)")
+      ->check(CLI::IsMember({"nested", "plain"}))
+      ->capture_default_str();
   app.add_option("--out", o.out_dir, "folder for artifacts (JSON, Markdown, profiles)")
       ->capture_default_str();
   app.add_option("--json", o.json_path, "also write every figure as JSON here");
@@ -1344,6 +1351,7 @@ Peers start_peers(const Options& o, std::vector<std::string>* notes) {
     l.shards = o.shards;
     l.keys = o.keys;
     l.script = kScript;
+    set_daemon_nested_inputs(o.daemon_inputs == "nested");
     if (o.outrund_binary == "none")
       why = "--outrund none";
     else
@@ -1493,6 +1501,7 @@ nlohmann::json run_json(const Options& o, const RunSummary& s, const nlohmann::j
         {"redis_clients", o.redis_clients},
         {"redis_depth", o.redis_depth},
         {"outrund", o.outrund_binary},
+        {"daemon_inputs", o.daemon_inputs},
         {"quick", o.quick},
         {"smoke", o.smoke}}},
       {"script", kScript},

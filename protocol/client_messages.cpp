@@ -185,11 +185,12 @@ bool decode_client_frame(const wire::Frame* frame, ClientMessage* out, std::stri
 
 std::span<const uint8_t> encode_server_hello(flatbuffers::FlatBufferBuilder& fbb,
                                              std::string_view server_version, int32_t shards,
-                                             uint32_t max_inflight, std::string_view error) {
+                                             uint32_t max_inflight, std::string_view error,
+                                             uint16_t protocol_version) {
   auto e = string_or_none(fbb, error);
   auto v = fbb.CreateString(server_version.data(), server_version.size());
   wire::ServerHelloBuilder b(fbb);
-  b.add_protocol_version(kProtocolVersion);
+  b.add_protocol_version(protocol_version);
   b.add_shards(shards);
   b.add_server_version(v);
   b.add_error(e);

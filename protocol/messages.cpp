@@ -1,5 +1,6 @@
 #include "outrun/protocol/messages.h"
 
+#include <cstdint>
 #include <vector>
 
 namespace outrun::protocol {
@@ -49,7 +50,7 @@ bool check_worker_status(wire::Status status, std::string* why) {
 flatbuffers::Offset<wire::Evaluation> build_evaluation(
     flatbuffers::FlatBufferBuilder& fbb, uint64_t id, uint32_t script_id, uint64_t timeout_us,
     flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::Input>>> inputs,
-    const ScriptSource* source) {
+    const ScriptSource* source, flatbuffers::Offset<flatbuffers::Vector<uint8_t>> inputs_buffer) {
   flatbuffers::Offset<flatbuffers::Vector<uint8_t>> sha, bytecode;
   flatbuffers::Offset<flatbuffers::String> src, name;
   if (source) {
@@ -66,6 +67,7 @@ flatbuffers::Offset<wire::Evaluation> build_evaluation(
   eb.add_script_id(script_id);
   eb.add_timeout_us(timeout_us);
   eb.add_inputs(inputs);
+  eb.add_inputs_buffer(inputs_buffer);
   if (source) {
     eb.add_sha256(sha);
     eb.add_source(src);
@@ -73,6 +75,21 @@ flatbuffers::Offset<wire::Evaluation> build_evaluation(
     eb.add_chunk_name(name);
   }
   return eb.Finish();
+}
+
+flatbuffers::Offset<flatbuffers::Vector<uint8_t>> add_input_list(
+    flatbuffers::FlatBufferBuilder& fbb, std::span<const uint8_t> bytes) {
+  fbb.ForceVectorAlignment(bytes.size(), 1, 8);
+  return fbb.CreateVector(bytes.data(), bytes.size());
+}
+
+bool evaluation_input_list(const wire::Evaluation* e, const wire::InputList** out) {
+  *out = nullptr;
+  const auto* b = e->inputs_buffer();
+  if (!b) return true;
+  if (reinterpret_cast<std::uintptr_t>(b->data()) % 8 != 0) return false;
+  *out = flatbuffers::GetRoot<wire::InputList>(b->data());
+  return true;
 }
 
 std::span<const uint8_t> finish_evaluate(

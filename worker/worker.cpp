@@ -408,9 +408,17 @@ void Worker::evaluate(const wire::Evaluation* e) {
   // (their closes wait for idle time; see evict_down_to).
   if (budget_.used - closing_bytes_ - spares_bytes_ > evict_above_) [[unlikely]]
     evict_down_to(evict_above_, &s->state->memory(), true);
+  // Inputs come as a nested InputList (protocol 2; outrund passes a client's on as they are)
+  // or as `inputs`. A nested one the frame's verifier passed but that is not 8-byte aligned in
+  // memory cannot be read in place: the evaluation ends invalid_argument, as bad inputs do.
+  const wire::InputList* list = nullptr;
+  if (!protocol::evaluation_input_list(e, &list)) {
+    add_result(e->id(), wire::Status::InvalidArgument, 0, "inputs_buffer is not 8-byte aligned");
+    return;
+  }
   mark_running(e->id());  // T counts from here, for the worker's soft deadline and the host's
-  const auto outcome =
-      s->state->run(sandbox::push_wire_inputs, e->inputs(), timeout_ns(e->timeout_us()), now_ns_);
+  const auto outcome = s->state->run(sandbox::push_wire_inputs, list ? list->inputs() : e->inputs(),
+                                     timeout_ns(e->timeout_us()), now_ns_);
   if (page) {
     page->running_id.store(0, std::memory_order_release);
     page->evaluations.fetch_add(1, std::memory_order_relaxed);

@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "outrun/protocol/frame.h"
 #include "outrun/protocol/wire_value.h"
 
 namespace outrun::detail {
@@ -52,46 +53,48 @@ bool fits(std::size_t* budget, std::size_t n) {
 
 // Each value costs 16 bytes of `budget` plus its string, bytes or map keys, counted per
 // reference (a subtree the frame shares is paid for each time it is used), as Budget does.
+// `out` null: checks only, building nothing (check_input_list).
 bool decode(const wire::Value* in, Value* out, int depth, std::size_t* budget, bool typed = false) {
   if (!charge(budget, 16)) return false;
   if (in == nullptr) {
-    out->v = Nil{};
+    if (out) out->v = Nil{};
     return true;
   }
   switch (in->kind()) {
     case wire::ValueKind::UInt:
       if (!typed) return false;
-      out->v = static_cast<uint64_t>(in->uint_value());
+      if (out) out->v = static_cast<uint64_t>(in->uint_value());
       return true;
     case wire::ValueKind::Float:
       if (!typed) return false;
-      out->v = static_cast<float>(in->double_value());
+      if (out) out->v = static_cast<float>(in->double_value());
       return true;
     case wire::ValueKind::DateTime:
       if (!typed) return false;
-      out->v = DateTime{in->int_value()};
+      if (out) out->v = DateTime{in->int_value()};
       return true;
     case wire::ValueKind::Nil:
-      out->v = Nil{};
+      if (out) out->v = Nil{};
       return true;
     case wire::ValueKind::Boolean:
-      out->v = in->bool_value();
+      if (out) out->v = in->bool_value();
       return true;
     case wire::ValueKind::Int:
-      out->v = static_cast<int64_t>(in->int_value());
+      if (out) out->v = static_cast<int64_t>(in->int_value());
       return true;
     case wire::ValueKind::Double:
-      out->v = in->double_value();
+      if (out) out->v = in->double_value();
       return true;
     case wire::ValueKind::String:
       if (!charge(budget, in->string_value() ? in->string_value()->size() : 0)) return false;
-      out->v = in->string_value() ? in->string_value()->str() : std::string();
+      if (out) out->v = in->string_value() ? in->string_value()->str() : std::string();
       return true;
     case wire::ValueKind::Bytes: {
       const auto* b = in->bytes_value();
       if (!charge(budget, b ? b->size() : 0)) return false;
-      out->v = Bytes{b ? std::string(reinterpret_cast<const char*>(b->data()), b->size())
-                       : std::string()};
+      if (out)
+        out->v = Bytes{b ? std::string(reinterpret_cast<const char*>(b->data()), b->size())
+                         : std::string()};
       return true;
     }
     case wire::ValueKind::Array: {
@@ -101,11 +104,11 @@ bool decode(const wire::Value* in, Value* out, int depth, std::size_t* budget, b
         // Refused before the allocation when the items alone would overspend (each is charged
         // as it is decoded).
         if (!fits(budget, std::size_t{16} * items->size())) return false;
-        a.resize(items->size());
+        if (out) a.resize(items->size());
         for (flatbuffers::uoffset_t i = 0; i < items->size(); ++i)
-          if (!decode(items->Get(i), &a[i], depth + 1, budget, typed)) return false;
+          if (!decode(items->Get(i), out ? &a[i] : nullptr, depth + 1, budget, typed)) return false;
       }
-      out->v = std::move(a);
+      if (out) out->v = std::move(a);
       return true;
     }
     case wire::ValueKind::Map: {
@@ -115,13 +118,14 @@ bool decode(const wire::Value* in, Value* out, int depth, std::size_t* budget, b
       const flatbuffers::uoffset_t n = keys ? keys->size() : 0;
       if ((items ? items->size() : 0) != n) return false;
       if (!fits(budget, std::size_t{16} * n)) return false;
-      Map m(n);
+      Map m(out ? n : 0);
       for (flatbuffers::uoffset_t i = 0; i < n; ++i) {
         if (!charge(budget, keys->Get(i)->size())) return false;
-        m[i].key = keys->Get(i)->str();
-        if (!decode(items->Get(i), &m[i].value, depth + 1, budget, typed)) return false;
+        if (out) m[i].key = keys->Get(i)->str();
+        if (!decode(items->Get(i), out ? &m[i].value : nullptr, depth + 1, budget, typed))
+          return false;
       }
-      out->v = std::move(m);
+      if (out) out->v = std::move(m);
       return true;
     }
   }
@@ -198,6 +202,63 @@ bool encode_inputs(flatbuffers::FlatBufferBuilder& fbb, const Inputs& inputs, In
   return true;
 }
 
+bool check_input_list(const wire::InputList* list, std::size_t* frame_budget, std::string* error) {
+  const auto* inputs = list->inputs();
+  if (!inputs) return true;
+  if (inputs->size() > kMaxInputs) {
+    *error = "too many inputs (more than " + std::to_string(kMaxInputs) + ")";
+    return false;
+  }
+  // One evaluation's own limit, and no more than what is left of the frame's.
+  const bool frame_bound = frame_budget && *frame_budget < kMaxInputBytes;
+  const std::size_t start = frame_bound ? *frame_budget : kMaxInputBytes;
+  std::size_t left = start;
+  for (const wire::Input* in : *inputs) {
+    // The name counts as Budget counts it; the value's depth starts at 1 there (encode_inputs),
+    // at 0 here: decode's containers refuse at depth >= kMaxValueDepth.
+    if (!charge(&left, in->name()->size()) || !decode(in->value(), nullptr, 0, &left)) {
+      // What was walked counts against the frame even when the inputs are refused: a frame of
+      // many evaluations that each fail late would otherwise keep the loop walking.
+      if (frame_budget) *frame_budget -= start - left;
+      if (left == 0 && frame_bound) {
+        *error = "the inputs of this frame decode to more than " +
+                 std::to_string(protocol::kMaxFrameSize) +
+                 " bytes (a shared subtree counts each time it is used)";
+      } else if (left == 0) {
+        *error = "the inputs are larger than " + std::to_string(kMaxInputBytes) +
+                 " bytes (16 per value plus strings, bytes and keys)";
+      } else {
+        *error = "input '" + in->name()->str() + "' is not a valid value";
+      }
+      return false;
+    }
+  }
+  if (frame_budget) *frame_budget -= start - left;
+  return true;
+}
+
+Inputs decode_input_list(const wire::InputList* list) {
+  Inputs out;
+  const auto* inputs = list->inputs();
+  if (!inputs) return out;
+  out.resize(inputs->size());
+  for (flatbuffers::uoffset_t i = 0; i < inputs->size(); ++i) {
+    out[i].name = inputs->Get(i)->name()->str();
+    decode(inputs->Get(i)->value(), &out[i].value, 0, nullptr);  // checked before
+  }
+  return out;
+}
+
+bool encode_input_list(flatbuffers::FlatBufferBuilder& fbb, const Inputs& inputs,
+                       std::span<const uint8_t>* out, std::string* error) {
+  fbb.Clear();
+  InputsOffset in;
+  if (!encode_inputs(fbb, inputs, &in, error)) return false;
+  fbb.Finish(wire::CreateInputList(fbb, in));
+  *out = {fbb.GetBufferPointer(), fbb.GetSize()};
+  return true;
+}
+
 bool decode_value(const wire::Value* in, Value* out) {
   return decode(in, out, 0, nullptr);
 }
@@ -248,3 +309,26 @@ bool decode_value(const wire::Value* in, Value* out, std::size_t* budget) {
 }
 
 }  // namespace outrun::detail
+
+namespace outrun {
+
+Error EncodedInputs::from(std::string_view bytes, EncodedInputs* out) {
+  *out = EncodedInputs();
+  if (bytes.empty()) return Error::none();
+  if (bytes.size() > protocol::kMaxFrameSize)
+    return Error{ErrorCode::invalid_argument, "the encoded inputs are larger than a frame (" +
+                                                  std::to_string(protocol::kMaxFrameSize) +
+                                                  " bytes)"};
+  // Verified in an 8-aligned copy: the caller's bytes may sit anywhere.
+  EncodedInputs e = detail::EncodedInputsAccess::make(bytes);
+  flatbuffers::Verifier v(reinterpret_cast<const uint8_t*>(e.bytes().data()), e.bytes().size());
+  if (!v.VerifyBuffer<wire::InputList>(nullptr))
+    return Error{ErrorCode::invalid_argument, "the encoded inputs are not an InputList FlatBuffer"};
+  std::string why;
+  if (!detail::check_input_list(detail::input_list_of(e), nullptr, &why))
+    return Error{ErrorCode::invalid_argument, std::move(why)};
+  *out = std::move(e);
+  return Error::none();
+}
+
+}  // namespace outrun

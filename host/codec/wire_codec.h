@@ -3,6 +3,9 @@
 
 #include <flatbuffers/flatbuffers.h>
 
+#include <span>
+#include <string>
+
 #include "outrun/protocol/outrun_generated.h"
 #include "outrun/runner.h"
 #include "outrun/value.h"
@@ -13,6 +16,38 @@ namespace outrun::detail {
 inline constexpr std::size_t kMaxInputBytes = 8u << 20;
 
 using InputsOffset = flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::Input>>>;
+using InputBufferOffset = flatbuffers::Offset<flatbuffers::Vector<uint8_t>>;
+
+// Checks an InputList already verified structurally (a client's nested buffer, or one that
+// EncodedInputs::from verified): at most kMaxInputs inputs, no tag-only kind (UInt, Float,
+// DateTime), nesting at most kMaxValueDepth, map keys and items of one length, and at most
+// kMaxInputBytes counted as Budget does (a shared subtree each time it is used). Also takes what
+// it counted from `*frame_budget` (outrund's per-frame decode budget; null: none). False with
+// *error, naming the input, otherwise.
+bool check_input_list(const wire::InputList* list, std::size_t* frame_budget, std::string* error);
+
+// The Inputs of a checked InputList (InProcess, and a Host's rare paths: single flight, a shard
+// that is down).
+Inputs decode_input_list(const wire::InputList* list);
+
+// Encodes `inputs` as an InputList FlatBuffer of its own in `fbb` (cleared first) and returns its
+// bytes (valid until `fbb` changes); false with *error as encode_inputs.
+bool encode_input_list(flatbuffers::FlatBufferBuilder& fbb, const Inputs& inputs,
+                       std::span<const uint8_t>* out, std::string* error);
+
+struct EncodedInputsAccess {
+  static EncodedInputs make(std::string_view checked_bytes) {
+    EncodedInputs e;
+    e.bytes_.assign(checked_bytes);
+    return e;
+  }
+  static std::string& bytes(EncodedInputs& e) { return e.bytes_; }
+};
+
+// The InputList in checked EncodedInputs (not empty).
+inline const wire::InputList* input_list_of(const EncodedInputs& e) {
+  return flatbuffers::GetRoot<wire::InputList>(e.bytes().data());
+}
 
 // Encodes `inputs`. Returns false (with *error) when they are too many, too deep or too large;
 // the builder then holds garbage and must be cleared.

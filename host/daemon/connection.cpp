@@ -182,9 +182,11 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
   if (!c->hello) {
     const auto* h = std::get_if<protocol::ClientHelloMsg>(&msg);
     if (!h) return false;
-    if (h->protocol_version != protocol::kProtocolVersion) {
+    if (h->protocol_version < protocol::kMinClientProtocolVersion ||
+        h->protocol_version > protocol::kProtocolVersion) {
       reply_error_hello(c->fd, "protocol version " + std::to_string(h->protocol_version) +
                                    " not supported; outrund speaks " +
+                                   std::to_string(protocol::kMinClientProtocolVersion) + " to " +
                                    std::to_string(protocol::kProtocolVersion));
       return false;
     }
@@ -192,8 +194,8 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
     pending_.erase(c->id);
     c->name = std::string(h->client_name.substr(0, 64));
     f.Clear();
-    c->writer.write(protocol::encode_server_hello(f, OUTRUN_VERSION, host_->shards(),
-                                                  cfg_.max_inflight_per_client));
+    c->writer.write(protocol::encode_server_hello(
+        f, OUTRUN_VERSION, host_->shards(), cfg_.max_inflight_per_client, {}, h->protocol_version));
     return true;
   }
   switch (frame->body_type()) {

@@ -5,6 +5,7 @@
 
 #include "conn.h"
 #include "outrun/protocol/frame.h"
+#include "outrun/protocol/messages.h"
 #include "server.h"
 #include "wire_codec.h"
 
@@ -48,7 +49,23 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_pt
                        -1};
     }
     Inputs inputs;
-    if (refused.status == Status::ok && e->inputs()) {
+    EncodedInputs encoded;
+    if (refused.status == Status::ok && e->inputs_buffer()) {
+      // Protocol 2: checked in place (the frame's verifier verified the nested buffer) and
+      // passed to the worker as it is, never decoded here (D-encoded-inputs).
+      const wire::InputList* list = nullptr;
+      std::string why;
+      if (!protocol::evaluation_input_list(e, &list)) {
+        refused = Result{
+            Status::invalid_argument, {}, "inputs_buffer is not 8-byte aligned in the frame", -1};
+      } else if (!detail::check_input_list(list, &decode_budget, &why)) {
+        refused = Result{Status::invalid_argument, {}, std::move(why), -1};
+      } else {
+        encoded = detail::EncodedInputsAccess::make(
+            {reinterpret_cast<const char*>(e->inputs_buffer()->data()),
+             e->inputs_buffer()->size()});
+      }
+    } else if (refused.status == Status::ok && e->inputs()) {
       inputs.reserve(e->inputs()->size());
       for (const wire::Input* in : *e->inputs()) {
         Value v;
@@ -80,8 +97,8 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_pt
       continue;
     }
     const uint32_t shard = entry->script.shard();
-    admit_[shard].push_back(
-        Queued{Request{entry->script, std::move(inputs)}, scripts_[idx], e->id(), t0});
+    admit_[shard].push_back(Queued{Request{entry->script, std::move(inputs), std::move(encoded)},
+                                   scripts_[idx], e->id(), t0});
     ++admitted;
   }
   if (admitted > 0) {

@@ -160,7 +160,7 @@ void Server::refill(int s, const Done* done) {
   }
   for (auto& c : newly_held) want_write(c);  // the loop stops reading it and watches it drain
   if (batch.empty()) return;
-  if (batch.size() == 1) {
+  if (batch.size() == 1 && batch[0].encoded.empty()) {  // encoded inputs: through the batch
     host_->evaluate(batch[0].script, std::move(batch[0].inputs),
                     [this, run](Result r) { complete(*run, 0, std::move(r)); });
   } else {

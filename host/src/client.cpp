@@ -449,11 +449,20 @@ void Client::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
   std::vector<std::size_t> in_frame;  // request indices in the frame being built
   std::vector<std::pair<uint64_t, std::size_t>> ids;
   std::vector<std::pair<std::size_t, Result>> failed;
+  // Inputs go as an InputList of their own (Evaluation.inputs_buffer), which outrund passes to
+  // the worker without decoding: encoded here in a second builder unless they came encoded.
+  static thread_local flatbuffers::FlatBufferBuilder list_builder(1024);
   auto add = [&](std::size_t i, uint64_t id, std::string* err) {
-    detail::InputsOffset inputs;
-    if (!detail::encode_inputs(f, requests[i].inputs, &inputs, err)) return false;
+    std::span<const uint8_t> bytes;
+    if (const EncodedInputs& enc = requests[i].encoded; !enc.empty())
+      bytes = {reinterpret_cast<const uint8_t*>(enc.bytes().data()), enc.bytes().size()};
+    else if (!requests[i].inputs.empty() &&
+             !detail::encode_input_list(list_builder, requests[i].inputs, &bytes, err))
+      return false;
+    const detail::InputBufferOffset buffer =
+        bytes.empty() ? detail::InputBufferOffset() : protocol::add_input_list(f, bytes);
     items.push_back(
-        protocol::build_evaluation(f, id, requests[i].script.record()->id, 0, inputs, nullptr));
+        protocol::build_evaluation(f, id, requests[i].script.record()->id, 0, {}, nullptr, buffer));
     return true;
   };
   auto flush = [&] {

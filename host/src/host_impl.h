@@ -109,7 +109,8 @@ struct Host::Impl final : detail::WorkerEvents {
   void deliver_now(detail::Shard& sh, detail::Completion&& done, Result&& r);
   flatbuffers::Offset<wire::Evaluation> build_evaluation(flatbuffers::FlatBufferBuilder& f,
                                                          detail::Shard& sh, uint32_t idx,
-                                                         detail::InputsOffset inputs)
+                                                         detail::InputsOffset inputs,
+                                                         detail::InputBufferOffset buffer = 0)
       REQUIRES(sh.mu);
   static std::span<const uint8_t> finish_evaluate(
       flatbuffers::FlatBufferBuilder& f, const flatbuffers::Offset<wire::Evaluation>* items,

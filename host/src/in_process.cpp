@@ -9,6 +9,7 @@
 #include "script_record.h"
 #include "script_registry.h"
 #include "value_builder.h"
+#include "wire_codec.h"
 
 namespace outrun {
 
@@ -157,8 +158,12 @@ Result InProcess::evaluate_sync(const Script& script, Inputs inputs) {
 }
 
 void InProcess::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
-  for (std::size_t i = 0; i < requests.size(); ++i)
-    done(i, run(requests[i].script, requests[i].inputs));
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    Request& req = requests[i];
+    if (!req.encoded.empty())
+      req.inputs = detail::decode_input_list(detail::input_list_of(req.encoded));
+    done(i, run(req.script, req.inputs));
+  }
 }
 
 }  // namespace outrun

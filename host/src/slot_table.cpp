@@ -27,6 +27,7 @@ void SlotTable::free(uint32_t idx) {
   if (++s.generation == 0) s.generation = 1;
   s.script = Script();
   s.inputs.clear();
+  if (!s.encoded.empty()) s.encoded = EncodedInputs();
   free_.push_back(idx);
   live_.store(live_.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
 }

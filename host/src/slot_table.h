@@ -34,7 +34,8 @@ struct Slot {
   bool sent_bytecode = false;    // its last send carried the compile-only process's bytecode
   bool bytecode_failed = false;  // a NeedSource answered that: it gets the source from now on
   Script script;
-  Inputs inputs;  // kept to re-send after NeedSource or a restart
+  Inputs inputs;          // kept to re-send after NeedSource or a restart
+  EncodedInputs encoded;  // or these, when not empty (a batch Request's, outrund's)
   Completion done;
 };
 

@@ -36,7 +36,8 @@ std::string unregistered_message(const detail::ScriptRecord* r) {
 }  // namespace
 
 flatbuffers::Offset<wire::Evaluation> Host::Impl::build_evaluation(
-    flatbuffers::FlatBufferBuilder& f, Shard& sh, uint32_t idx, detail::InputsOffset inputs) {
+    flatbuffers::FlatBufferBuilder& f, Shard& sh, uint32_t idx, detail::InputsOffset inputs,
+    detail::InputBufferOffset buffer) {
   Slot& slot = sh.table[idx];
   const detail::ScriptRecord* r = slot.script.record();
   if (r->id >= sh.known.size())
@@ -54,7 +55,7 @@ flatbuffers::Offset<wire::Evaluation> Host::Impl::build_evaluation(
     slot.sent_bytecode = !source.bytecode.empty();  // only on this path: none per evaluation
   }
   return protocol::build_evaluation(f, detail::SlotTable::id_of(slot, idx), r->id, timeout_us,
-                                    inputs, with_source ? &source : nullptr);
+                                    inputs, with_source ? &source : nullptr, buffer);
 }
 
 std::span<const uint8_t> Host::Impl::finish_evaluate(
@@ -208,6 +209,7 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
   }
   auto& f = thread_builder();
   std::vector<detail::InputsOffset> inputs;
+  std::vector<detail::InputBufferOffset> buffers;  // encoded inputs, copied as they are
   std::vector<std::size_t> chunk;
   std::vector<std::size_t> one_by_one;
   std::vector<flatbuffers::Offset<wire::Evaluation>> evs;
@@ -219,10 +221,18 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
       // Encode inputs outside the lock, up to one frame's worth.
       f.Clear();
       inputs.clear();
+      buffers.clear();
       chunk.clear();
       for (; pos < list.size() && chunk.size() < kFrameCutItems && f.GetSize() < kFrameCutBytes;
            ++pos) {
         const std::size_t i = list[pos];
+        if (const EncodedInputs& enc = requests[i].encoded; !enc.empty()) {
+          inputs.push_back(0);
+          buffers.push_back(protocol::add_input_list(
+              f, {reinterpret_cast<const uint8_t*>(enc.bytes().data()), enc.bytes().size()}));
+          chunk.push_back(i);
+          continue;
+        }
         detail::InputsOffset in;
         std::string err;
         if (!detail::encode_inputs(f, requests[i].inputs, &in, &err)) {
@@ -231,6 +241,7 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
           continue;
         }
         inputs.push_back(in);
+        buffers.push_back(0);
         chunk.push_back(i);
       }
       if (chunk.empty()) continue;
@@ -252,7 +263,8 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
           const uint32_t idx = sh.table.admit(req.script, std::move(req.inputs),
                                               Completion(detail::BatchTarget{shared_cb, chunk[k]}),
                                               SlotPlace::kSent, single);
-          evs.push_back(build_evaluation(f, sh, idx, inputs[k]));
+          if (!req.encoded.empty()) sh.table[idx].encoded = std::move(req.encoded);
+          evs.push_back(build_evaluation(f, sh, idx, inputs[k], buffers[k]));
           ++accepted;
         }
         if (!evs.empty() && sh.writer->enqueue(finish_evaluate(f, evs.data(), evs.size())))
@@ -262,9 +274,13 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
       sh.evaluations.fetch_add(accepted, std::memory_order_relaxed);
       if (writer) writer->write_pending();
       if (resume) wake();
-      for (std::size_t i : one_by_one)
-        submit(requests[i].script, std::move(requests[i].inputs),
-               Completion(detail::BatchTarget{shared_cb, i}));
+      for (std::size_t i : one_by_one) {
+        // Single flight or a shard not running: the ordinary path, with the inputs decoded.
+        Request& req = requests[i];
+        if (!req.encoded.empty())
+          req.inputs = detail::decode_input_list(detail::input_list_of(req.encoded));
+        submit(req.script, std::move(req.inputs), Completion(detail::BatchTarget{shared_cb, i}));
+      }
       one_by_one.clear();
     }
   }
@@ -311,9 +327,16 @@ void Host::Impl::send_slots(Shard& sh, const std::vector<uint32_t>& idxs) {
     for (; k < idxs.size() && evs.size() < kFrameCutItems && f.GetSize() < kFrameCutBytes; ++k) {
       Slot& slot = sh.table[idxs[k]];
       detail::InputsOffset in;
-      std::string err;
-      detail::encode_inputs(f, slot.inputs, &in, &err);  // validated at submission
-      evs.push_back(build_evaluation(f, sh, idxs[k], in));
+      detail::InputBufferOffset buffer;
+      if (!slot.encoded.empty()) {
+        const std::string_view b = slot.encoded.bytes();
+        buffer =
+            protocol::add_input_list(f, {reinterpret_cast<const uint8_t*>(b.data()), b.size()});
+      } else {
+        std::string err;
+        detail::encode_inputs(f, slot.inputs, &in, &err);  // validated at submission
+      }
+      evs.push_back(build_evaluation(f, sh, idxs[k], in, buffer));
       slot.place = SlotPlace::kSent;
     }
     // Nobody else is writing when this returns true: write now so the builder can be reused.

@@ -233,6 +233,7 @@ struct Expectation {
   bool hello = false;        // a ClientHello with the right version was handled
   bool violation = false;    // the daemon must close the connection
   bool bad_version = false;  // ... after a ServerHello{error}
+  uint16_t version = 0;      // the client's ClientHello.protocol_version, when accepted
   bool unregisters = false;  // the stream unregisters keys: the next input gets a fresh daemon
   // Tags frames (design/protocol.md "Tags frames"): answered by TagsReply/TagValues, and
   // TagChanges may be pushed; their count is not modelled (only: verified frames, no crash,
@@ -297,10 +298,12 @@ bool expect(std::span<const uint8_t> stream, Expectation* x) {
         x->violation = true;
         return true;
       }
-      if (frame->body_as_ClientHello()->protocol_version() != protocol::kProtocolVersion) {
+      const uint16_t v = frame->body_as_ClientHello()->protocol_version();
+      if (v < protocol::kMinClientProtocolVersion || v > protocol::kProtocolVersion) {
         x->violation = x->bad_version = true;
         return true;
       }
+      x->version = v;
       x->hello = true;
       continue;
     }
@@ -354,13 +357,19 @@ bool expect(std::span<const uint8_t> stream, Expectation* x) {
         std::size_t frame_cost = 0;  // against the daemon's decode budget of kMaxFrameSize
         for (const wire::Evaluation* e : *items) {
           if (x->evaluations.size() == kMaxEvaluations) return false;
-          bool ok = !e->inputs() || e->inputs()->size() <= kMaxInputs;
+          // Protocol 2's nested InputList (its names count against the frame too, and it must
+          // sit 8-byte aligned) or protocol 1's inputs.
+          const wire::InputList* list = nullptr;
+          const bool aligned = protocol::evaluation_input_list(e, &list);
+          const auto* ins = list ? list->inputs() : e->inputs_buffer() ? nullptr : e->inputs();
+          bool ok = aligned && (!ins || ins->size() <= kMaxInputs);
           std::size_t host_cost = 0;  // against the host's kMaxInputBytes per evaluation
-          if (const auto* ins = e->inputs()) {
+          if (ins) {
             for (const wire::Input* in : *ins) {
               if (!count_values(in->value(), &values)) return false;
               ok = ok && host_accepts(in->value());
               host_cost += in->name()->size();
+              if (list) frame_cost += in->name()->size();
               if (in->value()) {
                 const std::size_t c = value_cost(in->value());
                 host_cost += c;
@@ -555,7 +564,8 @@ std::vector<uint32_t> check_answers(const Frames& frames, std::size_t cut, const
     if (i == 0) {
       FUZZ_CHECK(f->body_type() == wire::Body::ServerHello);
       const auto* h = f->body_as_ServerHello();
-      FUZZ_CHECK(h->protocol_version() == protocol::kProtocolVersion);
+      // Answered in the client's version; a refusal in outrund's own.
+      FUZZ_CHECK(h->protocol_version() == (x.bad_version ? protocol::kProtocolVersion : x.version));
       if (x.bad_version) {
         FUZZ_CHECK(h->error() != nullptr && h->error()->size() > 0);
         FUZZ_CHECK(frames.size() == 1);

@@ -145,7 +145,7 @@ TEST_CASE("protocol codecs: the worker pipe's messages decode to what was encode
     f.Clear();
     Received old(encode_hello(f, 1, 7));
     CHECK(!decode_worker_frame(old.frame, &m, &why));
-    CHECK(why == "speaks protocol version 7, host speaks 1");
+    CHECK(why == "speaks protocol version 7, host speaks " + std::to_string(kProtocolVersion));
   }
   SUBCASE("Evaluate, with and without source") {
     const std::array<uint8_t, 32> sha = {1, 2, 3};

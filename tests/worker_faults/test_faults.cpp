@@ -49,6 +49,7 @@
 #include <string_view>
 
 #include "hooks.h"
+#include "outrun/protocol/messages.h"
 #include "outrun/protocol/worker_exit.h"
 #include "worker.h"
 
@@ -106,10 +107,18 @@ bool parse(std::string_view list, std::string* crash_at_start, std::string* err)
   return true;
 }
 
+// The evaluation's inputs, from its nested InputList (protocol 2) or `inputs`; null: none.
+const flatbuffers::Vector<flatbuffers::Offset<wire::Input>>* inputs_of(const wire::Evaluation* e) {
+  const wire::InputList* list = nullptr;
+  if (!outrun::protocol::evaluation_input_list(e, &list)) return nullptr;
+  return list ? list->inputs() : e->inputs();
+}
+
 // The value of the string input `name`, or "" (a linear scan).
 std::string_view string_input(const wire::Evaluation* e, std::string_view name) {
-  if (!e->inputs()) return {};
-  for (const wire::Input* in : *e->inputs())
+  const auto* inputs = inputs_of(e);
+  if (!inputs) return {};
+  for (const wire::Input* in : *inputs)
     if (in->name()->string_view() == name && in->value() && in->value()->string_value())
       return in->value()->string_value()->string_view();
   return {};
@@ -119,7 +128,7 @@ std::string_view string_input(const wire::Evaluation* e, std::string_view name) 
 // confinement; if one ever returns, the worker says so loudly and exits 70, which no test
 // accepts.
 void attempt_escape(const wire::Evaluation* e) {
-  const auto* inputs = e->inputs();
+  const auto* inputs = inputs_of(e);
   if (!inputs) return;
   for (const wire::Input* in : *inputs) {
     if (in->name()->string_view() != "escape" || !in->value() || !in->value()->string_value())

@@ -3,7 +3,7 @@
 // test checks them against frame.h.
 
 /** Bumped by the daemon when a peer could misread a frame; sent in ClientHello/ServerHello. */
-export const PROTOCOL_VERSION = 1;
+export const PROTOCOL_VERSION = 2;
 /** Largest FlatBuffer (after the 4-byte length) a peer may send: 16 MiB. */
 export const MAX_FRAME_SIZE = 16 * 1024 * 1024;
 /** Smallest FlatBuffer that can hold a root offset and a table. */

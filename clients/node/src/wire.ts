@@ -1,11 +1,14 @@
 // Frames to and from the daemon, on top of the flatc-generated classes (src/generated/).
 import * as flatbuffers from 'flatbuffers';
 import * as w from './generated/outrun_generated';
+// Reached only through Evaluation.inputs_buffer's nested_flatbuffer attribute, which flatc's
+// index (outrun_generated.ts) leaves out.
+import { InputList } from './generated/outrun/wire/input-list';
 import { CheckedByteBuffer, MalformedFrame } from './checked-buffer';
 import { EVALUATE_SPLIT_BYTES, MAX_VALUE_DEPTH, PROTOCOL_VERSION } from './constants';
 import { DecodeBudget, InvalidValue, OutputValue, WireInputs, WireValue } from './values';
 
-export { w };
+export { w, InputList };
 
 // ---- encoding ----
 
@@ -102,6 +105,13 @@ export interface OutgoingEvaluation {
   inputs: WireInputs;
 }
 
+/** `bytes` as a [ubyte] vector whose data starts 8-byte aligned in the frame (it is read in place). */
+function addInputList(b: flatbuffers.Builder, bytes: Uint8Array): flatbuffers.Offset {
+  b.startVector(1, bytes.length, 8);
+  for (let i = bytes.length - 1; i >= 0; i--) b.addInt8(bytes[i]);
+  return b.endVector();
+}
+
 /**
  * Evaluate frames for `items`, in order: one frame, split when its FlatBuffer passes
  * EVALUATE_SPLIT_BYTES (so no frame nears MAX_FRAME_SIZE; one evaluation's inputs are at most
@@ -118,20 +128,28 @@ export function evaluate(items: readonly OutgoingEvaluation[]): Uint8Array[] {
     b = new flatbuffers.Builder(1024);
     offsets = [];
   };
+  // Inputs go as an InputList FlatBuffer of their own (protocol 2's Evaluation.inputs_buffer),
+  // which outrund passes to the worker without decoding (design/protocol.md "Encoded inputs").
+  const lb = new flatbuffers.Builder(256);
   for (const e of items) {
-    const ins = e.inputs.map(([name, value]) => {
-      const n = b.createString(name);
-      const v = encodeValue(b, value);
-      w.Input.startInput(b);
-      w.Input.addName(b, n);
-      w.Input.addValue(b, v);
-      return w.Input.endInput(b);
-    });
-    const inputs = ins.length ? w.Evaluation.createInputsVector(b, ins) : 0;
+    let inputs = 0;
+    if (e.inputs.length) {
+      lb.clear();
+      const ins = e.inputs.map(([name, value]) => {
+        const n = lb.createString(name);
+        const v = encodeValue(lb, value);
+        w.Input.startInput(lb);
+        w.Input.addName(lb, n);
+        w.Input.addValue(lb, v);
+        return w.Input.endInput(lb);
+      });
+      lb.finish(InputList.createInputList(lb, InputList.createInputsVector(lb, ins)));
+      inputs = addInputList(b, lb.asUint8Array());
+    }
     w.Evaluation.startEvaluation(b);
     w.Evaluation.addId(b, BigInt(e.id));
     w.Evaluation.addScriptId(b, e.handle);
-    if (inputs) w.Evaluation.addInputs(b, inputs);
+    if (inputs) w.Evaluation.addInputsBuffer(b, inputs);
     offsets.push(w.Evaluation.endEvaluation(b));
     if (b.offset() > EVALUATE_SPLIT_BYTES) flush();
   }

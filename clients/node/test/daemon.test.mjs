@@ -19,7 +19,7 @@ describe('outrund', () => {
 
   test('hello: server info', () => {
     const info = client.serverInfo;
-    assert.equal(info.protocolVersion, 1);
+    assert.equal(info.protocolVersion, 2);
     assert.equal(info.shards, 2);
     assert.equal(info.maxInflight, 10000);
     assert.ok(info.serverVersion.length > 0);

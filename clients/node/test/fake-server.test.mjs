@@ -5,7 +5,7 @@ import net from 'node:net';
 import { once } from 'node:events';
 import { connect, OutrunError, wire } from '../dist/index.js';
 import { tempSocket } from './helpers.mjs';
-import { intResults, readFrames, registered, serverHello } from './fake.mjs';
+import { inputOf, intResults, readFrames, registered, serverHello } from './fake.mjs';
 
 const { w } = wire;
 
@@ -37,7 +37,7 @@ test('ServerHello then garbage: the connection closes with an error', async () =
     readFrames(sock, (f) => {
       if (f.type === w.Body.ClientHello) {
         const h = wire.body(f, w.ClientHello);
-        assert.equal(h.protocolVersion(), 1);
+        assert.equal(h.protocolVersion(), 2);
         assert.equal(h.clientName(), 'fake-test');
         sock.write(serverHello());
       } else if (f.type === w.Body.Register) {
@@ -121,7 +121,7 @@ test('results split across writes and many per write; max_inflight is respected'
         const ev = wire.body(f, w.Evaluate);
         for (let i = 0; i < ev.itemsLength(); i++) {
           const e = ev.items(i);
-          const input = e.inputs(0);
+          const input = inputOf(e, 0);
           inflight.set(Number(e.id()), Number(input.value().intValue()));
         }
         maxSeen = Math.max(maxSeen, inflight.size);
@@ -163,10 +163,10 @@ test('a daemon that never says hello: connect times out', async () => {
 test('a daemon speaking another protocol version is refused', async () => {
   const srv = await fakeServer((sock) => {
     readFrames(sock, (f) => {
-      if (f.type === w.Body.ClientHello) sock.write(serverHello({ version: 2 }));
+      if (f.type === w.Body.ClientHello) sock.write(serverHello({ version: 3 }));
     });
   });
-  await assert.rejects(connect(srv.path), { status: 'unavailable', message: /protocol 2/ });
+  await assert.rejects(connect(srv.path), { status: 'unavailable', message: /protocol 3/ });
   await srv.close();
 });
 

@@ -2,14 +2,14 @@
 import * as flatbuffers from 'flatbuffers';
 import { FrameReader, wire } from '../dist/index.js';
 
-const { w } = wire;
+const { w, InputList } = wire;
 
 function finish(b, type, body) {
   w.Frame.finishSizePrefixedFrameBuffer(b, w.Frame.createFrame(b, type, body));
   return Buffer.from(b.asUint8Array());
 }
 
-export function serverHello({ version = 1, shards = 1, error = null, maxInflight = 100 } = {}) {
+export function serverHello({ version = 2, shards = 1, error = null, maxInflight = 100 } = {}) {
   const b = new flatbuffers.Builder(128);
   const v = b.createString('fake');
   const e = error ? b.createString(error) : 0;
@@ -20,6 +20,12 @@ export function serverHello({ version = 1, shards = 1, error = null, maxInflight
   if (e) w.ServerHello.addError(b, e);
   w.ServerHello.addMaxInflight(b, maxInflight);
   return finish(b, w.Body.ServerHello, w.ServerHello.endServerHello(b));
+}
+
+/** Input `i` of Evaluation `e`, from its inputs_buffer (an InputList FlatBuffer of its own). */
+export function inputOf(e, i) {
+  const list = InputList.getRootAsInputList(new flatbuffers.ByteBuffer(e.inputsBufferArray()));
+  return list.inputs(i);
 }
 
 export function registered(requestId, handle, shard = 0) {

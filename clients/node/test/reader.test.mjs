@@ -5,7 +5,7 @@ import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { constants, FrameError, FrameReader, STATUS_NAMES, wire } from '../dist/index.js';
-import { intResults, serverHello } from './fake.mjs';
+import { inputOf, intResults, serverHello } from './fake.mjs';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 
@@ -123,8 +123,8 @@ test('openFrame rejects garbage, truncation and unknown bodies', () => {
 
 test('constants agree with frame.h, runner.h and status.h', () => {
   const frame = readFileSync(path.join(root, 'protocol/include/outrun/protocol/frame.h'), 'utf8');
-  assert.match(frame, /kProtocolVersion = 1;/);
-  assert.equal(constants.PROTOCOL_VERSION, 1);
+  assert.match(frame, /kProtocolVersion = 2;/);
+  assert.equal(constants.PROTOCOL_VERSION, 2);
   assert.match(frame, /kMaxFrameSize = 16u << 20;/);
   assert.equal(constants.MAX_FRAME_SIZE, 16 << 20);
   assert.match(frame, /kMinFrameSize = 8;/);
@@ -152,8 +152,9 @@ test('Evaluate frames are split past 4 MiB, in order', () => {
     for (let i = 0; i < ev.itemsLength(); i++) {
       const e = ev.items(i);
       assert.equal(e.scriptId(), 7);
-      assert.equal(e.inputs(0).name(), 's');
-      assert.equal(e.inputs(0).value().stringValue().length, 1 << 20);
+      assert.equal(e.inputsLength(), 0); // protocol 2: in inputs_buffer
+      assert.equal(inputOf(e, 0).name(), 's');
+      assert.equal(inputOf(e, 0).value().stringValue().length, 1 << 20);
       ids.push(Number(e.id()));
     }
   }

@@ -24,6 +24,8 @@ struct ScriptRecord;
 // Drops one reference; the last one frees the record (through its registry, if any).
 void release_script_record(const ScriptRecord* rec);
 void retain_script_record(const ScriptRecord* rec);
+// Makes EncodedInputs from bytes already checked (host/codec/wire_codec.h).
+struct EncodedInputsAccess;
 }  // namespace detail
 
 // Handle of a registered script. Cheap to copy (one atomic increment); keeps its record alive,
@@ -187,9 +189,32 @@ class Future {
 // InProcess: on the calling thread, before evaluate() returns.
 using Callback = std::function<void(Result)>;
 
+// One evaluation's inputs already in wire form: the bytes of an InputList FlatBuffer
+// (design/protocol.md "Encoded inputs"), as an outrun client sends them. Made only by `from`,
+// which verifies the buffer and checks the inputs under the rules `Inputs` are held to (4096
+// inputs, 8 MiB as counted there, nesting 32, no tag-only kinds). A Host copies the bytes into
+// the worker's frame as they are: outrund passes a client's inputs on without decoding them.
+class EncodedInputs {
+ public:
+  EncodedInputs() = default;
+  // Empty `bytes` gives an empty EncodedInputs (no inputs). Otherwise invalid_argument with the
+  // reason when they are not a valid InputList or its inputs break a rule.
+  static Error from(std::string_view bytes, EncodedInputs* out);
+
+  bool empty() const { return bytes_.empty(); }
+  std::string_view bytes() const { return bytes_; }
+
+ private:
+  friend struct detail::EncodedInputsAccess;
+  std::string bytes_;
+};
+
+// One evaluation of a batch: `inputs`, or `encoded` when it is not empty (then `inputs` is
+// ignored).
 struct Request {
   Script script;
   Inputs inputs;
+  EncodedInputs encoded = {};
 };
 // Called exactly once per request of a batch, with the request's index.
 using BatchCallback = std::function<void(std::size_t index, Result result)>;

@@ -113,9 +113,11 @@ bool decode_client_frame(const wire::Frame* frame, ClientMessage* out, std::stri
 // ---- Daemon -> client
 
 // `error` set (not empty): the connection is refused. Fields at 0 are not written.
+// `protocol_version`: the one the connection speaks (the client's, when outrund accepts it).
 std::span<const uint8_t> encode_server_hello(flatbuffers::FlatBufferBuilder& fbb,
                                              std::string_view server_version, int32_t shards,
-                                             uint32_t max_inflight, std::string_view error = {});
+                                             uint32_t max_inflight, std::string_view error = {},
+                                             uint16_t protocol_version = kProtocolVersion);
 // Ok: `handle`, `sha256` (32 bytes) and `shard`; otherwise `error` and nothing else.
 std::span<const uint8_t> encode_registered(flatbuffers::FlatBufferBuilder& fbb, uint64_t request_id,
                                            wire::Status status, std::string_view error,

@@ -26,7 +26,10 @@
 namespace outrun::protocol {
 
 // Bumped when a peer could misread a frame. Sent in Hello; a mismatch is a protocol violation.
-inline constexpr uint16_t kProtocolVersion = 1;
+// 2: `Evaluation.inputs_buffer`. outrund also accepts clients from kMinClientProtocolVersion on
+// and answers each in its own version (design/protocol.md "Versions").
+inline constexpr uint16_t kProtocolVersion = 2;
+inline constexpr uint16_t kMinClientProtocolVersion = 1;
 
 // Largest FlatBuffer (the part after the length) a peer may send: 16 MiB. A larger length is a
 // protocol violation and the stream is abandoned (it cannot be resynchronised).

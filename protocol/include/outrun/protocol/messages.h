@@ -66,12 +66,22 @@ struct ScriptSource {
   std::span<const uint8_t> bytecode;           // not empty: sent instead of `source`
 };
 
-// One Evaluation. `inputs` was built before (null: none); `source` only when the worker may
-// lack the script. `timeout_us` 0 is not written (a client's evaluations carry none).
+// One Evaluation. `inputs` was built before (null: none), or `inputs_buffer` (an InputList
+// FlatBuffer, made by add_input_list); `source` only when the worker may lack the script.
+// `timeout_us` 0 is not written (a client's evaluations carry none).
 flatbuffers::Offset<wire::Evaluation> build_evaluation(
     flatbuffers::FlatBufferBuilder& fbb, uint64_t id, uint32_t script_id, uint64_t timeout_us,
     flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::Input>>> inputs,
-    const ScriptSource* source);
+    const ScriptSource* source,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> inputs_buffer = 0);
+// Copies an InputList FlatBuffer's bytes into `fbb` for Evaluation.inputs_buffer, 8-byte aligned
+// in the frame (its 8-byte scalars are read in place).
+flatbuffers::Offset<flatbuffers::Vector<uint8_t>> add_input_list(
+    flatbuffers::FlatBufferBuilder& fbb, std::span<const uint8_t> bytes);
+// The InputList of `e`'s inputs_buffer, or null when it has none. False when it has one that
+// cannot be read in place: not 8-byte aligned in memory (the frame's verifier checked the
+// rest, nested buffer included).
+bool evaluation_input_list(const wire::Evaluation* e, const wire::InputList** out);
 // Evaluate { items }: the evaluations built in `fbb` before, in order. Also client -> daemon.
 std::span<const uint8_t> finish_evaluate(
     flatbuffers::FlatBufferBuilder& fbb,

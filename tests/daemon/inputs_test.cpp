@@ -1,0 +1,270 @@
+// outrund at the protocol edge for evaluation inputs (design/protocol.md "Encoded inputs",
+// "Versions"): raw frames on a real daemon. Protocol 2's Evaluation.inputs_buffer, passed to the
+// worker as it is, and protocol 1's `inputs` give the same results; bad encoded inputs end that
+// one evaluation invalid_argument with a reason; a nested buffer that does not verify is a bad
+// frame (that client is disconnected, the daemon serves everyone else).
+#include <doctest/doctest.h>
+#include <flatbuffers/flatbuffers.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "daemon_support.h"
+#include "outrun/client.h"
+#include "outrun/protocol/client_messages.h"
+#include "outrun/protocol/frame.h"
+#include "outrun/protocol/messages.h"
+#include "outrun/protocol/wire_value.h"
+
+namespace {
+
+using namespace outrun::test;
+namespace wire = outrun::wire;
+namespace protocol = outrun::protocol;
+using Builder = flatbuffers::FlatBufferBuilder;
+using ValueRef = flatbuffers::Offset<wire::Value>;
+
+struct Conn {
+  int fd = -1;
+  protocol::FrameReader reader;
+  uint16_t version = 0;  // ServerHello's
+  std::string refused;   // ServerHello's error
+
+  Conn(const std::string& path, uint16_t hello_version) {
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    timeval tv{10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    Builder f;
+    send(protocol::encode_client_hello(f, "inputs-test", hello_version));
+    const auto fv = next();
+    REQUIRE(fv.frame->body_type() == wire::Body::ServerHello);
+    version = fv.frame->body_as_ServerHello()->protocol_version();
+    if (const auto* e = fv.frame->body_as_ServerHello()->error()) refused = e->str();
+  }
+  ~Conn() { close(fd); }
+  void send(std::span<const uint8_t> b) {
+    for (std::size_t off = 0; off < b.size();) {
+      const ssize_t n = write(fd, b.data() + off, b.size() - off);
+      REQUIRE(n > 0);
+      off += static_cast<std::size_t>(n);
+    }
+  }
+  protocol::FrameView next() {  // valid until the next call
+    protocol::FrameView fv;
+    while (!reader.next(fv)) REQUIRE(reader.read_from(fd) > 0);
+    return fv;
+  }
+  // True when the daemon closed the connection (within the receive timeout).
+  bool closed() {
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = read(fd, buf, sizeof buf);
+      if (n == 0) return true;
+      if (n < 0) return errno == ECONNRESET;
+    }
+  }
+  uint32_t register_script(const std::string& key, const std::string& source) {
+    Builder f;
+    send(protocol::encode_register(f, 1, key, source));
+    const auto fv = next();
+    REQUIRE(fv.frame->body_type() == wire::Body::Registered);
+    REQUIRE(fv.frame->body_as_Registered()->status() == wire::Status::Ok);
+    return fv.frame->body_as_Registered()->handle();
+  }
+  // Results until `n` are read, by id: {status, value as a double (or NaN), error}.
+  struct Got {
+    wire::Status status;
+    double value;
+    std::string error;
+  };
+  std::map<uint64_t, Got> results(std::size_t n) {
+    std::map<uint64_t, Got> out;
+    while (out.size() < n) {
+      const auto fv = next();
+      REQUIRE(fv.frame->body_type() == wire::Body::Results);
+      for (const wire::Result* r : *fv.frame->body_as_Results()->items()) {
+        protocol::ClientResult cr;
+        protocol::decode_daemon_result(r, &cr);
+        double v = std::nan("");
+        if (cr.value && cr.value->kind() == wire::ValueKind::Double) v = cr.value->double_value();
+        if (cr.value && cr.value->kind() == wire::ValueKind::Int)
+          v = static_cast<double>(cr.value->int_value());
+        out[cr.id] = {cr.status, v, cr.error};
+      }
+    }
+    return out;
+  }
+};
+
+// Inputs a = `a` and t = [1, 100] built in `b` (the frame's or a list's own builder).
+flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::Input>>> sample(Builder& b,
+                                                                                  int64_t a) {
+  protocol::WireValueBuilder v(b);
+  const auto va = v.integer(a);
+  const auto t = v.array(std::vector{v.integer(1), v.integer(100)});
+  std::vector<flatbuffers::Offset<wire::Input>> in{wire::CreateInput(b, b.CreateString("a"), va),
+                                                   wire::CreateInput(b, b.CreateString("t"), t)};
+  return b.CreateVector(in);
+}
+
+// An InputList whose one input `x` is made by `make`; its bytes.
+std::vector<uint8_t> list_of(const std::function<ValueRef(Builder&)>& make) {
+  Builder b;
+  const auto v = make(b);
+  std::vector<flatbuffers::Offset<wire::Input>> in{wire::CreateInput(b, b.CreateString("x"), v)};
+  b.Finish(wire::CreateInputList(b, b.CreateVector(in)));
+  return {b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize()};
+}
+
+std::vector<uint8_t> sample_list(int64_t a) {
+  Builder b;
+  b.Finish(wire::CreateInputList(b, sample(b, a)));
+  return {b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize()};
+}
+
+// Evaluate frames of evaluations (id, handle, encoded inputs).
+struct EvaluateFrame {
+  Builder f;
+  std::vector<flatbuffers::Offset<wire::Evaluation>> items;
+  void add(uint64_t id, uint32_t handle, const std::vector<uint8_t>& list) {
+    items.push_back(protocol::build_evaluation(f, id, handle, 0, {}, nullptr,
+                                               protocol::add_input_list(f, list)));
+  }
+  std::span<const uint8_t> finish() { return protocol::finish_evaluate(f, items); }
+};
+
+const char* kScript = "return inputs.a + inputs.t[2] + (inputs.x or 0)";
+
+}  // namespace
+
+TEST_CASE("outrund: protocol 1 sends plain inputs, protocol 2 encoded ones: the same results") {
+  Daemon d({"--single-flight", "off"});
+  SUBCASE("versions") {
+    Conn v1(d.socket, 1), v2(d.socket, 2);
+    CHECK(v1.version == 1);
+    CHECK(v2.version == 2);
+    CHECK(v1.refused.empty());
+    for (uint16_t bad : {uint16_t{0}, uint16_t{3}}) {
+      Conn c(d.socket, bad);
+      CHECK(c.refused.find("speaks 1 to 2") != std::string::npos);
+    }
+  }
+  SUBCASE("results") {
+    Conn v1(d.socket, 1), v2(d.socket, 2);
+    const uint32_t h1 = v1.register_script("inputs.sum", kScript);
+    const uint32_t h2 = v2.register_script("inputs.sum", kScript);
+    Builder f;
+    std::vector<flatbuffers::Offset<wire::Evaluation>> plain;
+    EvaluateFrame enc;
+    for (int64_t i = 0; i < 40; ++i) {
+      plain.push_back(
+          protocol::build_evaluation(f, static_cast<uint64_t>(i), h1, 0, sample(f, i), nullptr));
+      enc.add(static_cast<uint64_t>(i), h2, sample_list(i));
+    }
+    v1.send(protocol::finish_evaluate(f, plain));
+    v2.send(enc.finish());
+    const auto a = v1.results(40), b = v2.results(40);
+    for (int64_t i = 0; i < 40; ++i) {
+      const auto& x = a.at(static_cast<uint64_t>(i));
+      const auto& y = b.at(static_cast<uint64_t>(i));
+      INFO(i, " ", x.error, " ", y.error);
+      CHECK(x.status == wire::Status::Ok);
+      CHECK(y.status == wire::Status::Ok);
+      CHECK(x.value == static_cast<double>(i + 100));
+      CHECK(y.value == x.value);
+    }
+  }
+  CHECK(d.stop() == 0);
+}
+
+TEST_CASE(
+    "outrund: bad encoded inputs end that evaluation invalid_argument, a bad buffer is a "
+    "bad frame") {
+  Daemon d({"--single-flight", "off"});
+  Conn c(d.socket, 2);
+  const uint32_t h = c.register_script("inputs.bad", kScript);
+  EvaluateFrame ev;
+  ev.add(1, h, sample_list(1));
+  ev.add(2, h, list_of([](Builder& b) {  // a tag-only kind
+           wire::ValueBuilder vb(b);
+           vb.add_kind(wire::ValueKind::DateTime);
+           vb.add_int_value(1);
+           return vb.Finish();
+         }));
+  ev.add(3, h, list_of([](Builder& b) {  // 2^14 uses of one 1000-byte string: 16 MB counted
+           protocol::WireValueBuilder v(b);
+           auto x = v.string(std::string(1000, 's'), true);
+           for (int i = 0; i < 14; ++i) x = v.array(std::vector{x, x});
+           return x;
+         }));
+  ev.add(4, h, list_of([](Builder& b) {  // 33 levels
+           protocol::WireValueBuilder v(b);
+           auto x = v.integer(1);
+           for (int i = 0; i < 33; ++i) x = v.array(std::vector{x});
+           return x;
+         }));
+  ev.add(5, h, sample_list(5));
+  c.send(ev.finish());
+  const auto got = c.results(5);
+  CHECK(got.at(1).status == wire::Status::Ok);
+  CHECK(got.at(1).value == 101);
+  CHECK(got.at(5).value == 105);
+  CHECK(got.at(2).status == wire::Status::InvalidArgument);
+  CHECK(got.at(2).error.find("input 'x' is not a valid value") != std::string::npos);
+  CHECK(got.at(3).status == wire::Status::InvalidArgument);
+  CHECK(got.at(3).error.find("larger than 8388608") != std::string::npos);
+  CHECK(got.at(4).status == wire::Status::InvalidArgument);
+
+  SUBCASE("misaligned") {
+    // The nested buffer's bytes placed 4 bytes off an 8-byte boundary (no forced alignment; a
+    // pad vector moves it): the frame verifies, the evaluation is refused.
+    const auto list = sample_list(9);
+    bool tried = false;
+    for (std::size_t pad = 1; pad <= 8 && !tried; ++pad) {
+      Builder f;
+      // Built first, the pad ends up after the nested bytes (a builder fills back to front).
+      const auto padding = f.CreateVector(std::vector<uint8_t>(pad, 0));
+      (void)padding;
+      const auto data = f.CreateVector(list.data(), list.size());
+      std::vector<flatbuffers::Offset<wire::Evaluation>> items{
+          protocol::build_evaluation(f, 9, h, 0, {}, nullptr, data)};
+      const auto frame = protocol::finish_evaluate(f, items);
+      // Where the nested bytes sit relative to the frame's start (its length prefix), which the
+      // daemon's reader keeps 8-aligned.
+      const auto* fr = flatbuffers::GetSizePrefixedRoot<wire::Frame>(frame.data());
+      const auto* buf = fr->body_as_Evaluate()->items()->Get(0)->inputs_buffer();
+      if ((buf->data() - frame.data()) % 8 == 0) continue;
+      tried = true;
+      c.send(frame);
+      const auto r = c.results(1).at(9);
+      CHECK(r.status == wire::Status::InvalidArgument);
+      CHECK(r.error.find("8-byte aligned") != std::string::npos);
+    }
+    CHECK(tried);
+  }
+  SUBCASE("a nested buffer that does not verify") {
+    std::vector<uint8_t> junk(64, 0xff);
+    EvaluateFrame bad;
+    bad.add(10, h, junk);
+    c.send(bad.finish());
+    CHECK(c.closed());
+    Conn other(d.socket, 2);  // the daemon serves everyone else
+    const uint32_t h2 = other.register_script("inputs.after", kScript);
+    EvaluateFrame ok;
+    ok.add(11, h2, sample_list(11));
+    other.send(ok.finish());
+    CHECK(other.results(1).at(11).value == 111);
+  }
+  CHECK(d.stop() == 0);
+}
