@@ -141,12 +141,16 @@ void Server::refill(int s, const Done* done) {
       if (!run) {
         run = std::make_shared<Run>();
         run->shard = s;
+        // At most this fill's room and what is queued: no reallocation while it fills.
+        const std::size_t most = std::min<std::size_t>(sh.window - sh.used, sh.queued);
+        run->items.reserve(most);
+        batch.reserve(most);
       }
-      std::shared_ptr<Conn> self = c->shared_from_this();
+      run->conns.push_back(c->shared_from_this());
       for (uint32_t k = 0; k < kQuantum && sh.used < sh.window && !cs.q.empty(); ++k) {
         Queued& q = cs.q.front();
         batch.push_back(std::move(q.rq));
-        run->items.push_back(RunItem{self, std::move(q.entry), q.id, q.t0});
+        run->items.push_back(RunItem{c, std::move(q.entry), q.id, q.t0});
         cs.q.pop_front();
         ++sh.used;
         --sh.queued;
@@ -197,12 +201,12 @@ void Server::complete(const Run& run, std::size_t i, Result&& r) {
     // Corked until this loop turn's check phase (flush_corked): one frame and one send per
     // client per turn, however many of its results the turn read from however many shards. The
     // daemon's in-flight count, which the drain waits on, goes down once it is written.
-    if (c.corked.empty()) corked_.push_back(it.conn);
+    if (c.corked.empty()) corked_.push_back(c.shared_from_this());
     c.corked.emplace_back(it.id, std::move(r));
   } else {
     counters_.inflight.fetch_sub(1, std::memory_order_relaxed);
     send_result(c, it.id, r);
-    check_hard_limit(it.conn);
+    check_hard_limit(c.shared_from_this());
   }
   const Done d{run.sent_us, now, ran};
   refill(run.shard, &d);

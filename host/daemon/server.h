@@ -94,7 +94,7 @@ class Server {
 
   // Scheduler. A submitted run of evaluations (one Host call), what its callbacks need.
   struct RunItem {
-    std::shared_ptr<Conn> conn;
+    Conn* conn;  // kept alive by its Run's `conns`
     std::shared_ptr<ScriptEntry> entry;
     uint64_t id = 0, t0 = 0;
   };
@@ -102,6 +102,9 @@ class Server {
     int shard = 0;
     uint64_t sent_us = 0;
     std::vector<RunItem> items;
+    // The clients of `items`, one reference per client's turn in the fill rather than one per
+    // evaluation (each is an atomic increment and decrement on the loop's hot path).
+    std::vector<std::shared_ptr<Conn>> conns;
   };
   struct Done {  // a completion, for the window's accounting
     uint64_t sent_us, now_us;

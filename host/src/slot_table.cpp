@@ -40,16 +40,16 @@ void SlotTable::ensure_key(uint32_t key_id) {
   }
 }
 
-uint32_t SlotTable::admit(const Script& script, Inputs&& inputs, Completion&& done, SlotPlace place,
+uint32_t SlotTable::admit(Script script, Inputs&& inputs, Completion&& done, SlotPlace place,
                           bool single_flight) {
   const uint32_t idx = alloc();
   Slot& slot = slots_[idx];
-  slot.script = script;
+  const uint32_t kid = script.record()->key_id;
+  slot.script = std::move(script);
   slot.inputs = std::move(inputs);
   slot.done = std::move(done);
   slot.place = place;
   if (single_flight) {
-    const uint32_t kid = script.record()->key_id;
     ensure_key(kid);
     flight_[kid] = idx + 1;
   }

@@ -61,7 +61,8 @@ class SlotTable {
 
   // Admits an evaluation at `place` (kSent: the caller writes it now; kWaiting: it joins the
   // waiting queue). With `single_flight` it takes its key's flight, which must be free.
-  uint32_t admit(const Script& script, Inputs&& inputs, Completion&& done, SlotPlace place,
+  // `script` by value: a caller done with its handle moves it in (no reference count taken).
+  uint32_t admit(Script script, Inputs&& inputs, Completion&& done, SlotPlace place,
                  bool single_flight);
   // Coalesce-latest: admits it behind its key's evaluation in flight, replacing the one that
   // waited there before, whose completion is moved to `replaced` (else left empty).

@@ -260,7 +260,7 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
             one_by_one.push_back(chunk[k]);
             continue;
           }
-          const uint32_t idx = sh.table.admit(req.script, std::move(req.inputs),
+          const uint32_t idx = sh.table.admit(std::move(req.script), std::move(req.inputs),
                                               Completion(detail::BatchTarget{shared_cb, chunk[k]}),
                                               SlotPlace::kSent, single);
           if (!req.encoded.empty()) sh.table[idx].encoded = std::move(req.encoded);

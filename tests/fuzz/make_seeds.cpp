@@ -108,15 +108,24 @@ struct Eval {
   const char* source;  // null: by id only
   uint64_t timeout_us;
   Inputs inputs;
+  bool encoded = false;  // inputs as protocol 2's inputs_buffer
 };
 
 ByteVec evaluate(const std::vector<Eval>& es) {
   flatbuffers::FlatBufferBuilder fbb(1024);
   std::vector<flatbuffers::Offset<wire::Evaluation>> items;
+  flatbuffers::FlatBufferBuilder list(256);
   for (const auto& e : es) {
     detail::InputsOffset inputs;
+    detail::InputBufferOffset buffer;
     std::string err;
-    if (!detail::encode_inputs(fbb, e.inputs, &inputs, &err)) std::abort();
+    if (e.encoded) {
+      std::span<const uint8_t> bytes;
+      if (!detail::encode_input_list(list, e.inputs, &bytes, &err)) std::abort();
+      buffer = protocol::add_input_list(fbb, bytes);
+    } else if (!detail::encode_inputs(fbb, e.inputs, &inputs, &err)) {
+      std::abort();
+    }
     flatbuffers::Offset<flatbuffers::Vector<uint8_t>> sha;
     flatbuffers::Offset<flatbuffers::String> src, name;
     if (e.source) {
@@ -126,8 +135,8 @@ ByteVec evaluate(const std::vector<Eval>& es) {
       src = fbb.CreateString(e.source);
       name = fbb.CreateString("Line1.Script" + std::to_string(e.script_id));
     }
-    items.push_back(
-        wire::CreateEvaluation(fbb, e.id, e.script_id, sha, src, name, e.timeout_us, inputs));
+    items.push_back(wire::CreateEvaluation(fbb, e.id, e.script_id, sha, src, name, e.timeout_us,
+                                           inputs, 0, buffer));
   }
   return finish(fbb, wire::Body::Evaluate,
                 wire::CreateEvaluate(fbb, fbb.CreateVector(items)).Union());
@@ -230,6 +239,9 @@ ByteVec unreg(uint64_t request_id, const char* key) {
 // daemon registers its fixed scripts as handles 0..7 before the first input).
 Eval call(uint64_t id, uint32_t handle, Inputs inputs = {}) {
   return Eval{id, handle, nullptr, 0, std::move(inputs)};
+}
+Eval encoded_call(uint64_t id, uint32_t handle, Inputs inputs) {
+  return Eval{id, handle, nullptr, 0, std::move(inputs), true};
 }
 
 // One input nested `depth` arrays deep, built raw (encode_inputs refuses more than 32).
@@ -336,6 +348,14 @@ int main(int argc, char** argv) {
 
   // ---- fuzz_worker_input -----------------------------------------------------------------
   write_seed("fuzz_worker_input", "basic", eval_basic);
+  write_seed("fuzz_worker_input", "encoded_inputs",
+             evaluate({{kId0 | 0,
+                        0,
+                        "return (inputs.a + inputs.b) / 2",
+                        100000,
+                        {{"a", Value(1)}, {"b", Value(2.5)}},
+                        true},
+                       {kId0 | 1, 0, nullptr, 100000, {{"a", Value(3)}}, true}}));
   write_seed(
       "fuzz_worker_input", "statuses",
       evaluate({{1,
@@ -467,7 +487,12 @@ int main(int argc, char** argv) {
     // Each breaks a rule: the daemon closes this connection (after a ServerHello{error} for the
     // version), answering nothing after it.
     write_seed(T, "no_hello", cat({reg(1, "fuzz.sum", "return 1"), client_hello()}));
-    write_seed(T, "bad_version", cat({client_hello(2), control(1, C::Stats)}));
+    write_seed(T, "bad_version", cat({client_hello(3), control(1, C::Stats)}));
+    write_seed(T, "protocol_1",  // answered in version 1, plain inputs
+               cat({client_hello(1), evaluate({call(1, 0, ab)}), control(1, C::Stats)}));
+    write_seed(T, "encoded_inputs",  // protocol 2's inputs_buffer, beside plain inputs
+               cat({client_hello(), evaluate({encoded_call(1, 0, ab), call(2, 0, ab)}),
+                    evaluate({encoded_call(3, 1, {{"v", deep32}}), encoded_call(4, 0, {})})}));
     write_seed(T, "second_hello", cat({client_hello(), control(1, C::Stats), client_hello()}));
     write_seed(T, "results_from_client", cat({client_hello(), results_one, control(1, C::Stats)}));
     write_seed(T, "worker_frames",
