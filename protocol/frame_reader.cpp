@@ -29,6 +29,10 @@ const wire::Frame* verify_frame(const uint8_t* data, std::size_t size) {
   opts.max_depth = kVerifierMaxDepth;
   opts.max_tables = kVerifierMaxTables;
   opts.check_alignment = true;
+  // Evaluation.inputs_buffer is checked by check_input_list, which pays for each use of it
+  // (input_list.h); FlatBuffers would verify it with fresh limits every time it is met.
+  opts.check_nested_flatbuffers = false;
+  const ValueCheckBudget checks(kVerifierMaxValueChecks);
   flatbuffers::Verifier verifier(data, size, opts);
   if (!wire::VerifySizePrefixedFrameBuffer(verifier)) return nullptr;
   return wire::GetSizePrefixedFrame(data);

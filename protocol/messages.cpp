@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "outrun/protocol/input_list.h"
+
 namespace outrun::protocol {
 
 namespace {
@@ -87,9 +89,10 @@ bool evaluation_input_list(const wire::Evaluation* e, const wire::InputList** ou
   *out = nullptr;
   const auto* b = e->inputs_buffer();
   if (!b) return true;
-  if (reinterpret_cast<std::uintptr_t>(b->data()) % 8 != 0) return false;
-  *out = flatbuffers::GetRoot<wire::InputList>(b->data());
-  return true;
+  std::size_t budget = kMaxInputListBytes;  // one evaluation's inputs, as the host counts them
+  InputListVerdict verdict;
+  *out = check_input_list(b->data(), b->size(), &budget, &verdict);
+  return *out != nullptr;
 }
 
 std::span<const uint8_t> finish_evaluate(

@@ -409,11 +409,13 @@ void Worker::evaluate(const wire::Evaluation* e) {
   if (budget_.used - closing_bytes_ - spares_bytes_ > evict_above_) [[unlikely]]
     evict_down_to(evict_above_, &s->state->memory(), true);
   // Inputs come as a nested InputList (protocol 2; outrund passes a client's on as they are)
-  // or as `inputs`. A nested one the frame's verifier passed but that is not 8-byte aligned in
-  // memory cannot be read in place: the evaluation ends invalid_argument, as bad inputs do.
+  // or as `inputs`. The frame's verifier does not look inside a nested one: it is verified and
+  // checked here with one evaluation's limits (input_list.h), and one that fails ends the
+  // evaluation invalid_argument, as bad inputs do.
   const wire::InputList* list = nullptr;
   if (!protocol::evaluation_input_list(e, &list)) {
-    add_result(e->id(), wire::Status::InvalidArgument, 0, "inputs_buffer is not 8-byte aligned");
+    add_result(e->id(), wire::Status::InvalidArgument, 0,
+               "inputs_buffer is not a valid InputList within one evaluation's limits");
     return;
   }
   mark_running(e->id());  // T counts from here, for the worker's soft deadline and the host's

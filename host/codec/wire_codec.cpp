@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "outrun/protocol/frame.h"
+#include "outrun/protocol/input_list.h"
 #include "outrun/protocol/wire_value.h"
 
 namespace outrun::detail {
@@ -53,48 +54,46 @@ bool fits(std::size_t* budget, std::size_t n) {
 
 // Each value costs 16 bytes of `budget` plus its string, bytes or map keys, counted per
 // reference (a subtree the frame shares is paid for each time it is used), as Budget does.
-// `out` null: checks only, building nothing (check_input_list).
 bool decode(const wire::Value* in, Value* out, int depth, std::size_t* budget, bool typed = false) {
   if (!charge(budget, 16)) return false;
   if (in == nullptr) {
-    if (out) out->v = Nil{};
+    out->v = Nil{};
     return true;
   }
   switch (in->kind()) {
     case wire::ValueKind::UInt:
       if (!typed) return false;
-      if (out) out->v = static_cast<uint64_t>(in->uint_value());
+      out->v = static_cast<uint64_t>(in->uint_value());
       return true;
     case wire::ValueKind::Float:
       if (!typed) return false;
-      if (out) out->v = static_cast<float>(in->double_value());
+      out->v = static_cast<float>(in->double_value());
       return true;
     case wire::ValueKind::DateTime:
       if (!typed) return false;
-      if (out) out->v = DateTime{in->int_value()};
+      out->v = DateTime{in->int_value()};
       return true;
     case wire::ValueKind::Nil:
-      if (out) out->v = Nil{};
+      out->v = Nil{};
       return true;
     case wire::ValueKind::Boolean:
-      if (out) out->v = in->bool_value();
+      out->v = in->bool_value();
       return true;
     case wire::ValueKind::Int:
-      if (out) out->v = static_cast<int64_t>(in->int_value());
+      out->v = static_cast<int64_t>(in->int_value());
       return true;
     case wire::ValueKind::Double:
-      if (out) out->v = in->double_value();
+      out->v = in->double_value();
       return true;
     case wire::ValueKind::String:
       if (!charge(budget, in->string_value() ? in->string_value()->size() : 0)) return false;
-      if (out) out->v = in->string_value() ? in->string_value()->str() : std::string();
+      out->v = in->string_value() ? in->string_value()->str() : std::string();
       return true;
     case wire::ValueKind::Bytes: {
       const auto* b = in->bytes_value();
       if (!charge(budget, b ? b->size() : 0)) return false;
-      if (out)
-        out->v = Bytes{b ? std::string(reinterpret_cast<const char*>(b->data()), b->size())
-                         : std::string()};
+      out->v = Bytes{b ? std::string(reinterpret_cast<const char*>(b->data()), b->size())
+                       : std::string()};
       return true;
     }
     case wire::ValueKind::Array: {
@@ -104,11 +103,11 @@ bool decode(const wire::Value* in, Value* out, int depth, std::size_t* budget, b
         // Refused before the allocation when the items alone would overspend (each is charged
         // as it is decoded).
         if (!fits(budget, std::size_t{16} * items->size())) return false;
-        if (out) a.resize(items->size());
+        a.resize(items->size());
         for (flatbuffers::uoffset_t i = 0; i < items->size(); ++i)
-          if (!decode(items->Get(i), out ? &a[i] : nullptr, depth + 1, budget, typed)) return false;
+          if (!decode(items->Get(i), &a[i], depth + 1, budget, typed)) return false;
       }
-      if (out) out->v = std::move(a);
+      out->v = std::move(a);
       return true;
     }
     case wire::ValueKind::Map: {
@@ -118,14 +117,13 @@ bool decode(const wire::Value* in, Value* out, int depth, std::size_t* budget, b
       const flatbuffers::uoffset_t n = keys ? keys->size() : 0;
       if ((items ? items->size() : 0) != n) return false;
       if (!fits(budget, std::size_t{16} * n)) return false;
-      Map m(out ? n : 0);
+      Map m(n);
       for (flatbuffers::uoffset_t i = 0; i < n; ++i) {
         if (!charge(budget, keys->Get(i)->size())) return false;
-        if (out) m[i].key = keys->Get(i)->str();
-        if (!decode(items->Get(i), out ? &m[i].value : nullptr, depth + 1, budget, typed))
-          return false;
+        m[i].key = keys->Get(i)->str();
+        if (!decode(items->Get(i), &m[i].value, depth + 1, budget, typed)) return false;
       }
-      if (out) out->v = std::move(m);
+      out->v = std::move(m);
       return true;
     }
   }
@@ -202,39 +200,53 @@ bool encode_inputs(flatbuffers::FlatBufferBuilder& fbb, const Inputs& inputs, In
   return true;
 }
 
-bool check_input_list(const wire::InputList* list, std::size_t* frame_budget, std::string* error) {
-  const auto* inputs = list->inputs();
-  if (!inputs) return true;
-  if (inputs->size() > kMaxInputs) {
-    *error = "too many inputs (more than " + std::to_string(kMaxInputs) + ")";
-    return false;
-  }
+static_assert(protocol::kMaxInputCount == kMaxInputs);
+static_assert(protocol::kMaxInputDepth == kMaxValueDepth);
+static_assert(protocol::kMaxInputListBytes == kMaxInputBytes);
+
+bool check_encoded_inputs(std::span<const uint8_t> bytes, std::size_t* frame_budget,
+                          std::string* error) {
   // One evaluation's own limit, and no more than what is left of the frame's.
   const bool frame_bound = frame_budget && *frame_budget < kMaxInputBytes;
   const std::size_t start = frame_bound ? *frame_budget : kMaxInputBytes;
   std::size_t left = start;
-  for (const wire::Input* in : *inputs) {
-    // The name counts as Budget counts it; the value's depth starts at 1 there (encode_inputs),
-    // at 0 here: decode's containers refuse at depth >= kMaxValueDepth.
-    if (!charge(&left, in->name()->size()) || !decode(in->value(), nullptr, 0, &left)) {
-      // What was walked counts against the frame even when the inputs are refused: a frame of
-      // many evaluations that each fail late would otherwise keep the loop walking.
-      if (frame_budget) *frame_budget -= start - left;
-      if (left == 0 && frame_bound) {
+  protocol::InputListVerdict verdict;
+  const bool ok = protocol::check_input_list(bytes.data(), bytes.size(), &left, &verdict);
+  // What was walked counts against the frame even when the inputs are refused: a frame of many
+  // evaluations that each fail late would otherwise keep the loop walking.
+  if (frame_budget) *frame_budget -= start - left;
+  if (ok) return true;
+  using E = protocol::InputListError;
+  const std::string name(verdict.input);
+  switch (verdict.error) {
+    case E::too_large:
+      *error =
+          "inputs_buffer is larger than " + std::to_string(protocol::kMaxInputListBytes) + " bytes";
+      break;
+    case E::misaligned:
+      *error = "inputs_buffer is not 8-byte aligned in the frame";
+      break;
+    case E::too_many:
+      *error = "too many inputs (more than " + std::to_string(kMaxInputs) + ")";
+      break;
+    case E::bad_value:
+      *error = "input '" + name + "' is not a valid value";
+      break;
+    case E::over_budget:
+      if (frame_bound)
         *error = "the inputs of this frame decode to more than " +
                  std::to_string(protocol::kMaxFrameSize) +
                  " bytes (a shared subtree counts each time it is used)";
-      } else if (left == 0) {
+      else
         *error = "the inputs are larger than " + std::to_string(kMaxInputBytes) +
                  " bytes (16 per value plus strings, bytes and keys)";
-      } else {
-        *error = "input '" + in->name()->str() + "' is not a valid value";
-      }
-      return false;
-    }
+      break;
+    case E::none:
+    case E::malformed:
+      *error = "inputs_buffer is not a valid InputList FlatBuffer";
+      break;
   }
-  if (frame_budget) *frame_budget -= start - left;
-  return true;
+  return false;
 }
 
 Inputs decode_input_list(const wire::InputList* list) {
@@ -315,17 +327,15 @@ namespace outrun {
 Error EncodedInputs::from(std::string_view bytes, EncodedInputs* out) {
   *out = EncodedInputs();
   if (bytes.empty()) return Error::none();
-  if (bytes.size() > protocol::kMaxFrameSize)
-    return Error{ErrorCode::invalid_argument, "the encoded inputs are larger than a frame (" +
-                                                  std::to_string(protocol::kMaxFrameSize) +
-                                                  " bytes)"};
-  // Verified in an 8-aligned copy: the caller's bytes may sit anywhere.
-  EncodedInputs e = detail::EncodedInputsAccess::make(bytes);
-  flatbuffers::Verifier v(reinterpret_cast<const uint8_t*>(e.bytes().data()), e.bytes().size());
-  if (!v.VerifyBuffer<wire::InputList>(nullptr))
-    return Error{ErrorCode::invalid_argument, "the encoded inputs are not an InputList FlatBuffer"};
+  if (bytes.size() > protocol::kMaxInputListBytes)
+    return Error{ErrorCode::invalid_argument, "the encoded inputs are larger than " +
+                                                  std::to_string(protocol::kMaxInputListBytes) +
+                                                  " bytes"};
+  // Checked in the aligned copy it keeps: the caller's bytes may sit anywhere.
+  EncodedInputs e = detail::EncodedInputsAccess::make(
+      {reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
   std::string why;
-  if (!detail::check_input_list(detail::input_list_of(e), nullptr, &why))
+  if (!detail::check_encoded_inputs({e.data(), e.size_}, nullptr, &why))
     return Error{ErrorCode::invalid_argument, std::move(why)};
   *out = std::move(e);
   return Error::none();

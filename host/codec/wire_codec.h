@@ -18,13 +18,15 @@ inline constexpr std::size_t kMaxInputBytes = 8u << 20;
 using InputsOffset = flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::Input>>>;
 using InputBufferOffset = flatbuffers::Offset<flatbuffers::Vector<uint8_t>>;
 
-// Checks an InputList already verified structurally (a client's nested buffer, or one that
-// EncodedInputs::from verified): at most kMaxInputs inputs, no tag-only kind (UInt, Float,
-// DateTime), nesting at most kMaxValueDepth, map keys and items of one length, and at most
-// kMaxInputBytes counted as Budget does (a shared subtree each time it is used). Also takes what
-// it counted from `*frame_budget` (outrund's per-frame decode budget; null: none). False with
-// *error, naming the input, otherwise.
-bool check_input_list(const wire::InputList* list, std::size_t* frame_budget, std::string* error);
+// Verifies and checks an InputList's bytes (protocol::check_input_list: a client's
+// inputs_buffer, or what EncodedInputs::from is given): at most kMaxInputs inputs, no tag-only
+// kind (UInt, Float, DateTime), nesting at most kMaxValueDepth, map keys and items of one length,
+// and at most kMaxInputBytes counted as Budget does (a shared part each time it is used), in at
+// most protocol::kMaxInputListBytes, 8-byte aligned in memory. Also takes what it counted from
+// `*frame_budget` (outrund's per-frame decode budget; null: none), also when it refuses. False
+// with *error, naming the input where it can, otherwise.
+bool check_encoded_inputs(std::span<const uint8_t> bytes, std::size_t* frame_budget,
+                          std::string* error);
 
 // The Inputs of a checked InputList (InProcess, and a Host's rare paths: single flight, a shard
 // that is down).
@@ -36,17 +38,17 @@ bool encode_input_list(flatbuffers::FlatBufferBuilder& fbb, const Inputs& inputs
                        std::span<const uint8_t>* out, std::string* error);
 
 struct EncodedInputsAccess {
-  static EncodedInputs make(std::string_view checked_bytes) {
+  static EncodedInputs make(std::span<const uint8_t> checked_bytes) {
     EncodedInputs e;
-    e.bytes_.assign(checked_bytes);
+    e.assign(checked_bytes.data(), checked_bytes.size());
     return e;
   }
-  static std::string& bytes(EncodedInputs& e) { return e.bytes_; }
+  static const uint8_t* data(const EncodedInputs& e) { return e.data(); }
 };
 
-// The InputList in checked EncodedInputs (not empty).
+// The InputList in checked EncodedInputs (not empty; its storage is 8-byte aligned).
 inline const wire::InputList* input_list_of(const EncodedInputs& e) {
-  return flatbuffers::GetRoot<wire::InputList>(e.bytes().data());
+  return flatbuffers::GetRoot<wire::InputList>(EncodedInputsAccess::data(e));
 }
 
 // Encodes `inputs`. Returns false (with *error) when they are too many, too deep or too large;

@@ -66,6 +66,8 @@ struct Conn : std::enable_shared_from_this<Conn> {
   uint32_t paused_item GUARDED_BY(loop_thread) = 0;
   // What the rest of its inputs may decode to.
   std::size_t paused_budget GUARDED_BY(loop_thread) = 0;
+  // What the frame's inputs_buffers may still copy (each use of one counts).
+  std::size_t paused_copy_budget GUARDED_BY(loop_thread) = 0;
   // Polling for writability (the socket was full).
   bool write_wait GUARDED_BY(loop_thread) = false;
   bool closing GUARDED_BY(loop_thread) = false;

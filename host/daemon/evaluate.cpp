@@ -5,7 +5,6 @@
 
 #include "conn.h"
 #include "outrun/protocol/frame.h"
-#include "outrun/protocol/messages.h"
 #include "server.h"
 #include "wire_codec.h"
 
@@ -20,8 +19,9 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_pt
   // What the inputs of this frame may decode to, shared subtrees counted per use: without it,
   // one small frame of shared subtrees could keep the loop decoding millions of values. Kept
   // across a pause, so a frame resumed in parts has one budget.
-  if (start == 0) c->paused_budget = protocol::kMaxFrameSize;
+  if (start == 0) c->paused_budget = c->paused_copy_budget = protocol::kMaxFrameSize;
   std::size_t& decode_budget = c->paused_budget;
+  std::size_t& copy_budget = c->paused_copy_budget;
   uint32_t admitted = 0;
   bool paused = false;
   const uint32_t n = items->size();
@@ -50,20 +50,25 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_pt
     }
     Inputs inputs;
     EncodedInputs encoded;
-    if (refused.status == Status::ok && e->inputs_buffer()) {
-      // Protocol 2: checked in place (the frame's verifier verified the nested buffer) and
-      // passed to the worker as it is, never decoded here (D-encoded-inputs).
-      const wire::InputList* list = nullptr;
+    if (const auto* b = e->inputs_buffer(); refused.status == Status::ok && b) {
+      // Protocol 2: verified and checked in place, each use paid for (input_list.h), and passed
+      // to the worker as it is, never decoded here (D-encoded-inputs). Its bytes are copied
+      // once per evaluation that uses them: what a frame copies is bounded by its size too, or
+      // many evaluations of one large buffer would each copy it.
       std::string why;
-      if (!protocol::evaluation_input_list(e, &list)) {
-        refused = Result{
-            Status::invalid_argument, {}, "inputs_buffer is not 8-byte aligned in the frame", -1};
-      } else if (!detail::check_input_list(list, &decode_budget, &why)) {
+      if (b->size() > copy_budget) {
+        copy_budget = 0;
+        refused = Result{Status::invalid_argument,
+                         {},
+                         "the inputs_buffers of this frame add up to more than " +
+                             std::to_string(protocol::kMaxFrameSize) +
+                             " bytes (a shared one counts each time it is used)",
+                         -1};
+      } else if (!detail::check_encoded_inputs({b->data(), b->size()}, &decode_budget, &why)) {
         refused = Result{Status::invalid_argument, {}, std::move(why), -1};
       } else {
-        encoded = detail::EncodedInputsAccess::make(
-            {reinterpret_cast<const char*>(e->inputs_buffer()->data()),
-             e->inputs_buffer()->size()});
+        copy_budget -= b->size();
+        encoded = detail::EncodedInputsAccess::make({b->data(), b->size()});
       }
     } else if (refused.status == Status::ok && e->inputs()) {
       inputs.reserve(e->inputs()->size());

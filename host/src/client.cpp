@@ -22,6 +22,7 @@
 #include "future_state.h"
 #include "outrun/protocol/client_messages.h"
 #include "outrun/protocol/frame.h"
+#include "outrun/protocol/input_list.h"
 #include "outrun/thread_annotations.h"
 #include "script_record.h"
 #include "tags_wire.h"
@@ -459,6 +460,13 @@ void Client::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
     else if (!requests[i].inputs.empty() &&
              !detail::encode_input_list(list_builder, requests[i].inputs, &bytes, err))
       return false;
+    // Inputs within the counted limit may still encode larger (small values take more than
+    // the 16 bytes they count for): outrund refuses a buffer past this, so it is not sent.
+    if (bytes.size() > protocol::kMaxInputListBytes) {
+      *err = "the inputs encode to more than " + std::to_string(protocol::kMaxInputListBytes) +
+             " bytes";
+      return false;
+    }
     const detail::InputBufferOffset buffer =
         bytes.empty() ? detail::InputBufferOffset() : protocol::add_input_list(f, bytes);
     items.push_back(

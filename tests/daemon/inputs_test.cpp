@@ -1,8 +1,9 @@
 // outrund at the protocol edge for evaluation inputs (design/protocol.md "Encoded inputs",
 // "Versions"): raw frames on a real daemon. Protocol 2's Evaluation.inputs_buffer, passed to the
 // worker as it is, and protocol 1's `inputs` give the same results; bad encoded inputs end that
-// one evaluation invalid_argument with a reason; a nested buffer that does not verify is a bad
-// frame (that client is disconnected, the daemon serves everyone else).
+// one evaluation invalid_argument with a reason, a nested buffer that does not verify too (the
+// connection goes on); a frame that uses one nested buffer many times pays for every use, in
+// the walk and in the bytes copied.
 #include <doctest/doctest.h>
 #include <flatbuffers/flatbuffers.h>
 #include <sys/socket.h>
@@ -189,8 +190,8 @@ TEST_CASE("outrund: protocol 1 sends plain inputs, protocol 2 encoded ones: the 
 }
 
 TEST_CASE(
-    "outrund: bad encoded inputs end that evaluation invalid_argument, a bad buffer is a "
-    "bad frame") {
+    "outrund: bad encoded inputs, a buffer that does not verify included, end that "
+    "evaluation invalid_argument") {
   Daemon d({"--single-flight", "off"});
   Conn c(d.socket, 2);
   const uint32_t h = c.register_script("inputs.bad", kScript);
@@ -254,17 +255,110 @@ TEST_CASE(
     CHECK(tried);
   }
   SUBCASE("a nested buffer that does not verify") {
-    std::vector<uint8_t> junk(64, 0xff);
     EvaluateFrame bad;
-    bad.add(10, h, junk);
+    bad.add(10, h, std::vector<uint8_t>(64, 0xff));  // its root offset points far outside
+    bad.add(11, h, sample_list(11));
     c.send(bad.finish());
-    CHECK(c.closed());
-    Conn other(d.socket, 2);  // the daemon serves everyone else
-    const uint32_t h2 = other.register_script("inputs.after", kScript);
-    EvaluateFrame ok;
-    ok.add(11, h2, sample_list(11));
-    other.send(ok.finish());
-    CHECK(other.results(1).at(11).value == 111);
+    const auto r = c.results(2);
+    CHECK(r.at(10).status == wire::Status::InvalidArgument);
+    CHECK(r.at(10).error.find("not a valid InputList") != std::string::npos);
+    CHECK(r.at(11).value == 111);  // the connection goes on
+  }
+  CHECK(d.stop() == 0);
+}
+
+namespace {
+
+// One Evaluate frame whose `n` items all point at one Evaluation table carrying `list`.
+std::span<const uint8_t> shared_evaluation(Builder& f, uint32_t handle, uint64_t id,
+                                           const std::vector<uint8_t>& list, std::size_t n) {
+  const auto ev =
+      protocol::build_evaluation(f, id, handle, 0, {}, nullptr, protocol::add_input_list(f, list));
+  return protocol::finish_evaluate(f, std::vector(n, ev));
+}
+
+// The results of `n` evaluations that all have id `id`: their statuses and errors.
+std::vector<Conn::Got> all_of(Conn& c, uint64_t id, std::size_t n) {
+  std::vector<Conn::Got> out;
+  while (out.size() < n) {
+    const auto fv = c.next();
+    REQUIRE(fv.frame->body_type() == wire::Body::Results);
+    for (const wire::Result* r : *fv.frame->body_as_Results()->items()) {
+      REQUIRE(r->id() == id);
+      protocol::ClientResult cr;
+      protocol::decode_daemon_result(r, &cr);
+      out.push_back({cr.status, 0, cr.error});
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("outrund: one nested buffer used by many evaluations of a frame is paid for each time") {
+  Daemon d({"--single-flight", "off"});
+  Conn c(d.socket, 2);
+  const uint32_t h = c.register_script("inputs.shared", "return 1");
+
+  SUBCASE("a walk that would take hours ends at the frame's budget") {
+    // 19 levels of an array holding its child twice: 2^20 values in a few hundred bytes. Each
+    // use may walk 8 MiB's worth (16 bytes a value) before it is refused; 2,000 uses would be
+    // 16 GB of walking without the frame's budget of 16 MiB, which ends it after the second.
+    const auto bomb = list_of([](Builder& b) {
+      protocol::WireValueBuilder v(b);
+      auto x = v.integer(1);
+      for (int i = 0; i < 19; ++i) x = v.array(std::vector{x, x});
+      return x;
+    });
+    Builder f;
+    c.send(shared_evaluation(f, h, 7, bomb, 2000));
+    const auto got = all_of(c, 7, 2000);
+    std::size_t frame_spent = 0;
+    for (const auto& g : got) {
+      CHECK(g.status == wire::Status::InvalidArgument);
+      frame_spent += g.error.find("the inputs of this frame") != std::string::npos;
+    }
+    CHECK(frame_spent >= 1990);
+  }
+  SUBCASE("bytes past the list are copied for each use, up to the frame's size") {
+    // A valid list followed by 3 MiB nobody refers to: five uses fit 16 MiB, the rest do not.
+    auto padded = sample_list(1);
+    padded.resize(padded.size() + (3u << 20), 0);
+    Builder f;
+    c.send(shared_evaluation(f, h, 8, padded, 20));
+    const auto got = all_of(c, 8, 20);
+    std::size_t ok = 0, refused = 0;
+    for (const auto& g : got) {
+      ok += g.status == wire::Status::Ok;
+      refused += g.error.find("inputs_buffers of this frame add up") != std::string::npos;
+    }
+    CHECK(ok == 5);
+    CHECK(refused == 15);
+  }
+  SUBCASE("fields a value's kind does not use are never read") {
+    // An Int whose `items` (not an Int's field) point at a 2^20-value tree: the walk and the
+    // worker read the integer only.
+    const auto hidden = list_of([](Builder& b) {
+      protocol::WireValueBuilder v(b);
+      auto x = v.integer(1);
+      for (int i = 0; i < 20; ++i) x = v.array(std::vector{x, x});
+      const auto items = b.CreateVector(std::vector{x});
+      wire::ValueBuilder vb(b);
+      vb.add_kind(wire::ValueKind::Int);
+      vb.add_int_value(5);
+      vb.add_items(items);
+      return vb.Finish();
+    });
+    const uint32_t hx = c.register_script("inputs.hidden", "return inputs.x");
+    EvaluateFrame ev;
+    for (uint64_t id = 20; id < 220; ++id) ev.add(id, hx, hidden);
+    c.send(ev.finish());
+    const auto got = c.results(200);
+    for (const auto& [id, g] : got) {
+      INFO(id, " ", g.error);
+      CHECK(g.status == wire::Status::Ok);
+      CHECK(g.value == 5);
+    }
   }
   CHECK(d.stop() == 0);
 }

@@ -274,6 +274,8 @@ std::size_t value_cost(const wire::Value* v) {
 bool count_values(const wire::Value* v, std::size_t* n, int depth = 0) {
   if (++*n > kMaxValues) return false;
   if (v == nullptr || depth > 64) return true;
+  // Only a container's items: in a nested InputList nothing else was verified.
+  if (v->kind() != wire::ValueKind::Array && v->kind() != wire::ValueKind::Map) return true;
   if (const auto* items = v->items())
     for (const auto* it : *items)
       if (!count_values(it, n, depth + 1)) return false;
@@ -355,21 +357,23 @@ bool expect(std::span<const uint8_t> stream, Expectation* x) {
         const auto* items = frame->body_as_Evaluate()->items();
         if (!items) break;
         std::size_t frame_cost = 0;  // against the daemon's decode budget of kMaxFrameSize
+        std::size_t copy_cost = 0;   // the frame's inputs_buffers, each use (also kMaxFrameSize)
         for (const wire::Evaluation* e : *items) {
           if (x->evaluations.size() == kMaxEvaluations) return false;
-          // Protocol 2's nested InputList (its names count against the frame too, and it must
-          // sit 8-byte aligned) or protocol 1's inputs.
+          // Protocol 2's nested InputList (verified and checked with one evaluation's limits;
+          // its names and absent values count against the frame too) or protocol 1's inputs.
           const wire::InputList* list = nullptr;
-          const bool aligned = protocol::evaluation_input_list(e, &list);
+          const bool nested_ok = protocol::evaluation_input_list(e, &list);
+          if (e->inputs_buffer()) copy_cost += e->inputs_buffer()->size();
           const auto* ins = list ? list->inputs() : e->inputs_buffer() ? nullptr : e->inputs();
-          bool ok = aligned && (!ins || ins->size() <= kMaxInputs);
+          bool ok = nested_ok && (!ins || ins->size() <= kMaxInputs);
           std::size_t host_cost = 0;  // against the host's kMaxInputBytes per evaluation
           if (ins) {
             for (const wire::Input* in : *ins) {
               if (!count_values(in->value(), &values)) return false;
               ok = ok && host_accepts(in->value());
               host_cost += in->name()->size();
-              if (list) frame_cost += in->name()->size();
+              if (list) frame_cost += in->name()->size() + (in->value() ? 0 : 16);
               if (in->value()) {
                 const std::size_t c = value_cost(in->value());
                 host_cost += c;
@@ -379,7 +383,8 @@ bool expect(std::span<const uint8_t> stream, Expectation* x) {
           }
           // Past either budget the evaluation may end InvalidArgument (the frame's budget, once
           // spent, refuses every later evaluation of the frame that has an input value).
-          ok = ok && host_cost <= detail::kMaxInputBytes && frame_cost <= protocol::kMaxFrameSize;
+          ok = ok && host_cost <= detail::kMaxInputBytes && frame_cost <= protocol::kMaxFrameSize &&
+               copy_cost <= protocol::kMaxFrameSize;
           x->evaluations.push_back({e->id(), e->script_id(), x->requests.size(), ok});
         }
         break;

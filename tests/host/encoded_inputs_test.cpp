@@ -11,6 +11,7 @@
 
 #include "host/host_support.h"
 #include "outrun/in_process.h"
+#include "outrun/protocol/input_list.h"
 #include "outrun/protocol/outrun_generated.h"
 #include "outrun/protocol/wire_value.h"
 #include "wire_codec.h"
@@ -84,7 +85,9 @@ TEST_CASE("EncodedInputs::from takes a valid InputList and refuses the rest with
 
   Error e = from("definitely not a flatbuffer");
   CHECK(e.code == ErrorCode::invalid_argument);
-  CHECK(e.message.find("not an InputList") != std::string::npos);
+  CHECK(e.message.find("not a valid InputList") != std::string::npos);
+  CHECK(from(std::string(protocol::kMaxInputListBytes + 1, 'x')).message.find("larger than") !=
+        std::string::npos);
 
   // A tag-only kind (UInt) is not an input.
   e = from(list_with([](auto& f) {
@@ -187,4 +190,27 @@ TEST_CASE("Host: encoded inputs are re-sent as they are after their worker is ki
     CHECK(r.value == Value(static_cast<int64_t>(i) + 1000));
   }
   CHECK(host->shard_stats(0).retried >= retried + 3);  // all three were sent when it died
+}
+
+TEST_CASE("Host: encoded inputs of a key already in flight (single flight) are decoded and wait") {
+  HostOptions o;
+  o.worker_path = OUTRUN_TEST_WORKER;
+  o.shards = 1;
+  o.single_flight = SingleFlight::coalesce_latest;
+  auto host = test::start_host(o);
+  const Script s = test::reg(
+      *host, "enc.coalesce",
+      "local t = os.clock() while os.clock() - t < 0.05 do end return inputs.a + inputs.m.k");
+  // The second and third take the one-by-one path (their key is in flight): the third replaces
+  // the second (busy) and runs after the first with its own inputs.
+  std::vector<Request> batch;
+  for (int64_t i = 0; i < 3; ++i) batch.push_back(Request{s, {}, encoded(sample(i))});
+  std::vector<std::promise<Result>> got(batch.size());
+  host->evaluate_batch(std::move(batch), [&](std::size_t i, Result r) { got[i].set_value(r); });
+  const Result a = got[0].get_future().get(), b = got[1].get_future().get(),
+               c = got[2].get_future().get();
+  CHECK(a.value == Value(int64_t{1000}));
+  CHECK(b.status == Status::busy);
+  INFO(c.error);
+  CHECK(c.value == Value(int64_t{1002}));
 }

@@ -943,3 +943,48 @@ TEST_CASE("FrameReader: verify_frame") {
 
 }  // namespace
 }  // namespace outrun::protocol
+
+namespace outrun::protocol {
+namespace {
+
+// An Evaluate frame with one input: an array of `uses` items that all point at one map of `keys`
+// keys (each the same string). Verified in an 8-aligned copy.
+const wire::Frame* shared_map_frame(std::vector<uint64_t>& storage, unsigned keys, unsigned uses,
+                                    std::size_t* size) {
+  flatbuffers::FlatBufferBuilder f(1 << 20);
+  const auto k = f.CreateString("k");
+  const auto kv = f.CreateVector(std::vector(keys, k));
+  wire::ValueBuilder mb(f);
+  mb.add_kind(wire::ValueKind::Map);
+  mb.add_keys(kv);
+  const auto map = mb.Finish();
+  const auto iv = f.CreateVector(std::vector(uses, map));
+  wire::ValueBuilder ab(f);
+  ab.add_kind(wire::ValueKind::Array);
+  ab.add_items(iv);
+  const auto arr = ab.Finish();
+  const std::vector in{wire::CreateInput(f, f.CreateString("x"), arr)};
+  const auto ev = build_evaluation(f, 1, 1, 0, f.CreateVector(in), nullptr);
+  const auto frame = finish_evaluate(f, std::span(&ev, 1));
+  storage.assign(frame.size() / 8 + 1, 0);
+  std::memcpy(storage.data(), frame.data(), frame.size());
+  *size = frame.size();
+  return verify_frame(reinterpret_cast<const uint8_t*>(storage.data()), frame.size());
+}
+
+}  // namespace
+
+TEST_CASE("verify_frame: a map's keys are paid for at every use of the map") {
+  std::vector<uint64_t> storage;
+  std::size_t size = 0;
+  // 1,000 uses of a map of 1,000 keys: 10^6 key checks, within the budget.
+  CHECK(shared_map_frame(storage, 1000, 1000, &size) != nullptr);
+  // 2 million uses of a map of 2 million keys, in 16 MB: 4 × 10^12 key checks, hours of the
+  // loop thread with FlatBuffers' own Value::Verify; refused after the budget's 8 million.
+  CHECK(shared_map_frame(storage, 2'000'000, 2'000'000, &size) == nullptr);
+  CHECK(size <= kMaxFrameSize + kLengthPrefixSize);
+  // A map used once is never near the budget, however many keys it has.
+  CHECK(shared_map_frame(storage, 2'000'000, 1, &size) != nullptr);
+}
+
+}  // namespace outrun::protocol

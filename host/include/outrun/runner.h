@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <future>
 #include <memory>
@@ -192,21 +193,44 @@ using Callback = std::function<void(Result)>;
 // One evaluation's inputs already in wire form: the bytes of an InputList FlatBuffer
 // (design/protocol.md "Encoded inputs"), as an outrun client sends them. Made only by `from`,
 // which verifies the buffer and checks the inputs under the rules `Inputs` are held to (4096
-// inputs, 8 MiB as counted there, nesting 32, no tag-only kinds). A Host copies the bytes into
-// the worker's frame as they are: outrund passes a client's inputs on without decoding them.
+// inputs, 8 MiB as counted there, nesting 32, no tag-only kinds; at most 8 MiB of bytes). A
+// Host copies the bytes into the worker's frame as they are: outrund passes a client's inputs
+// on without decoding them. The bytes are kept 8-byte aligned (they are read in place).
 class EncodedInputs {
  public:
   EncodedInputs() = default;
+  EncodedInputs(const EncodedInputs& o) { assign(o.data(), o.size_); }
+  EncodedInputs& operator=(const EncodedInputs& o) {
+    if (this != &o) assign(o.data(), o.size_);
+    return *this;
+  }
+  EncodedInputs(EncodedInputs&& o) noexcept : words_(std::move(o.words_)), size_(o.size_) {
+    o.size_ = 0;
+  }
+  EncodedInputs& operator=(EncodedInputs&& o) noexcept {
+    words_ = std::move(o.words_);
+    size_ = o.size_;
+    o.size_ = 0;
+    return *this;
+  }
+
   // Empty `bytes` gives an empty EncodedInputs (no inputs). Otherwise invalid_argument with the
   // reason when they are not a valid InputList or its inputs break a rule.
   static Error from(std::string_view bytes, EncodedInputs* out);
 
-  bool empty() const { return bytes_.empty(); }
-  std::string_view bytes() const { return bytes_; }
+  bool empty() const { return size_ == 0; }
+  std::string_view bytes() const { return {reinterpret_cast<const char*>(data()), size_}; }
 
  private:
   friend struct detail::EncodedInputsAccess;
-  std::string bytes_;
+  const uint8_t* data() const { return reinterpret_cast<const uint8_t*>(words_.get()); }
+  void assign(const uint8_t* p, std::size_t n) {
+    words_.reset(n ? new uint64_t[(n + 7) / 8] : nullptr);
+    if (n) std::memcpy(words_.get(), p, n);
+    size_ = n;
+  }
+  std::unique_ptr<uint64_t[]> words_;  // uint64_t: 8-byte aligned
+  std::size_t size_ = 0;
 };
 
 // One evaluation of a batch: `inputs`, or `encoded` when it is not empty (then `inputs` is

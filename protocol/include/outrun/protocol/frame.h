@@ -46,9 +46,28 @@ inline constexpr uint32_t kMinFrameSize = 8;
 inline constexpr std::size_t kLengthPrefixSize = 4;
 
 // Verifier limits for every received frame. Depth bounds Value nesting (a Value level costs one
-// table and one vector); tables bound the total work of verifying one frame.
+// table and one vector); tables bound the verifier's work on tables, and value checks its work
+// on Values: one per Value used and one per map key checked, however often a frame points at
+// the same one (outrun_generated.h). A frame without shared parts never comes near either
+// (16 MiB hold under a million map entries).
 inline constexpr unsigned kVerifierMaxDepth = 128;
 inline constexpr unsigned kVerifierMaxTables = 4'000'000;
+inline constexpr std::size_t kVerifierMaxValueChecks = 8'000'000;
+
+// While one lives on a thread, the Values verified there take their checks from `left`
+// (kVerifierMaxValueChecks for verify_frame); without one, nothing is counted. Nests.
+class ValueCheckBudget {
+ public:
+  explicit ValueCheckBudget(std::size_t checks);
+  ~ValueCheckBudget();
+  ValueCheckBudget(const ValueCheckBudget&) = delete;
+  ValueCheckBudget& operator=(const ValueCheckBudget&) = delete;
+  std::size_t left() const { return left_; }
+
+ private:
+  std::size_t left_;
+  std::size_t* previous_;
+};
 
 // Why a stream was abandoned.
 enum class FrameError : uint8_t {

@@ -79,8 +79,8 @@ flatbuffers::Offset<wire::Evaluation> build_evaluation(
 flatbuffers::Offset<flatbuffers::Vector<uint8_t>> add_input_list(
     flatbuffers::FlatBufferBuilder& fbb, std::span<const uint8_t> bytes);
 // The InputList of `e`'s inputs_buffer, or null when it has none. False when it has one that
-// cannot be read in place: not 8-byte aligned in memory (the frame's verifier checked the
-// rest, nested buffer included).
+// check_input_list (input_list.h) refuses with one evaluation's limits: not 8-byte aligned in
+// memory, not an InputList, inputs over the limits. The frame's verifier does not look inside it.
 bool evaluation_input_list(const wire::Evaluation* e, const wire::InputList** out);
 // Evaluate { items }: the evaluations built in `fbb` before, in order. Also client -> daemon.
 std::span<const uint8_t> finish_evaluate(
