@@ -298,5 +298,8 @@ using detail::kLingerMs;
 // Frames of evaluations are cut at this size so a large batch never nears kMaxFrameSize.
 inline constexpr std::size_t kFrameCutBytes = 1u << 20;
 inline constexpr std::size_t kFrameCutItems = 4096;
+// A batch's frame takes no more evaluations once it is past this: one more adds at most a source
+// or bytecode (1 MiB each) and its name, so the frame stays under kMaxFrameSize.
+inline constexpr std::size_t kMaxBatchFrameBytes = protocol::kMaxFrameSize - (2u << 20);
 
 }  // namespace outrun

@@ -254,9 +254,14 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
         const bool single = opts.single_flight != SingleFlight::off;
         const bool direct =
             sh.state == ShardState::kRunning && !stopping.load(std::memory_order_relaxed);
+        bool full = false;  // sources filled the frame: the rest go one by one, in order
         for (std::size_t k = 0; k < chunk.size(); ++k) {
           Request& req = requests[chunk[k]];
-          if (!direct || (single && sh.table.in_flight(req.script.record()->key_id))) {
+          // The chunk was cut on its inputs; the sources and bytecode build_evaluation adds for
+          // scripts the worker lacks (up to 1 MiB each) are not in that count, and a frame over
+          // kMaxFrameSize would end the worker (and re-send everything it had).
+          full = full || f.GetSize() > kMaxBatchFrameBytes;
+          if (!direct || full || (single && sh.table.in_flight(req.script.record()->key_id))) {
             one_by_one.push_back(chunk[k]);
             continue;
           }

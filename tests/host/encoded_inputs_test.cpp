@@ -214,3 +214,29 @@ TEST_CASE("Host: encoded inputs of a key already in flight (single flight) are d
   INFO(c.error);
   CHECK(c.value == Value(int64_t{1002}));
 }
+
+TEST_CASE(
+    "Host: a batch of scripts the worker lacks, each with a large source, never makes a "
+    "frame past the limit") {
+  HostOptions o;
+  o.worker_path = OUTRUN_TEST_WORKER;
+  o.shards = 1;
+  o.single_flight = SingleFlight::off;
+  auto host = test::start_host(o);
+  // 24 scripts of 900 KB (a string constant: the same size as bytecode), first evaluated in one
+  // batch: 21 MB of sources and bytecode, more than one frame may hold.
+  std::vector<Request> batch;
+  for (int i = 0; i < 24; ++i) {
+    const std::string src = "local s = '" + std::string(900'000, static_cast<char>('a' + i % 26)) +
+                            "' return #s + " + std::to_string(i);
+    batch.push_back(Request{test::reg(*host, "big." + std::to_string(i), src), {}});
+  }
+  std::vector<std::promise<Result>> got(batch.size());
+  host->evaluate_batch(std::move(batch), [&](std::size_t i, Result r) { got[i].set_value(r); });
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const Result r = got[i].get_future().get();
+    INFO(i, " ", r.error);
+    CHECK(r.value == Value(static_cast<int64_t>(900'000 + i)));
+  }
+  CHECK(host->shard_stats(0).deaths == 0);  // no worker ended on an oversized frame
+}
