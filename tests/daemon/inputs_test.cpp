@@ -354,7 +354,9 @@ TEST_CASE("outrund: one nested buffer used by many evaluations of a frame is pai
     for (uint64_t id = 20; id < 220; ++id) ev.add(id, hx, hidden);
     c.send(ev.finish());
     const auto got = c.results(200);
-    for (const auto& [id, g] : got) {
+    for (const auto& result : got) {  // no structured binding: INFO captures (clang 14)
+      const uint64_t id = result.first;
+      const Conn::Got& g = result.second;
       INFO(id, " ", g.error);
       CHECK(g.status == wire::Status::Ok);
       CHECK(g.value == 5);
