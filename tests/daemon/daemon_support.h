@@ -28,6 +28,19 @@ namespace outrun::test {
 
 using namespace std::chrono_literals;
 
+// A connected client socket to `path` (the test fails if it cannot connect) whose reads time out
+// after 10 s, for tests that speak raw frames.
+inline int connect_raw(const std::string& path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
 inline std::string temp_dir() {
   std::string err;
   const std::string dir = outrun::cli::make_temp_dir("outrund-test", &err);

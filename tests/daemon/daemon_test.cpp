@@ -36,17 +36,6 @@ using namespace std::chrono_literals;
 using namespace outrun::test;
 namespace wire = outrun::wire;
 
-int raw_connect(const std::string& path) {
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
-  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  timeval tv{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  return fd;
-}
-
 std::vector<uint8_t> hello_frame() {
   flatbuffers::FlatBufferBuilder f;
   const auto frame = outrun::protocol::encode_client_hello(f, "test");
@@ -132,14 +121,14 @@ TEST_CASE(
   REQUIRE(good->evaluate(s, {{"x", 1}}).get().status == outrun::Status::ok);
 
   SUBCASE("garbage") {
-    int fd = raw_connect(d.socket);
+    int fd = connect_raw(d.socket);
     const char junk[] = "\x10\x00\x00\x00this is not a flatbuffer at all";
     REQUIRE(write(fd, junk, sizeof junk) > 0);
     CHECK(closed_by_peer(fd));
     close(fd);
   }
   SUBCASE("garbage after a valid hello") {
-    int fd = raw_connect(d.socket);
+    int fd = connect_raw(d.socket);
     auto h = hello_frame();
     REQUIRE(write(fd, h.data(), h.size()) == static_cast<ssize_t>(h.size()));
     const char junk[] =
@@ -150,7 +139,7 @@ TEST_CASE(
     close(fd);
   }
   SUBCASE("oversized frame") {
-    int fd = raw_connect(d.socket);
+    int fd = connect_raw(d.socket);
     auto h = hello_frame();
     REQUIRE(write(fd, h.data(), h.size()) == static_cast<ssize_t>(h.size()));
     const uint32_t len = outrun::protocol::kMaxFrameSize + 1;
@@ -160,7 +149,7 @@ TEST_CASE(
     close(fd);
   }
   SUBCASE("a frame that is not a client frame") {
-    int fd = raw_connect(d.socket);
+    int fd = connect_raw(d.socket);
     auto h = hello_frame();
     REQUIRE(write(fd, h.data(), h.size()) == static_cast<ssize_t>(h.size()));
     flatbuffers::FlatBufferBuilder f;
@@ -512,7 +501,7 @@ TEST_CASE(
   auto c = d.client();
   outrun::Script s;
   REQUIRE(!c->register_script("shared.inputs", "return 1", &s));
-  const int fd = raw_connect(d.socket);
+  const int fd = connect_raw(d.socket);
   const auto hello = hello_frame();
   REQUIRE(write(fd, hello.data(), hello.size()) == static_cast<ssize_t>(hello.size()));
   auto evaluate = [&](uint64_t id, int inputs) {
@@ -624,7 +613,7 @@ struct RawClient {
   int fd;
   outrun::protocol::FrameReader reader;
   uint64_t next_id = 1;
-  explicit RawClient(const std::string& socket) : fd(raw_connect(socket)) {
+  explicit RawClient(const std::string& socket) : fd(connect_raw(socket)) {
     send(hello_frame());
     REQUIRE(next().frame->body_type() == wire::Body::ServerHello);
   }

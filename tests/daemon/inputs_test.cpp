@@ -39,13 +39,7 @@ struct Conn {
   std::string refused;   // ServerHello's error
 
   Conn(const std::string& path, uint16_t hello_version) {
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
-    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    timeval tv{10, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    fd = connect_raw(path);
     Builder f;
     send(protocol::encode_client_hello(f, "inputs-test", hello_version));
     const auto fv = next();

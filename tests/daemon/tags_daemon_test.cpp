@@ -82,17 +82,6 @@ std::string read_all(const std::string& path) {
   return ss.str();
 }
 
-int raw_connect(const std::string& path) {
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
-  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  timeval tv{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  return fd;
-}
-
 void send_frame(int fd, flatbuffers::FlatBufferBuilder& f) {
   REQUIRE(write(fd, f.GetBufferPointer(), f.GetSize()) == static_cast<ssize_t>(f.GetSize()));
 }
@@ -217,7 +206,7 @@ TEST_CASE(
   Daemon d({"--timeout", "5000"});
   auto a = d.client();
   define_slow_tag(*a, 0.02, 7.0, /*doubled=*/false);
-  const int fd = raw_connect(d.socket);
+  const int fd = connect_raw(d.socket);
   flatbuffers::FlatBufferBuilder f;
   outrun::protocol::encode_client_hello(f, "t");
   send_frame(fd, f);
@@ -434,7 +423,7 @@ TEST_CASE("outrund tags: malformed or wrong-direction tags frames disconnect onl
   };
   // A client sending TagChanges (daemon -> client only).
   {
-    const int fd = raw_connect(d.socket);
+    const int fd = connect_raw(d.socket);
     flatbuffers::FlatBufferBuilder f;
     hello(f);
     send_frame(fd, f);
@@ -447,7 +436,7 @@ TEST_CASE("outrund tags: malformed or wrong-direction tags frames disconnect onl
   }
   // A TagValue without its required tag (fails verification).
   {
-    const int fd = raw_connect(d.socket);
+    const int fd = connect_raw(d.socket);
     flatbuffers::FlatBufferBuilder f;
     hello(f);
     send_frame(fd, f);
