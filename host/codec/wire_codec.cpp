@@ -204,6 +204,11 @@ static_assert(protocol::kMaxInputCount == kMaxInputs);
 static_assert(protocol::kMaxInputDepth == kMaxValueDepth);
 static_assert(protocol::kMaxInputListBytes == kMaxInputBytes);
 
+std::string frame_budget_spent_message() {
+  return "the inputs of this frame decode to more than " + std::to_string(protocol::kMaxFrameSize) +
+         " bytes (a shared subtree counts each time it is used)";
+}
+
 bool check_encoded_inputs(std::span<const uint8_t> bytes, std::size_t* frame_budget,
                           std::string* error) {
   // One evaluation's own limit, and no more than what is left of the frame's.
@@ -234,9 +239,7 @@ bool check_encoded_inputs(std::span<const uint8_t> bytes, std::size_t* frame_bud
       break;
     case E::over_budget:
       if (frame_bound)
-        *error = "the inputs of this frame decode to more than " +
-                 std::to_string(protocol::kMaxFrameSize) +
-                 " bytes (a shared subtree counts each time it is used)";
+        *error = frame_budget_spent_message();
       else
         *error = "the inputs are larger than " + std::to_string(kMaxInputBytes) +
                  " bytes (16 per value plus strings, bytes and keys)";

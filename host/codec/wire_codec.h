@@ -27,9 +27,10 @@ using InputBufferOffset = flatbuffers::Offset<flatbuffers::Vector<uint8_t>>;
 // with *error, naming the input where it can, otherwise.
 bool check_encoded_inputs(std::span<const uint8_t> bytes, std::size_t* frame_budget,
                           std::string* error);
+// Why outrund refuses an evaluation once its frame's decode budget is spent.
+std::string frame_budget_spent_message();
 
-// The Inputs of a checked InputList (InProcess, and a Host's rare paths: single flight, a shard
-// that is down).
+// The Inputs of a checked InputList (InProcess, which runs Values).
 Inputs decode_input_list(const wire::InputList* list);
 
 // Encodes `inputs` as an InputList FlatBuffer of its own in `fbb` (cleared first) and returns its
@@ -45,6 +46,10 @@ struct EncodedInputsAccess {
   }
   static const uint8_t* data(const EncodedInputs& e) { return e.data(); }
 };
+
+inline std::span<const uint8_t> bytes_of(const EncodedInputs& e) {
+  return {EncodedInputsAccess::data(e), e.bytes().size()};
+}
 
 // The InputList in checked EncodedInputs (not empty; its storage is 8-byte aligned).
 inline const wire::InputList* input_list_of(const EncodedInputs& e) {

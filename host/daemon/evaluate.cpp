@@ -75,14 +75,12 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_pt
       for (const wire::Input* in : *e->inputs()) {
         Value v;
         if (in->value() && !detail::decode_value(in->value(), &v, &decode_budget)) {
-          refused = Result{Status::invalid_argument,
-                           {},
-                           decode_budget == 0
-                               ? "the inputs of this frame decode to more than " +
-                                     std::to_string(protocol::kMaxFrameSize) +
-                                     " bytes (a shared subtree counts each time it is used)"
-                               : "input '" + in->name()->str() + "' is not a valid value",
-                           -1};
+          refused =
+              Result{Status::invalid_argument,
+                     {},
+                     decode_budget == 0 ? detail::frame_budget_spent_message()
+                                        : "input '" + in->name()->str() + "' is not a valid value",
+                     -1};
           break;
         }
         inputs.push_back(Input{in->name()->str(), std::move(v)});

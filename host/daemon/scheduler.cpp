@@ -164,14 +164,9 @@ void Server::refill(int s, const Done* done) {
   }
   for (auto& c : newly_held) want_write(c);  // the loop stops reading it and watches it drain
   if (batch.empty()) return;
-  if (batch.size() == 1 && batch[0].encoded.empty()) {  // encoded inputs: through the batch
-    host_->evaluate(batch[0].script, std::move(batch[0].inputs),
-                    [this, run](Result r) { complete(*run, 0, std::move(r)); });
-  } else {
-    host_->evaluate_batch(std::move(batch), [this, run](std::size_t i, Result r) {
-      complete(*run, i, std::move(r));
-    });
-  }
+  // One call for any size: only a Request carries encoded inputs (protocol 2).
+  host_->evaluate_batch(std::move(batch),
+                        [this, run](std::size_t i, Result r) { complete(*run, i, std::move(r)); });
 }
 
 // A result: on the Host's loop thread (host.callbacks_on_loop, the default) or the dispatcher

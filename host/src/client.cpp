@@ -456,7 +456,7 @@ void Client::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
   auto add = [&](std::size_t i, uint64_t id, std::string* err) {
     std::span<const uint8_t> bytes;
     if (const EncodedInputs& enc = requests[i].encoded; !enc.empty())
-      bytes = {reinterpret_cast<const uint8_t*>(enc.bytes().data()), enc.bytes().size()};
+      bytes = detail::bytes_of(enc);
     else if (!requests[i].inputs.empty() &&
              !detail::encode_input_list(list_builder, requests[i].inputs, &bytes, err))
       return false;

@@ -102,7 +102,9 @@ struct Host::Impl final : detail::WorkerEvents {
   }
 
   // submit.cpp (any thread)
-  void submit(const Script& script, Inputs&& inputs, detail::Completion&& done);
+  // `encoded` not empty: sent instead of `inputs`, as they are (EncodedInputs).
+  void submit(const Script& script, Inputs&& inputs, detail::Completion&& done,
+              EncodedInputs&& encoded = {});
   // Has the loop poll `sh` again if it stopped for a leader that has gone and nobody else asked.
   void resume_if_paused(detail::Shard& sh);
   void submit_batch(std::vector<Request>&& requests, BatchCallback&& cb);

@@ -41,12 +41,13 @@ void SlotTable::ensure_key(uint32_t key_id) {
 }
 
 uint32_t SlotTable::admit(Script script, Inputs&& inputs, Completion&& done, SlotPlace place,
-                          bool single_flight) {
+                          bool single_flight, EncodedInputs&& encoded) {
   const uint32_t idx = alloc();
   Slot& slot = slots_[idx];
   const uint32_t kid = script.record()->key_id;
   slot.script = std::move(script);
   slot.inputs = std::move(inputs);
+  if (!encoded.empty()) slot.encoded = std::move(encoded);
   slot.done = std::move(done);
   slot.place = place;
   if (single_flight) {
@@ -58,7 +59,7 @@ uint32_t SlotTable::admit(Script script, Inputs&& inputs, Completion&& done, Slo
 }
 
 uint32_t SlotTable::admit_pending(const Script& script, Inputs&& inputs, Completion&& done,
-                                  Completion* replaced) {
+                                  Completion* replaced, EncodedInputs&& encoded) {
   const uint32_t kid = script.record()->key_id;
   ensure_key(kid);
   if (const uint32_t old = pending_[kid]) {
@@ -70,6 +71,7 @@ uint32_t SlotTable::admit_pending(const Script& script, Inputs&& inputs, Complet
   slot.place = SlotPlace::kPending;
   slot.script = script;
   slot.inputs = std::move(inputs);
+  if (!encoded.empty()) slot.encoded = std::move(encoded);
   slot.done = std::move(done);
   pending_[kid] = idx + 1;
   return idx;

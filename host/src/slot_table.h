@@ -35,7 +35,7 @@ struct Slot {
   bool bytecode_failed = false;  // a NeedSource answered that: it gets the source from now on
   Script script;
   Inputs inputs;          // kept to re-send after NeedSource or a restart
-  EncodedInputs encoded;  // or these, when not empty (a batch Request's, outrund's)
+  EncodedInputs encoded;  // or these, when not empty (outrund's: sent as they are)
   Completion done;
 };
 
@@ -63,11 +63,11 @@ class SlotTable {
   // waiting queue). With `single_flight` it takes its key's flight, which must be free.
   // `script` by value: a caller done with its handle moves it in (no reference count taken).
   uint32_t admit(Script script, Inputs&& inputs, Completion&& done, SlotPlace place,
-                 bool single_flight);
+                 bool single_flight, EncodedInputs&& encoded = {});
   // Coalesce-latest: admits it behind its key's evaluation in flight, replacing the one that
   // waited there before, whose completion is moved to `replaced` (else left empty).
   uint32_t admit_pending(const Script& script, Inputs&& inputs, Completion&& done,
-                         Completion* replaced);
+                         Completion* replaced, EncodedInputs&& encoded = {});
 
   // The one way a slot ends: frees it, releases its key's flight (the coalesced successor, if
   // any, takes the flight and is appended to `promoted`) and hands back its completion.

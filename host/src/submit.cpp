@@ -71,7 +71,8 @@ void Host::Impl::deliver_now(Shard& sh, Completion&& done, Result&& r) {
     done.deliver(std::move(r), log);
 }
 
-void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done) {
+void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done,
+                        EncodedInputs&& encoded) {
   const detail::ScriptRecord* r = script.record();
   if (!r || r->owner != this) {
     deliver_now(*shards[0], std::move(done),
@@ -98,8 +99,11 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
   auto& f = thread_builder();
   f.Clear();
   detail::InputsOffset in;
+  detail::InputBufferOffset buffer;
   std::string err;
-  if (!detail::encode_inputs(f, inputs, &in, &err)) {
+  if (!encoded.empty()) {
+    buffer = protocol::add_input_list(f, detail::bytes_of(encoded));
+  } else if (!detail::encode_inputs(f, inputs, &in, &err)) {
     deliver_now(sh, std::move(done),
                 Result{Status::invalid_argument, {}, std::move(err), sh.index});
     return;
@@ -124,7 +128,8 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
         refusal = {Status::busy, {}, busy_message(r), sh.index};
         resume = must_resume(sh);
       } else {  // coalesce-latest: wait behind the one in flight, replacing any that waits
-        sh.table.admit_pending(script, std::move(inputs), std::move(done), &replaced);
+        sh.table.admit_pending(script, std::move(inputs), std::move(done), &replaced,
+                               std::move(encoded));
         resume = !waiter && must_resume(sh);
       }
     } else if (sh.state == ShardState::kDown &&
@@ -134,9 +139,9 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
                  "shard " + std::to_string(sh.index) + " is restarting and its queue is full",
                  sh.index};
     } else if (sh.state == ShardState::kRunning) {
-      const uint32_t idx =
-          sh.table.admit(script, std::move(inputs), std::move(done), SlotPlace::kSent, single);
-      auto ev = build_evaluation(f, sh, idx, in);
+      const uint32_t idx = sh.table.admit(script, std::move(inputs), std::move(done),
+                                          SlotPlace::kSent, single, std::move(encoded));
+      auto ev = build_evaluation(f, sh, idx, in, buffer);
       if (sh.writer->enqueue(finish_evaluate(f, &ev, 1))) writer = sh.writer;
       // A caller in evaluate_sync reads its own result or is handed it. Anything else sent while
       // the loop does not poll would go unread unless the loop polls again (design/threading.md
@@ -151,7 +156,8 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
       } else
         resume = !waiter && must_resume(sh);
     } else {
-      sh.table.admit(script, std::move(inputs), std::move(done), SlotPlace::kWaiting, single);
+      sh.table.admit(script, std::move(inputs), std::move(done), SlotPlace::kWaiting, single,
+                     std::move(encoded));
     }
   }
   if (refusal.status != Status::ok) {
@@ -228,8 +234,7 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
         const std::size_t i = list[pos];
         if (const EncodedInputs& enc = requests[i].encoded; !enc.empty()) {
           inputs.push_back(0);
-          buffers.push_back(protocol::add_input_list(
-              f, {reinterpret_cast<const uint8_t*>(enc.bytes().data()), enc.bytes().size()}));
+          buffers.push_back(protocol::add_input_list(f, detail::bytes_of(enc)));
           chunk.push_back(i);
           continue;
         }
@@ -267,8 +272,7 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
           }
           const uint32_t idx = sh.table.admit(std::move(req.script), std::move(req.inputs),
                                               Completion(detail::BatchTarget{shared_cb, chunk[k]}),
-                                              SlotPlace::kSent, single);
-          if (!req.encoded.empty()) sh.table[idx].encoded = std::move(req.encoded);
+                                              SlotPlace::kSent, single, std::move(req.encoded));
           evs.push_back(build_evaluation(f, sh, idx, inputs[k], buffers[k]));
           ++accepted;
         }
@@ -279,12 +283,10 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
       sh.evaluations.fetch_add(accepted, std::memory_order_relaxed);
       if (writer) writer->write_pending();
       if (resume) wake();
-      for (std::size_t i : one_by_one) {
-        // Single flight or a shard not running: the ordinary path, with the inputs decoded.
+      for (std::size_t i : one_by_one) {  // single flight, a shard not running, a full frame
         Request& req = requests[i];
-        if (!req.encoded.empty())
-          req.inputs = detail::decode_input_list(detail::input_list_of(req.encoded));
-        submit(req.script, std::move(req.inputs), Completion(detail::BatchTarget{shared_cb, i}));
+        submit(req.script, std::move(req.inputs), Completion(detail::BatchTarget{shared_cb, i}),
+               std::move(req.encoded));
       }
       one_by_one.clear();
     }
@@ -334,9 +336,7 @@ void Host::Impl::send_slots(Shard& sh, const std::vector<uint32_t>& idxs) {
       detail::InputsOffset in;
       detail::InputBufferOffset buffer;
       if (!slot.encoded.empty()) {
-        const std::string_view b = slot.encoded.bytes();
-        buffer =
-            protocol::add_input_list(f, {reinterpret_cast<const uint8_t*>(b.data()), b.size()});
+        buffer = protocol::add_input_list(f, detail::bytes_of(slot.encoded));
       } else {
         std::string err;
         detail::encode_inputs(f, slot.inputs, &in, &err);  // validated at submission

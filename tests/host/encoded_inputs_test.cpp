@@ -5,6 +5,8 @@
 #include <doctest/doctest.h>
 #include <flatbuffers/flatbuffers.h>
 
+#include <future>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -136,12 +138,38 @@ TEST_CASE("EncodedInputs::from takes a valid InputList and refuses the rest with
   CHECK(e.message.find("too many inputs") != std::string::npos);
 }
 
-TEST_CASE("Host and InProcess: a batch with encoded inputs gives what the same plain batch gives") {
+namespace {
+
+std::unique_ptr<Host> start(int shards, SingleFlight single_flight) {
   HostOptions o;
   o.worker_path = OUTRUN_TEST_WORKER;
-  o.shards = 2;
-  o.single_flight = SingleFlight::off;
-  auto host = test::start_host(o);
+  o.shards = shards;
+  o.timeout = 20s;
+  o.single_flight = single_flight;
+  return test::start_host(o);
+}
+
+// Submits `batch` as one evaluate_batch; the results by request index.
+std::vector<std::future<Result>> submit(Runner& r, std::vector<Request> batch) {
+  auto got = std::make_shared<std::vector<std::promise<Result>>>(batch.size());
+  std::vector<std::future<Result>> out;
+  for (auto& p : *got) out.push_back(p.get_future());
+  r.evaluate_batch(std::move(batch),
+                   [got](std::size_t i, Result res) { (*got)[i].set_value(std::move(res)); });
+  return out;
+}
+
+// Three requests of `s` with encoded sample(0), sample(1), sample(2).
+std::vector<Request> three_encoded(const Script& s) {
+  std::vector<Request> batch;
+  for (int64_t i = 0; i < 3; ++i) batch.push_back(Request{s, {}, encoded(sample(i))});
+  return batch;
+}
+
+}  // namespace
+
+TEST_CASE("Host and InProcess: a batch with encoded inputs gives what the same plain batch gives") {
+  auto host = start(2, SingleFlight::off);
   InProcess inproc;
   for (Runner* r : {static_cast<Runner*>(host.get()), static_cast<Runner*>(&inproc)}) {
     const Script s = test::reg(*r, "enc.sum", kScript);
@@ -153,11 +181,10 @@ TEST_CASE("Host and InProcess: a batch with encoded inputs gives what the same p
     // Encoded and plain in one batch, too: each its own way.
     enc.push_back(Request{s, sample(7)});
     plain.push_back(Request{s, sample(7)});
-    std::vector<std::promise<Result>> a(plain.size()), b(enc.size());
-    r->evaluate_batch(std::move(plain), [&](std::size_t i, Result res) { a[i].set_value(res); });
-    r->evaluate_batch(std::move(enc), [&](std::size_t i, Result res) { b[i].set_value(res); });
+    auto a = submit(*r, std::move(plain));
+    auto b = submit(*r, std::move(enc));
     for (std::size_t i = 0; i < a.size(); ++i) {
-      const Result x = a[i].get_future().get(), y = b[i].get_future().get();
+      const Result x = a[i].get(), y = b[i].get();
       INFO(i, " ", y.error);
       REQUIRE(y.status == Status::ok);
       CHECK(x.value == y.value);
@@ -167,24 +194,16 @@ TEST_CASE("Host and InProcess: a batch with encoded inputs gives what the same p
 }
 
 TEST_CASE("Host: encoded inputs are re-sent as they are after their worker is killed") {
-  HostOptions o;
-  o.worker_path = OUTRUN_TEST_WORKER;
-  o.shards = 1;
-  o.timeout = 20s;
-  o.single_flight = SingleFlight::off;
-  auto host = test::start_host(o);
+  auto host = start(1, SingleFlight::off);
   const Script s = test::reg(
       *host, "enc.slow",
       "local t = os.clock() while os.clock() - t < 0.3 do end return inputs.a + inputs.m.k");
-  std::vector<Request> batch;
-  for (int64_t i = 0; i < 3; ++i) batch.push_back(Request{s, {}, encoded(sample(i))});
-  std::vector<std::promise<Result>> got(batch.size());
-  host->evaluate_batch(std::move(batch), [&](std::size_t i, Result r) { got[i].set_value(r); });
+  auto got = submit(*host, three_encoded(s));
   std::this_thread::sleep_for(100ms);  // the first one runs
   const uint64_t retried = host->shard_stats(0).retried;
   REQUIRE(!host->kill_shard(0));
   for (std::size_t i = 0; i < got.size(); ++i) {
-    const Result r = got[i].get_future().get();
+    const Result r = got[i].get();
     INFO(i, " ", r.error);
     REQUIRE(r.status == Status::ok);
     CHECK(r.value == Value(static_cast<int64_t>(i) + 1000));
@@ -192,23 +211,15 @@ TEST_CASE("Host: encoded inputs are re-sent as they are after their worker is ki
   CHECK(host->shard_stats(0).retried >= retried + 3);  // all three were sent when it died
 }
 
-TEST_CASE("Host: encoded inputs of a key already in flight (single flight) are decoded and wait") {
-  HostOptions o;
-  o.worker_path = OUTRUN_TEST_WORKER;
-  o.shards = 1;
-  o.single_flight = SingleFlight::coalesce_latest;
-  auto host = test::start_host(o);
+TEST_CASE("Host: encoded inputs of a key already in flight (single flight) wait with their bytes") {
+  auto host = start(1, SingleFlight::coalesce_latest);
   const Script s = test::reg(
       *host, "enc.coalesce",
       "local t = os.clock() while os.clock() - t < 0.05 do end return inputs.a + inputs.m.k");
   // The second and third take the one-by-one path (their key is in flight): the third replaces
   // the second (busy) and runs after the first with its own inputs.
-  std::vector<Request> batch;
-  for (int64_t i = 0; i < 3; ++i) batch.push_back(Request{s, {}, encoded(sample(i))});
-  std::vector<std::promise<Result>> got(batch.size());
-  host->evaluate_batch(std::move(batch), [&](std::size_t i, Result r) { got[i].set_value(r); });
-  const Result a = got[0].get_future().get(), b = got[1].get_future().get(),
-               c = got[2].get_future().get();
+  auto got = submit(*host, three_encoded(s));
+  const Result a = got[0].get(), b = got[1].get(), c = got[2].get();
   CHECK(a.value == Value(int64_t{1000}));
   CHECK(b.status == Status::busy);
   INFO(c.error);
@@ -218,11 +229,7 @@ TEST_CASE("Host: encoded inputs of a key already in flight (single flight) are d
 TEST_CASE(
     "Host: a batch of scripts the worker lacks, each with a large source, never makes a "
     "frame past the limit") {
-  HostOptions o;
-  o.worker_path = OUTRUN_TEST_WORKER;
-  o.shards = 1;
-  o.single_flight = SingleFlight::off;
-  auto host = test::start_host(o);
+  auto host = start(1, SingleFlight::off);
   // 24 scripts of 900 KB (a string constant: the same size as bytecode), first evaluated in one
   // batch: 21 MB of sources and bytecode, more than one frame may hold.
   std::vector<Request> batch;
@@ -231,10 +238,9 @@ TEST_CASE(
                             "' return #s + " + std::to_string(i);
     batch.push_back(Request{test::reg(*host, "big." + std::to_string(i), src), {}});
   }
-  std::vector<std::promise<Result>> got(batch.size());
-  host->evaluate_batch(std::move(batch), [&](std::size_t i, Result r) { got[i].set_value(r); });
+  auto got = submit(*host, std::move(batch));
   for (std::size_t i = 0; i < got.size(); ++i) {
-    const Result r = got[i].get_future().get();
+    const Result r = got[i].get();
     INFO(i, " ", r.error);
     CHECK(r.value == Value(static_cast<int64_t>(900'000 + i)));
   }
