@@ -6,6 +6,7 @@
 #include <span>
 #include <string>
 
+#include "outrun/protocol/frame.h"
 #include "outrun/protocol/outrun_generated.h"
 #include "outrun/runner.h"
 #include "outrun/value.h"
@@ -14,6 +15,14 @@ namespace outrun::detail {
 
 // Largest encoded inputs of one evaluation (strings and bytes), so every frame fits.
 inline constexpr std::size_t kMaxInputBytes = 8u << 20;
+
+// What the results of one frame from a worker (the Host) or from outrund (outrun::Client) may
+// decode to, counted as the budgeted decode_value counts (16 bytes per value plus its strings,
+// bytes and map keys, a shared part each time it is used) plus their error messages. An honest
+// sender shares nothing, so a frame (at most kMaxFrameSize) decodes to less than twice its size;
+// one that shares a large string among many array items, map keys or results could otherwise
+// have the receiver copy terabytes (D-result-budget).
+inline constexpr std::size_t kMaxResultsDecodeBytes = std::size_t{4} * protocol::kMaxFrameSize;
 
 using InputsOffset = flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::Input>>>;
 using InputBufferOffset = flatbuffers::Offset<flatbuffers::Vector<uint8_t>>;

@@ -349,17 +349,30 @@ void Host::Impl::handle_results(Shard& sh, WorkerProcess*,
       for (uint32_t idx : promoted) sh.table.park(idx);                    // run after the restart
     }
   }
+  // What this frame's values and messages may decode to, a shared part counted per use
+  // (D-result-budget). Once it is spent, the frame's other results end worker_lost and the
+  // worker is killed for the violation.
+  std::size_t budget = detail::kMaxResultsDecodeBytes;
+  const auto lost = [&](Result& res, bool spent) {
+    res.value = Value{};
+    res.status = Status::worker_lost;
+    res.error = spent ? "its worker sent results past the decode budget (more than " +
+                            std::to_string(detail::kMaxResultsDecodeBytes) + " bytes in one frame)"
+                      : "its worker sent an invalid value";
+    if (violation->empty())
+      *violation = spent ? "sent results past the decode budget" : "sent an invalid value";
+  };
   for (auto& [completion, r] : done) {
     Result res;
     res.status = static_cast<Status>(r.status);
     res.shard = sh.index;
     if (res.status == Status::ok) {
-      if (!detail::decode_value(r.value, &res.value)) {
-        res.status = Status::worker_lost;
-        res.error = "its worker sent an invalid value";
-        if (violation->empty()) *violation = "sent an invalid value";
-      }
+      if (!detail::decode_value(r.value, &res.value, &budget)) lost(res, budget == 0);
+    } else if (r.error.size() > budget) {
+      budget = 0;
+      lost(res, true);
     } else {
+      budget -= r.error.size();
       res.error = r.error;
     }
     deliver_read(std::move(completion), std::move(res), to_dispatch);

@@ -285,6 +285,8 @@ TEST_CASE("Follower: garbage read by a follower is a protocol violation, the oth
       {"bad-flatbuffer", Status::worker_lost, "failed verification"},
       {"unknown-id", Status::worker_lost, "answered an evaluation it was not running"},
       {"duplicate", Status::runtime_error, "answered an evaluation it was not running"},
+      {"shared-string", Status::worker_lost, "sent results past the decode budget"},
+      {"shared-keys", Status::worker_lost, "sent results past the decode budget"},
   };
   FaultEnv fault("garbage");
   auto o = test::with_test_faults(base_options());

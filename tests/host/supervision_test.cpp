@@ -474,6 +474,9 @@ TEST_CASE("Supervision: a worker that writes garbage is killed for it and nothin
       {"unknown-id", Status::worker_lost, "answered an evaluation it was not running", 1},
       // The first answer is delivered; the second is the violation.
       {"duplicate", Status::runtime_error, "answered an evaluation it was not running", 1},
+      // A frame that verifies but would decode to 512 MiB, one string used 512 times.
+      {"shared-string", Status::worker_lost, "sent results past the decode budget", 1},
+      {"shared-keys", Status::worker_lost, "sent results past the decode budget", 1},
   };
   FaultEnv fault("garbage");
   auto o = test::with_test_faults(base_options());

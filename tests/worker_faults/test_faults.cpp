@@ -17,8 +17,10 @@
 //   frame limit), "bad-flatbuffer" (a well-sized frame that fails verification), "unknown-id" (a
 //   result for an evaluation it was never sent), "duplicate" (two answers to it, the first a
 //   RuntimeError), "bad-status" (a status only the host may give), "unknown-status" (a status no
-//   build of outrun knows). The host must take each for a
-//   protocol violation.
+//   build of outrun knows), "shared-string" (a result that is an array of 512 items, each the
+//   same 1 MiB string: 512 MiB to decode from a 1 MiB frame), "shared-keys" (a map of 512
+//   entries whose keys are each that one string). The host must take each for a protocol
+//   violation.
 // - "crash-on-source=MARKER": an evaluation that carries a source containing MARKER (or bytecode
 //   from the host's compile-only process containing it: a string constant of the script) makes
 //   the worker raise SIGSEGV as it starts running it (the evaluation is on the status page), like
@@ -47,6 +49,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "hooks.h"
 #include "outrun/protocol/messages.h"
@@ -175,8 +178,9 @@ void attempt_escape(const wire::Evaluation* e) {
 // for a kind it does not know (false: `e` is evaluated as usual).
 bool write_garbage(Worker& w, const wire::Evaluation* e, std::string_view what) {
   const bool raw = what == "bad-length" || what == "bad-flatbuffer";
-  if (!raw && what != "unknown-id" && what != "bad-status" && what != "unknown-status" &&
-      what != "duplicate")
+  const bool shared = what == "shared-string" || what == "shared-keys";
+  if (!raw && !shared && what != "unknown-id" && what != "bad-status" &&
+      what != "unknown-status" && what != "duplicate")
     return false;
   w.flush();  // what came before is delivered; the stream breaks after it
   w.mark_running(e->id());
@@ -187,6 +191,27 @@ bool write_garbage(Worker& w, const wire::Evaluation* e, std::string_view what) 
     const uint32_t size = what == "bad-length" ? 0xFFFFFFF0u : 24u;  // little-endian prefix
     for (int i = 0; i < 4; ++i) bytes[i] = static_cast<uint8_t>(size >> (8 * i));
     w.write_raw(bytes, sizeof bytes);
+  } else if (shared) {
+    // One string, used 512 times: the frame verifies (each use is one check), and only a
+    // decode that counts every use refuses it (D-result-budget).
+    flatbuffers::FlatBufferBuilder fbb;
+    const auto big = fbb.CreateString(std::string(1u << 20, 'x'));
+    std::vector<flatbuffers::Offset<wire::Value>> items;
+    flatbuffers::Offset<wire::Value> value;
+    if (what == "shared-string") {
+      items.assign(512, wire::CreateValue(fbb, wire::ValueKind::String, false, 0, 0.0, big));
+      value = wire::CreateValue(fbb, wire::ValueKind::Array, false, 0, 0.0, 0, 0,
+                                fbb.CreateVector(items));
+    } else {
+      items.assign(512, wire::CreateValue(fbb, wire::ValueKind::Nil));
+      const std::vector<flatbuffers::Offset<flatbuffers::String>> keys(512, big);
+      value = wire::CreateValue(fbb, wire::ValueKind::Map, false, 0, 0.0, 0, 0,
+                                fbb.CreateVector(items), fbb.CreateVector(keys));
+    }
+    const flatbuffers::Offset<wire::Result> result =
+        protocol::build_result(fbb, e->id(), wire::Status::Ok, value, {});
+    const auto frame = protocol::finish_results(fbb, {&result, 1});
+    w.write_raw(frame.data(), frame.size());
   } else {
     if (what == "unknown-id") {
       w.answer(e->id() + (uint64_t{1} << 40), wire::Status::Ok, {});
