@@ -179,8 +179,8 @@ void attempt_escape(const wire::Evaluation* e) {
 bool write_garbage(Worker& w, const wire::Evaluation* e, std::string_view what) {
   const bool raw = what == "bad-length" || what == "bad-flatbuffer";
   const bool shared = what == "shared-string" || what == "shared-keys";
-  if (!raw && !shared && what != "unknown-id" && what != "bad-status" &&
-      what != "unknown-status" && what != "duplicate")
+  if (!raw && !shared && what != "unknown-id" && what != "bad-status" && what != "unknown-status" &&
+      what != "duplicate")
     return false;
   w.flush();  // what came before is delivered; the stream breaks after it
   w.mark_running(e->id());
