@@ -168,6 +168,13 @@ struct Client::Impl {
     if (const auto* results = std::get_if<protocol::ResultsMsg>(&m)) {
       if (!results->items) return;
       protocol::ClientResult r;
+      // What this frame's results may decode to, a shared part counted per use
+      // (D-result-budget): past it, the rest of the frame's evaluations end runtime_error.
+      std::size_t budget = detail::kMaxResultsDecodeBytes;
+      static constexpr const char* invalid = "outrund sent an invalid value";
+      static constexpr const char* spent =
+          "outrund sent results past the decode budget (a shared part counts each time it is "
+          "used)";
       for (const wire::Result* item : *results->items) {
         Callback cb;
         {
@@ -181,9 +188,13 @@ struct Client::Impl {
         Result out;
         out.status = static_cast<Status>(r.status);
         if (out.status == Status::ok) {
-          if (r.value && !detail::decode_value(r.value, &out.value))
-            out = Result{Status::runtime_error, {}, "outrund sent an invalid value", -1};
+          if (r.value && !detail::decode_value(r.value, &out.value, &budget))
+            out = Result{Status::runtime_error, {}, budget == 0 ? spent : invalid, -1};
+        } else if (r.error.size() > budget) {
+          budget = 0;
+          out = Result{Status::runtime_error, {}, spent, -1};
         } else {
+          budget -= r.error.size();
           out.error = std::move(r.error);
         }
         cb(std::move(out));

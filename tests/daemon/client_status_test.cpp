@@ -35,6 +35,9 @@ struct FakeDaemon {
   int listener = -1;
   std::thread thread;
   std::atomic<bool> stop{false};
+  // Set: every evaluation is answered Ok with an array of 512 items, each the same 1 MiB string
+  // (a frame that verifies and decodes to 512 MiB).
+  std::atomic<bool> shared{false};
   std::string error;  // what went wrong in the thread (no doctest macros there)
 
   FakeDaemon() {
@@ -98,6 +101,17 @@ struct FakeDaemon {
         } else if (const auto* ev = std::get_if<protocol::EvaluateMsg>(&m)) {
           if (!ev->items) continue;
           std::vector<flatbuffers::Offset<wire::Result>> items;
+          if (shared) {
+            const auto big = f.CreateString(std::string(1u << 20, 'x'));
+            const std::vector<flatbuffers::Offset<wire::Value>> strings(
+                512, wire::CreateValue(f, wire::ValueKind::String, false, 0, 0.0, big));
+            const auto array = wire::CreateValue(f, wire::ValueKind::Array, false, 0, 0.0, 0, 0,
+                                                 f.CreateVector(strings));
+            for (const wire::Evaluation* e : *ev->items)
+              items.push_back(protocol::build_result(f, e->id(), wire::Status::Ok, array, ""));
+            send(protocol::finish_results(f, items));
+            continue;
+          }
           for (const wire::Evaluation* e : *ev->items) {
             const auto s = static_cast<wire::Status>(kStatuses[evaluations++ % kStatuses.size()]);
             const bool ok = s == wire::Status::Ok;
@@ -158,6 +172,31 @@ TEST_CASE(
   CHECK(u.code == outrun::ErrorCode::protocol_error);
   CHECK(u.message == "outrund sent an unknown status 11");
   CHECK(c->connected());
+  c.reset();
+  d.finish();
+  CHECK(d.error.empty());
+}
+
+TEST_CASE(
+    "outrun::Client: results that share a large string end runtime_error past the decode "
+    "budget and the connection goes on") {
+  FakeDaemon d;
+  outrun::ClientOptions o;
+  o.socket = d.path;
+  o.reply_timeout = std::chrono::milliseconds(5000);
+  std::unique_ptr<outrun::Client> c;
+  REQUIRE(!outrun::Client::connect(o, &c));
+  outrun::Script s;
+  REQUIRE(!c->register_script("k", "return 5", &s));
+  d.shared = true;
+  const outrun::Result r = c->evaluate(s, {}).get();
+  CHECK(r.status == outrun::Status::runtime_error);
+  CHECK(r.error.find("past the decode budget") != std::string::npos);
+  CHECK(c->connected());
+  d.shared = false;
+  const outrun::Result next = c->evaluate(s, {}).get();  // the fake's first status: 12
+  CHECK(next.status == outrun::Status::runtime_error);
+  CHECK(next.error == "outrund sent an unknown status 12");
   c.reset();
   d.finish();
   CHECK(d.error.empty());
