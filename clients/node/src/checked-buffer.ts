@@ -5,6 +5,7 @@
 // wire.ts (body type known, required fields, depth and node budget) this stands in for
 // VerifySizePrefixedFrameBuffer.
 import * as flatbuffers from 'flatbuffers';
+import { MAX_DECODED_BYTES } from './constants';
 
 export class MalformedFrame extends Error {
   constructor(message: string) {
@@ -16,6 +17,10 @@ export class MalformedFrame extends Error {
 export class CheckedByteBuffer extends flatbuffers.ByteBuffer {
   private readonly size: number;
   private readonly decoder = new TextDecoder('utf-8');
+  // Bytes of strings and byte vectors this frame may decode to, each read counted: a frame that
+  // shares one large string among many values or map keys is refused, not copied again and
+  // again (design/decisions.md D-result-budget).
+  private decodeLeft = MAX_DECODED_BYTES;
 
   constructor(bytes: Uint8Array) {
     super(bytes);
@@ -48,9 +53,17 @@ export class CheckedByteBuffer extends flatbuffers.ByteBuffer {
     if (length < 0) throw new MalformedFrame('negative string length');
     this.need(offset, length + 1);
     if (this.bytes()[offset + length] !== 0) throw new MalformedFrame('string is not NUL-terminated');
+    this.charge(length);
     const bytes = this.bytes().subarray(offset, offset + length);
     if (optEncoding === flatbuffers.Encoding.UTF8_BYTES) return bytes;
     return this.decoder.decode(bytes);
+  }
+
+  /** Takes `n` bytes from this frame's decode budget; throws MalformedFrame once it is spent. */
+  charge(n: number): void {
+    this.decodeLeft -= n;
+    if (this.decodeLeft < 0)
+      throw new MalformedFrame(`frame decodes to more than ${MAX_DECODED_BYTES} bytes (a shared string counts each time it is read)`);
   }
 
   // Vectors: the length word and the elements must lie inside the frame (elements are at least

@@ -22,3 +22,5 @@ export const MAX_INPUT_BYTES = 8 * 1024 * 1024;
 export const EVALUATE_SPLIT_BYTES = 4 * 1024 * 1024;
 /** Tables/values one received frame may decode to (the C++ verifier's kVerifierMaxTables). */
 export const MAX_DECODED_NODES = 4_000_000;
+/** String and byte-vector bytes one received frame may decode to, each use counted (4 × MAX_FRAME_SIZE, as kMaxResultsDecodeBytes). */
+export const MAX_DECODED_BYTES = 4 * MAX_FRAME_SIZE;

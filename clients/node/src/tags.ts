@@ -2,7 +2,7 @@
 // TagValue vectors (TagChanges, TagValues).
 import * as flatbuffers from 'flatbuffers';
 import * as w from './generated/outrun_generated';
-import { MalformedFrame } from './checked-buffer';
+import { CheckedByteBuffer, MalformedFrame } from './checked-buffer';
 import { MAX_VALUE_DEPTH } from './constants';
 import { statusCodeName, toStatusCode } from './opcua-status';
 import { DecodeBudget, InputValue, InvalidInput, InvalidValue, toWire, WireValue } from './values';
@@ -184,6 +184,7 @@ export function decodeTagValue(v: w.Value, budget: DecodeBudget, depth = 1): Tag
       const n = v.bytesValueLength();
       const a = v.bytesValueArray();
       if (n > 0 && (!a || a.length !== n)) throw new MalformedFrame('bytes vector runs past the frame');
+      if (v.bb instanceof CheckedByteBuffer) v.bb.charge(n);
       return Buffer.from(a ? Uint8Array.from(a) : new Uint8Array(0));
     }
     case w.ValueKind.Array: {

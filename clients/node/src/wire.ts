@@ -226,6 +226,7 @@ export function decodeValue(v: w.Value, budget: DecodeBudget, depth = 1): Output
       const n = v.bytesValueLength();
       const a = v.bytesValueArray();
       if (n > 0 && (!a || a.length !== n)) throw new MalformedFrame('bytes vector runs past the frame');
+      if (v.bb instanceof CheckedByteBuffer) v.bb.charge(n);
       return Buffer.from(a ? Uint8Array.from(a) : new Uint8Array(0));
     }
     case w.ValueKind.Array: {

@@ -5,7 +5,7 @@ import net from 'node:net';
 import { once } from 'node:events';
 import { connect, OutrunError, wire } from '../dist/index.js';
 import { tempSocket } from './helpers.mjs';
-import { inputOf, intResults, readFrames, registered, serverHello } from './fake.mjs';
+import { inputOf, intResults, readFrames, registered, serverHello, sharedStringResults } from './fake.mjs';
 
 const { w } = wire;
 
@@ -90,6 +90,28 @@ test('an oversized length closes the connection; in-flight evaluations end unava
   await c.close();
   await srv.close();
 });
+
+for (const asKeys of [false, true]) {
+  test(`results sharing one large string ${asKeys ? 'as map keys' : 'as array items'} are refused, not copied 512 times`, async () => {
+    const srv = await fakeServer((sock) => {
+      readFrames(sock, (f) => {
+        if (f.type === w.Body.ClientHello) sock.write(serverHello());
+        else if (f.type === w.Body.Register) sock.write(registered(wire.body(f, w.Register).requestId(), 3));
+        else if (f.type === w.Body.Evaluate) {
+          const e = wire.body(f, w.Evaluate).items(0);
+          sock.write(sharedStringResults(Number(e.id()), { asKeys }));
+        }
+      });
+    });
+    const c = await connect(srv.path, { reconnect: false });
+    const s = await c.register('k', 'return 1');
+    const r = await c.evaluate(s, {});
+    assert.equal(r.status, 'unavailable');
+    assert.match(r.error, /decodes to more than 67108864 bytes/);
+    await c.close();
+    await srv.close();
+  });
+}
 
 test('a frame body a daemon never sends (Evaluate) is a violation', async () => {
   const srv = await fakeServer((sock) => {

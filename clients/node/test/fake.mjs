@@ -51,6 +51,45 @@ export function intResults(pairs) {
   return finish(b, w.Body.Results, w.Results.createResults(b, vec));
 }
 
+/**
+ * Results{[Result{id, Ok, value}]} where value is an array of `count` items, each the same
+ * String Value of `size` bytes (or, `asKeys`, the same map whose one key is that string): a
+ * small frame that decodes to count × size bytes.
+ */
+export function sharedStringResults(id, { count = 512, size = 1 << 20, asKeys = false } = {}) {
+  const b = new flatbuffers.Builder(size + 4096);
+  const big = b.createString('x'.repeat(size));
+  let shared;
+  if (asKeys) {
+    // a one-entry map {[big]: nil}: its key is read each time the map is
+    w.Value.startValue(b);
+    const nil = w.Value.endValue(b);
+    const items = w.Value.createItemsVector(b, [nil]);
+    const keys = w.Value.createKeysVector(b, [big]);
+    w.Value.startValue(b);
+    w.Value.addKind(b, w.ValueKind.Map);
+    w.Value.addItems(b, items);
+    w.Value.addKeys(b, keys);
+    shared = w.Value.endValue(b);
+  } else {
+    w.Value.startValue(b);
+    w.Value.addKind(b, w.ValueKind.String);
+    w.Value.addStringValue(b, big);
+    shared = w.Value.endValue(b);
+  }
+  const items = w.Value.createItemsVector(b, new Array(count).fill(shared));
+  w.Value.startValue(b);
+  w.Value.addKind(b, w.ValueKind.Array);
+  w.Value.addItems(b, items);
+  const v = w.Value.endValue(b);
+  w.Result.startResult(b);
+  w.Result.addId(b, BigInt(id));
+  w.Result.addValue(b, v);
+  const r = w.Result.endResult(b);
+  const vec = w.Results.createItemsVector(b, [r]);
+  return finish(b, w.Body.Results, w.Results.createResults(b, vec));
+}
+
 /** Reads the client's frames off a socket: calls onFrame(IncomingFrame) for each. */
 export function readFrames(sock, onFrame) {
   const reader = new FrameReader();
