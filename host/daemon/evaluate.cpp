@@ -27,6 +27,9 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_pt
   const uint32_t n = items->size();
   for (uint32_t k = start; k < n; ++k) {
     const wire::Evaluation* e = items->Get(k);
+    // What the frame's budgets held before this evaluation: a pause at it gives back what its
+    // inputs took, since the resumed frame checks them again.
+    const std::size_t decode_before = decode_budget, copy_before = copy_budget;
     Result refused;
     refused.status = Status::ok;
     const uint32_t idx = e->script_id() & kHandleIdMask;
@@ -90,6 +93,8 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_pt
       // An answer is written now: not while the client is over its budget (a frame of a million
       // refused evaluations would otherwise queue a million answers).
       if (over_budget(*c)) {
+        decode_budget = decode_before;
+        copy_budget = copy_before;
         c->paused_frame = items;
         c->paused_item = k;
         paused = true;

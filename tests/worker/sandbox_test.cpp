@@ -1567,3 +1567,32 @@ TEST_CASE("sandbox state: only the compiled chunk stays on the stack between run
   CHECK(lua_gethookcount(spin->L()) == sb::kHookInterval);
   CHECK(lua_gethookmask(spin->L()) == LUA_MASKCOUNT);
 }
+
+TEST_CASE("sandbox: states made together that run alike do not all collect in the same round") {
+  // 64 scripts of one source, run round robin: each evaluation leaves the same garbage in each
+  // state. A state's first collection shows as its memory count going down; were every state to
+  // start its collector alike, all 64 would collect in the same round (D-gc-phase).
+  Runner r;
+  constexpr int kScripts = 64;
+  std::vector<Script> scripts;
+  for (int i = 0; i < kScripts; ++i)
+    scripts.push_back(
+        r.add("local t = {} for i = 1, 4 do t[i] = {i} end return collectgarbage('count')"));
+  std::vector<double> last(kScripts, 0.0);
+  std::vector<int> first_drop(kScripts, -1);
+  for (int round = 0; round < 400; ++round)
+    for (int i = 0; i < kScripts; ++i) {
+      const Result res = r.run(scripts[i]);
+      REQUIRE(res.status == outrun::Status::ok);
+      const double kb = res.value.as<double>();
+      if (first_drop[i] < 0 && round > 0 && kb < last[i]) first_drop[i] = round;
+      last[i] = kb;
+    }
+  std::vector<int> rounds = first_drop;
+  CHECK(std::count(rounds.begin(), rounds.end(), -1) == 0);  // every state collected
+  std::sort(rounds.begin(), rounds.end());
+  const auto distinct = std::unique(rounds.begin(), rounds.end()) - rounds.begin();
+  INFO("first collections in " << distinct << " distinct rounds, from " << rounds.front() << " to "
+                               << rounds[distinct - 1]);
+  CHECK(distinct >= 8);
+}
