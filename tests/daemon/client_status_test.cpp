@@ -134,19 +134,25 @@ struct FakeDaemon {
   }
 };
 
+// A client of `d` with the script "k" registered (the fake's handle 7).
+void connect_and_register(const FakeDaemon& d, std::unique_ptr<outrun::Client>* c,
+                          outrun::Script* s) {
+  outrun::ClientOptions o;
+  o.socket = d.path;
+  o.reply_timeout = std::chrono::milliseconds(5000);
+  REQUIRE(!outrun::Client::connect(o, c));
+  REQUIRE(!(*c)->register_script("k", "return 5", s));
+}
+
 }  // namespace
 
 TEST_CASE(
     "outrun::Client: a status it does not know ends that answer runtime_error (a request: "
     "protocol_error), nothing else") {
   FakeDaemon d;
-  outrun::ClientOptions o;
-  o.socket = d.path;
-  o.reply_timeout = std::chrono::milliseconds(5000);
   std::unique_ptr<outrun::Client> c;
-  REQUIRE(!outrun::Client::connect(o, &c));
   outrun::Script s;
-  REQUIRE(!c->register_script("k", "return 5", &s));
+  connect_and_register(d, &c, &s);
   // One after the other, so the fake answers them in kStatuses' order.
   for (std::size_t i = 0; i < 2 * kStatuses.size(); ++i) {
     CAPTURE(i);
@@ -181,13 +187,9 @@ TEST_CASE(
     "outrun::Client: results that share a large string end runtime_error past the decode "
     "budget and the connection goes on") {
   FakeDaemon d;
-  outrun::ClientOptions o;
-  o.socket = d.path;
-  o.reply_timeout = std::chrono::milliseconds(5000);
   std::unique_ptr<outrun::Client> c;
-  REQUIRE(!outrun::Client::connect(o, &c));
   outrun::Script s;
-  REQUIRE(!c->register_script("k", "return 5", &s));
+  connect_and_register(d, &c, &s);
   d.shared = true;
   const outrun::Result r = c->evaluate(s, {}).get();
   CHECK(r.status == outrun::Status::runtime_error);
