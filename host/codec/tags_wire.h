@@ -44,6 +44,19 @@ inline bool decode_tag_entry(const wire::TagValue* in, tags::Change* out, std::s
     *why = "a tag id must be 1.." + std::to_string(tags::kMaxTagIdSize) + " bytes";
     return false;
   }
+  // The id and diagnostics are copied: paid for at each use, as values are (many entries
+  // sharing one 64 KiB diagnostics string would otherwise be copied each time).
+  const std::size_t text =
+      tag->size() +
+      (in->value() && in->value()->diagnostics() ? in->value()->diagnostics()->size() : 0);
+  if (text > *budget) {
+    *budget = 0;
+    *why =
+        "the values of this frame decode to too much (a shared subtree counts each time it is "
+        "used)";
+    return false;
+  }
+  *budget -= text;
   out->tag = tag->str();
   out->value = tags::DataValue{};
   out->value.status = tags::codes::Good;

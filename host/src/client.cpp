@@ -187,7 +187,9 @@ struct Client::Impl {
         protocol::decode_daemon_result(item, &r);
         Result out;
         out.status = static_cast<Status>(r.status);
-        if (out.status == Status::ok) {
+        if (budget == 0) {  // spent by an earlier result of this frame
+          out = Result{Status::runtime_error, {}, spent, -1};
+        } else if (out.status == Status::ok) {
           if (r.value && !detail::decode_value(r.value, &out.value, &budget))
             out = Result{Status::runtime_error, {}, budget == 0 ? spent : invalid, -1};
         } else if (r.error.size() > budget) {
@@ -216,7 +218,7 @@ struct Client::Impl {
       Reply rep;
       rep.error = detail::error_from_wire(tv->status, std::move(tv->error));
       if (tv->values) {
-        std::size_t budget = std::size_t{4} * protocol::kMaxFrameSize;
+        std::size_t budget = detail::kMaxResultsDecodeBytes;
         for (const wire::TagValue* v : *tv->values) {
           tags::Change ch;
           if (!detail::decode_tag_entry(v, &ch, &budget, &why)) {
@@ -237,7 +239,7 @@ struct Client::Impl {
       if (!items || !cb) return;
       std::vector<tags::Change> out;
       out.reserve(items->size());
-      std::size_t budget = std::size_t{4} * protocol::kMaxFrameSize;
+      std::size_t budget = detail::kMaxResultsDecodeBytes;
       for (const wire::TagValue* v : *items) {
         tags::Change ch;
         if (!detail::decode_tag_entry(v, &ch, &budget, &why)) return;  // dropped

@@ -366,7 +366,9 @@ void Host::Impl::handle_results(Shard& sh, WorkerProcess*,
     Result res;
     res.status = static_cast<Status>(r.status);
     res.shard = sh.index;
-    if (res.status == Status::ok) {
+    if (budget == 0) {  // spent by an earlier result of this frame
+      lost(res, true);
+    } else if (res.status == Status::ok) {
       if (!detail::decode_value(r.value, &res.value, &budget)) lost(res, budget == 0);
     } else if (r.error.size() > budget) {
       budget = 0;

@@ -358,3 +358,21 @@ TEST_CASE("outrund: one nested buffer used by many evaluations of a frame is pai
   }
   CHECK(d.stop() == 0);
 }
+
+TEST_CASE("outrund: protocol 1's input names are paid for at each use") {
+  // One Input of a 1 MiB name (no value), used 2,000 times by one evaluation: 2 GB of names to
+  // copy from a 1 MiB frame. Refused at the frame's decode budget (16 MiB), not copied.
+  Daemon d({"--single-flight", "off"});
+  Conn c(d.socket, 1);
+  const uint32_t h = c.register_script("inputs.names", "return 1");
+  Builder f;
+  const auto name = f.CreateString(std::string(1u << 20, 'n'));
+  const std::vector<flatbuffers::Offset<wire::Input>> uses(2000, wire::CreateInput(f, name));
+  const std::vector<flatbuffers::Offset<wire::Evaluation>> items{
+      protocol::build_evaluation(f, 9, h, 0, f.CreateVector(uses), nullptr)};
+  c.send(protocol::finish_evaluate(f, items));
+  const auto got = c.results(1).at(9);
+  CHECK(got.status == wire::Status::InvalidArgument);
+  CHECK(got.error.find("the inputs of this frame") != std::string::npos);
+  CHECK(d.stop() == 0);
+}

@@ -508,3 +508,36 @@ TEST_CASE("outrund tags: outrun tags define, update, read, list and watch throug
   for (const auto& p : {file, ups, bad, watch_out}) std::remove(p.c_str());
   rmdir(dir.c_str());
 }
+
+TEST_CASE("outrund tags: a SourceUpdates whose entries share one diagnostics string is refused") {
+  // 60,000 entries, each the same TagValue with 60 KB of diagnostics: 3.6 GB of copies from a
+  // small frame. Refused at the frame's decode budget (ids and diagnostics count at each use).
+  Daemon d;
+  const int fd = connect_raw(d.socket);
+  flatbuffers::FlatBufferBuilder f;
+  outrun::protocol::encode_client_hello(f, "t");
+  send_frame(fd, f);
+  f.Clear();
+  const auto dv = wire::CreateDataValue(f, 0, 0, 0, 0, f.CreateString(std::string(60000, 'd')));
+  const auto tv = wire::CreateTagValue(f, f.CreateString("a"), dv);
+  const std::vector<flatbuffers::Offset<wire::TagValue>> entries(60000, tv);
+  outrun::protocol::encode_source_updates(f, 5, 0, entries);
+  send_frame(fd, f);
+  outrun::protocol::FrameReader reader;
+  std::string error;
+  bool answered = false;
+  while (!answered) {
+    REQUIRE(reader.read_from(fd) > 0);
+    outrun::protocol::FrameView fv;
+    while (reader.next(fv)) {
+      if (fv.frame->body_type() != wire::Body::TagsReply) continue;
+      const auto* r = fv.frame->body_as_TagsReply();
+      if (r->request_id() != 5) continue;
+      answered = true;
+      CHECK(r->status() == wire::Status::InvalidArgument);
+      if (r->error()) error = r->error()->str();
+    }
+  }
+  CHECK(error.find("decode to too much") != std::string::npos);
+  close(fd);
+}
