@@ -254,13 +254,8 @@ bool check_encoded_inputs(std::span<const uint8_t> bytes, std::size_t* frame_bud
 
 Inputs decode_input_list(const wire::InputList* list) {
   Inputs out;
-  const auto* inputs = list->inputs();
-  if (!inputs) return out;
-  out.resize(inputs->size());
-  for (flatbuffers::uoffset_t i = 0; i < inputs->size(); ++i) {
-    out[i].name = inputs->Get(i)->name()->str();
-    decode(inputs->Get(i)->value(), &out[i].value, 0, nullptr);  // checked before
-  }
+  std::string unused;
+  decode_inputs(list->inputs(), &out, nullptr, &unused);  // checked before
   return out;
 }
 
@@ -321,6 +316,45 @@ flatbuffers::Offset<wire::Value> encode_tag_value(flatbuffers::FlatBufferBuilder
 
 bool decode_value(const wire::Value* in, Value* out, std::size_t* budget) {
   return decode(in, out, 0, budget);
+}
+
+ResultDecode decode_result(bool ok, const wire::Value* in, std::string_view error, Value* value,
+                           std::string* message, std::size_t* budget) {
+  if (*budget == 0) return ResultDecode::spent;
+  if (ok) {
+    if (decode(in, value, 0, budget)) return ResultDecode::ok;
+    return *budget == 0 ? ResultDecode::spent : ResultDecode::invalid;
+  }
+  if (!charge(budget, error.size())) return ResultDecode::spent;
+  message->assign(error);
+  return ResultDecode::ok;
+}
+
+bool decode_inputs(const flatbuffers::Vector<flatbuffers::Offset<wire::Input>>* in, Inputs* out,
+                   std::size_t* budget, std::string* error) {
+  out->clear();
+  if (!in) return true;
+  if (in->size() > kMaxInputs) {
+    *error = "too many inputs (more than " + std::to_string(kMaxInputs) + ")";
+    return false;
+  }
+  out->resize(in->size());
+  for (flatbuffers::uoffset_t i = 0; i < in->size(); ++i) {
+    const wire::Input* input = in->Get(i);
+    // The name is copied too: one Input the frame points at from many places is paid for at
+    // each use, its name as its value.
+    if (!charge(budget, 16 + input->name()->size())) {
+      *error = frame_budget_spent_message();
+      return false;
+    }
+    (*out)[i].name = input->name()->str();
+    if (input->value() && !decode(input->value(), &(*out)[i].value, 0, budget)) {
+      *error = budget && *budget == 0 ? frame_budget_spent_message()
+                                      : "input '" + (*out)[i].name + "' is not a valid value";
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace outrun::detail

@@ -5,6 +5,7 @@
 
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "outrun/protocol/frame.h"
 #include "outrun/protocol/outrun_generated.h"
@@ -82,6 +83,21 @@ bool decode_value(const wire::Value* in, Value* out);
 // below 0. For a client's frames (outrund): a 16 KiB frame whose values share subtrees can
 // otherwise stand for millions of values.
 bool decode_value(const wire::Value* in, Value* out, std::size_t* budget);
+
+// One received result (from a worker, or from outrund), within its frame's `*budget`
+// (kMaxResultsDecodeBytes, D-result-budget): `ok`, its value into *value, otherwise its error
+// message into *message, the message's bytes charged too. `spent` once the budget is (also by
+// an earlier result of the frame), `invalid` for a value no valid sender sends.
+enum class ResultDecode : uint8_t { ok, invalid, spent };
+ResultDecode decode_result(bool ok, const wire::Value* in, std::string_view error, Value* value,
+                           std::string* message, std::size_t* budget);
+
+// A client's protocol 1 `inputs` (verified structurally): at most kMaxInputs, each input's name
+// (16 bytes plus its size) and value taken from `*budget` (null: none) at each use, as
+// decode_value takes. False with *error: too many, a value that is not valid, or the budget
+// spent (frame_budget_spent_message()).
+bool decode_inputs(const flatbuffers::Vector<flatbuffers::Offset<wire::Input>>* in, Inputs* out,
+                   std::size_t* budget, std::string* error);
 
 // Tag values (DataValue.value on client frames): the same, plus the kinds UInt, Float and
 // DateTime, which encode_value lowers to Lua's kinds and decode_value refuses.

@@ -73,35 +73,11 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_pt
         copy_budget -= b->size();
         encoded = detail::EncodedInputsAccess::make({b->data(), b->size()});
       }
-    } else if (refused.status == Status::ok && e->inputs() && e->inputs()->size() > kMaxInputs) {
-      refused = Result{Status::invalid_argument,
-                       {},
-                       "too many inputs (more than " + std::to_string(kMaxInputs) + ")",
-                       -1};
-    } else if (refused.status == Status::ok && e->inputs()) {
-      inputs.reserve(e->inputs()->size());
-      for (const wire::Input* in : *e->inputs()) {
-        // Its name is copied: paid for at each use, as a value is (one Input the frame points
-        // at from millions of places would otherwise be copied each time).
-        const std::size_t name_cost = 16 + in->name()->size();
-        if (name_cost > decode_budget) {
-          decode_budget = 0;
-          refused = Result{Status::invalid_argument, {}, detail::frame_budget_spent_message(), -1};
-          break;
-        }
-        decode_budget -= name_cost;
-        Value v;
-        if (in->value() && !detail::decode_value(in->value(), &v, &decode_budget)) {
-          refused =
-              Result{Status::invalid_argument,
-                     {},
-                     decode_budget == 0 ? detail::frame_budget_spent_message()
-                                        : "input '" + in->name()->str() + "' is not a valid value",
-                     -1};
-          break;
-        }
-        inputs.push_back(Input{in->name()->str(), std::move(v)});
-      }
+    } else if (std::string why;
+               refused.status == Status::ok && e->inputs() &&
+               !detail::decode_inputs(e->inputs(), &inputs, &decode_budget, &why)) {
+      // Protocol 1: decoded here, names and values paid for at each use.
+      refused = Result{Status::invalid_argument, {}, std::move(why), -1};
     }
     if (refused.status != Status::ok) {
       // An answer is written now: not while the client is over its budget (a frame of a million

@@ -187,18 +187,11 @@ struct Client::Impl {
         protocol::decode_daemon_result(item, &r);
         Result out;
         out.status = static_cast<Status>(r.status);
-        if (budget == 0) {  // spent by an earlier result of this frame
-          out = Result{Status::runtime_error, {}, spent, -1};
-        } else if (out.status == Status::ok) {
-          if (r.value && !detail::decode_value(r.value, &out.value, &budget))
-            out = Result{Status::runtime_error, {}, budget == 0 ? spent : invalid, -1};
-        } else if (r.error.size() > budget) {
-          budget = 0;
-          out = Result{Status::runtime_error, {}, spent, -1};
-        } else {
-          budget -= r.error.size();
-          out.error = std::move(r.error);
-        }
+        const detail::ResultDecode d = detail::decode_result(
+            out.status == Status::ok, r.value, r.error, &out.value, &out.error, &budget);
+        if (d != detail::ResultDecode::ok)
+          out = Result{
+              Status::runtime_error, {}, d == detail::ResultDecode::spent ? spent : invalid, -1};
         cb(std::move(out));
       }
     } else if (auto* reg = std::get_if<protocol::RegisteredMsg>(&m)) {

@@ -366,17 +366,9 @@ void Host::Impl::handle_results(Shard& sh, WorkerProcess*,
     Result res;
     res.status = static_cast<Status>(r.status);
     res.shard = sh.index;
-    if (budget == 0) {  // spent by an earlier result of this frame
-      lost(res, true);
-    } else if (res.status == Status::ok) {
-      if (!detail::decode_value(r.value, &res.value, &budget)) lost(res, budget == 0);
-    } else if (r.error.size() > budget) {
-      budget = 0;
-      lost(res, true);
-    } else {
-      budget -= r.error.size();
-      res.error = r.error;
-    }
+    const detail::ResultDecode d = detail::decode_result(res.status == Status::ok, r.value, r.error,
+                                                         &res.value, &res.error, &budget);
+    if (d != detail::ResultDecode::ok) lost(res, d == detail::ResultDecode::spent);
     deliver_read(std::move(completion), std::move(res), to_dispatch);
   }
   done.clear();

@@ -44,6 +44,7 @@ struct HostSide {
     if (!hello) return "results before hello";
     const auto* items = std::get<protocol::ResultsMsg>(m).items;
     if (!items) return "";
+    std::size_t budget = detail::kMaxResultsDecodeBytes;  // per frame, as handle_results
     for (const wire::Result* item : *items) {
       if (!in_flight.count(item->id())) return "not in flight";
       protocol::ResultView r;
@@ -53,12 +54,17 @@ struct HostSide {
         continue;  // re-sent: stays in flight
       }
       in_flight.erase(r.id);
-      if (r.status == wire::Status::Ok) {
-        check_decode(r.value);
-        Value v;
-        if (!detail::decode_value(r.value, &v)) return "invalid value";
-      } else {
-        (void)std::string(r.error);
+      if (r.status == wire::Status::Ok) check_decode(r.value);
+      Value v;
+      std::string message;
+      switch (detail::decode_result(r.status == wire::Status::Ok, r.value, r.error, &v, &message,
+                                    &budget)) {
+        case detail::ResultDecode::ok:
+          break;
+        case detail::ResultDecode::invalid:
+          return "invalid value";
+        case detail::ResultDecode::spent:
+          return "past the decode budget";
       }
     }
     return "";
