@@ -30,22 +30,13 @@ struct TagsRunArgs {
   std::string updates;
   bool in_process = false;
   bool json = false;
+  bool strict = false;
   int shards = 1;
   int timeout_ms = 100;
 };
 
 std::string escape_text(std::string_view s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (c < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
+  return tags::file::printable(s);
 }
 
 void print_change(const tags::Change& c, bool json, const char* kind = nullptr) {
@@ -73,9 +64,13 @@ DateTime wall_now() {
 int run_tags(const TagsRunArgs& a) {
   std::vector<tags::TagDefinition> defs;
   std::string err;
-  if (!tags::file::load_tags_file(a.file, &defs, &err)) {
-    std::cerr << "outrun: " << err << "\n";
-    return 2;
+  {
+    std::vector<std::string> file_errors;
+    if (!tags::file::load_tags_file(a.file, &defs, &file_errors)) {
+      for (const auto& line : tags::file::describe_errors(file_errors, {}))
+        std::cerr << "outrun: " << line << "\n";
+      return 2;
+    }
   }
   std::istream* in = nullptr;
   std::ifstream updates_file;
@@ -159,7 +154,8 @@ int run_tags(const TagsRunArgs& a) {
       ++line_no;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       if (!tags::file::parse_wave(line, &wave, &err)) {
-        std::cerr << "outrun: " << updates_name << ":" << line_no << ": " << err << "\n";
+        std::cerr << "outrun: " << escape_text(updates_name) << ":" << line_no << ": "
+                  << escape_text(err) << "\n";
         return 2;
       }
       return 1;
@@ -173,10 +169,21 @@ int run_tags(const TagsRunArgs& a) {
     std::lock_guard lock(mu);
     clock = wave.time;
   }
-  if (Error e = engine->apply(defs)) {
-    std::cerr << "outrun: " << a.file << ": " << to_string(e.code) << ": " << e.message << "\n";
+  // Every broken definition is reported (FILE:LINE:COL); not strict, the others run and the
+  // broken ones show BadConfigurationError, and the exit code is 1 at the end.
+  tags::ApplyOptions ao;
+  ao.strict = a.strict;
+  tags::ApplyResult applied;
+  const Error apply_error = engine->apply(defs, ao, &applied);
+  for (const auto& problem : tags::file::describe_errors({}, applied.errors))
+    std::cerr << "outrun: " << problem << "\n";
+  if (apply_error) {
+    if (applied.errors.empty())
+      std::cerr << "outrun: " << escape_text(a.file) << ": " << to_string(apply_error.code) << ": "
+                << escape_text(apply_error.message) << "\n";
     return 1;
   }
+  const int done = applied.errors.empty() ? 0 : 1;
   for (const auto& id : engine->ids()) order.emplace(id, order.size());
   engine->advance_clock(to.clock());
   flush();
@@ -188,12 +195,14 @@ int run_tags(const TagsRunArgs& a) {
     }
     engine->advance_clock(t);
     if (Error e = engine->update(wave.updates, t)) {
-      std::cerr << "outrun: " << updates_name << ":" << line_no << ": " << e.message << "\n";
+      std::cerr << "outrun: " << escape_text(updates_name) << ":" << line_no << ": "
+                << escape_text(e.message) << "\n";
       return 2;
     }
     for (const auto& id : wave.triggers) {
       if (Error e = engine->trigger(id)) {
-        std::cerr << "outrun: " << updates_name << ":" << line_no << ": " << e.message << "\n";
+        std::cerr << "outrun: " << escape_text(updates_name) << ":" << line_no << ": "
+                  << escape_text(e.message) << "\n";
         return 2;
       }
     }
@@ -201,7 +210,8 @@ int run_tags(const TagsRunArgs& a) {
     for (const auto& id : wave.reads) {
       tags::DataValue dv;
       if (Error e = engine->read(id, &dv)) {
-        std::cerr << "outrun: " << updates_name << ":" << line_no << ": " << e.message << "\n";
+        std::cerr << "outrun: " << escape_text(updates_name) << ":" << line_no << ": "
+                  << escape_text(e.message) << "\n";
         return 2;
       }
       flush();
@@ -211,7 +221,7 @@ int run_tags(const TagsRunArgs& a) {
     if (r == 2) return 2;
     have_line = r == 1;
   }
-  return 0;
+  return done;
 }
 
 // ---- Through outrund ----
@@ -262,7 +272,17 @@ int tags_define(const DaemonArgs& a) {
   std::string json;
   if (Error e = c->define_tags(ss.str(), a.replace, &json)) return fail(e, a.file + ": ");
   std::cout << json << "\n";
-  return 0;
+  // Every broken definition, named by this file's LINE:COL; exit 1 when there is one.
+  const auto doc = nlohmann::json::parse(json, nullptr, false);
+  int rc = 0;
+  if (!doc.is_discarded() && doc.contains("errors") && doc["errors"].is_array())
+    for (const auto& e : doc["errors"]) {
+      const std::string loc = e.value("location", "");
+      std::cerr << "outrun: " << escape_text(a.file) << (loc.empty() ? "" : ":") << escape_text(loc)
+                << ": " << escape_text(e.value("message", "")) << "\n";
+      rc = 1;
+    }
+  return rc;
 }
 
 int tags_list(const DaemonArgs& a) {
@@ -388,6 +408,9 @@ void add_tags_commands(CLI::App& app, int* rc, const std::string* socket) {
   run->add_option("--updates", args->updates, "JSON lines, one wave per line ('-': stdin)");
   run->add_flag("--in-process", args->in_process, "run the scripts in this process (trusted)");
   run->add_flag("--json", args->json, "print JSON lines");
+  run->add_flag("--strict", args->strict,
+                "refuse the whole file when a definition is broken (exit 1), instead of running "
+                "the others");
   run->add_option("--shards", args->shards, "worker processes")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();

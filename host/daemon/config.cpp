@@ -135,6 +135,8 @@ bool read_daemon(const toml::table& t, DaemonConfig* c, Reader& r) {
       ok = r.string(n, key, &c->cache_dir);
     } else if (key == "tags_file") {
       ok = r.string(n, key, &c->tags_file);
+    } else if (key == "tags_strict") {
+      ok = r.boolean(n, key, &c->tags_strict);
     } else if (key == "max_subscriber_bytes") {
       if ((ok = r.integer(n, key, 4096, int64_t{1} << 32, &v)))
         c->max_subscriber_bytes = static_cast<std::size_t>(v);
@@ -331,6 +333,7 @@ std::string to_toml(const DaemonConfig& c) {
                 {"log_file", c.log_file},
                 {"cache_dir", c.cache_dir},
                 {"tags_file", c.tags_file},
+                {"tags_strict", c.tags_strict},
                 {"max_subscriber_bytes", static_cast<int64_t>(c.max_subscriber_bytes)},
                 {"max_client_queued_bytes", static_cast<int64_t>(c.max_client_queued_bytes)}};
   d.insert("max_registry_bytes_per_uid", static_cast<int64_t>(c.max_registry_bytes_per_uid));

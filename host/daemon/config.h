@@ -35,6 +35,10 @@ struct DaemonConfig {
   std::string log_file;            // empty: stderr (journald under systemd)
   std::string cache_dir;           // default: default_cache_dir(); reserved (created, unused)
   std::string tags_file;           // tags loaded at start and on SIGHUP (empty: none)
+  // All or nothing: a tags file with any broken definition is refused (at start: outrund exits
+  // 2; on reload: the running tags are kept). Off: broken tags get BadConfigurationError and
+  // the others run (design/tags.md "Broken definitions").
+  bool tags_strict = false;
   // A tags subscriber whose connection has more than this queued keeps only the latest value of
   // each tag until it drains (design/daemon.md "Subscribers").
   std::size_t max_subscriber_bytes = 4u << 20;

@@ -248,21 +248,13 @@ int Server::run() {
       destroy_host();
       return 3;
     }
-    if (!cfg_.tags_file.empty()) {
-      std::vector<tags::TagDefinition> defs;
-      std::string why;
-      Error e;
-      if (!tags::file::load_tags_file(cfg_.tags_file, &defs, &why))
-        e = Error{ErrorCode::invalid_argument, why};
-      else
-        e = tags_->apply(defs, /*replace_all=*/true);
-      if (e) {
-        spdlog::critical("tags file {}: {}", cfg_.tags_file, e.message);
-        stop_tags();
-        destroy_host();
-        return 2;
-      }
-      spdlog::info("defined {} tags from {}", defs.size(), cfg_.tags_file);
+    // A broken tag gets BadConfigurationError and the others run (not strict). A file that
+    // cannot be read as a whole (missing, TOML syntax, [defaults]) -- or any error, strict --
+    // is a configuration error: exit 2 (the unit's RestartPreventExitStatus=2: no restart loop).
+    if (!cfg_.tags_file.empty() && !apply_tags_file("start")) {
+      stop_tags();
+      destroy_host();
+      return 2;
     }
     tags_thread_ = std::thread([this] { tags_thread_main(); });
   }

@@ -213,6 +213,9 @@ class Server {
   bool post_tags_job(std::function<void()> job) EXCLUDES(tq_mu_);
   void tags_thread_main() EXCLUDES(tq_mu_);
   void reload_tags();
+  // Reads cfg_.tags_file and applies it (replace_all; tags_strict), logging every error with
+  // its FILE:LINE:COL. False when nothing was applied (the file could not be read, or strict).
+  bool apply_tags_file(const char* when);
   std::string tags_list_json() const;
   void close_conn(Conn* c, const char* why) REQUIRES(loop_thread);
   void update_poll(Conn* c) REQUIRES(loop_thread);

@@ -96,25 +96,27 @@ void Server::handle_define_tags(const std::shared_ptr<Conn>& c, const protocol::
                d.replace_all ? ", replace all" : "");
   auto job = [this, c, rid, text = std::string(*d.toml), replace = d.replace_all] {
     std::vector<tags::TagDefinition> defs;
-    std::string why;
-    if (!tags::file::parse_tags(text, "", &defs, &why)) {
+    std::vector<std::string> file_errors;
+    if (!tags::file::parse_tags(text, "", "", &defs, &file_errors)) {
+      std::string why;
+      for (const auto& fe : file_errors) why += (why.empty() ? "" : "\n") + fe;
       write_tags_reply(c->writer, rid, Error{ErrorCode::invalid_argument, why}, {});
       return;
     }
-    std::unordered_set<std::string> defined;
-    for (const auto& def : defs) defined.insert(def.id);
-    nlohmann::ordered_json removed = nlohmann::ordered_json::array();
-    if (replace)
-      for (const auto& id : tags_->ids())
-        if (!defined.count(id)) removed.push_back(id);
-    if (Error e = tags_->apply(defs, replace)) {
-      write_tags_reply(c->writer, rid, e, {});
+    tags::ApplyOptions o;
+    o.replace_all = replace;
+    o.strict = cfg_.tags_strict;
+    tags::ApplyResult res;
+    if (Error e = tags_->apply(defs, o, &res)) {
+      // Strict: the first error is the reply's; every one is in the message.
+      std::string why = e.message;
+      for (std::size_t i = 1; i < res.errors.size(); ++i)
+        why += "\n" + (res.errors[i].location.empty() ? "" : res.errors[i].location + ": ") +
+               res.errors[i].message;
+      write_tags_reply(c->writer, rid, Error{e.code, why}, {});
       return;
     }
-    nlohmann::ordered_json ids = nlohmann::ordered_json::array();
-    for (const auto& def : defs) ids.push_back(def.id);
-    write_tags_reply(c->writer, rid, {},
-                     dump_json(nlohmann::ordered_json{{"defined", ids}, {"removed", removed}}));
+    write_tags_reply(c->writer, rid, {}, dump_json(tags::file::apply_result_json(res)));
   };
   if (!post_tags_job(std::move(job))) busy(*c, rid);
 }
@@ -207,8 +209,15 @@ void Server::handle_source_updates(const std::shared_ptr<Conn>& c,
       }
     }
   }
-  if (!e && !updates.empty())
-    e = u.time == 0 ? tags_->update(updates) : tags_->update(updates, DateTime{u.time});
+  if (!e && !updates.empty()) {
+    // The wave's time (the scripts' `now`, the server timestamps) is outrund's own clock; a
+    // client's `time` is only the source timestamp of the updates that carry none
+    // (design/tags.md "Clocks").
+    if (u.time != 0)
+      for (auto& up : updates)
+        if (up.value.source_time == DateTime{}) up.value.source_time = DateTime{u.time};
+    e = tags_->update(updates);
+  }
   if (rid != 0 || e) write_tags_reply(c->writer, rid, e, {});
 }
 

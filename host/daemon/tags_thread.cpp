@@ -40,18 +40,39 @@ void Server::tags_thread_main() {
 }
 
 void Server::reload_tags() {
+  (void)apply_tags_file("SIGHUP");
+}
+
+bool Server::apply_tags_file(const char* when) {
+  const std::string file = tags::file::printable(cfg_.tags_file);
   std::vector<tags::TagDefinition> defs;
-  std::string why;
-  if (!tags::file::load_tags_file(cfg_.tags_file, &defs, &why)) {
-    spdlog::error("SIGHUP: tags file {}: {}; the running tags are kept", cfg_.tags_file, why);
-    return;
+  std::vector<std::string> file_errors;
+  tags::ApplyResult res;
+  Error e;
+  if (tags::file::load_tags_file(cfg_.tags_file, &defs, &file_errors)) {
+    tags::ApplyOptions o;
+    o.replace_all = true;
+    o.strict = cfg_.tags_strict;
+    e = tags_->apply(defs, o, &res);
   }
-  if (Error e = tags_->apply(defs, /*replace_all=*/true)) {
-    spdlog::error("SIGHUP: tags file {}: {}: {}; the running tags are kept", cfg_.tags_file,
-                  to_string(e.code), e.message);
-    return;
+  // Every error, each on its own line (an operator fixes them all in one edit).
+  for (const auto& line : tags::file::describe_errors(file_errors, res.errors))
+    spdlog::error("{}: {}", when, line);
+  if (!file_errors.empty() || e) {
+    if (e)
+      spdlog::error("{}: tags file {}: {}: {}", when, file, to_string(e.code),
+                    tags::file::printable(e.message));
+    spdlog::error("{}: tags file {} not applied; {}", when, file,
+                  tags_->ids().empty() ? "no tags are defined" : "the running tags are kept");
+    return false;
   }
-  spdlog::info("SIGHUP: defined {} tags from {}", defs.size(), cfg_.tags_file);
+  std::size_t broken = 0;
+  for (const auto& err : res.errors) broken += err.installed ? 1 : 0;
+  spdlog::info(
+      "{}: tags file {}: {} defined or changed, {} unchanged, {} removed, {} broken "
+      "(BadConfigurationError)",
+      when, file, res.defined.size(), res.unchanged.size(), res.removed.size(), broken);
+  return true;
 }
 
 }  // namespace outrun::daemon

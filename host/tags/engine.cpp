@@ -14,6 +14,7 @@
 #include <set>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "outrun/tags.h"
 #include "outrun/thread_annotations.h"
@@ -105,7 +106,82 @@ void run_dispatches(std::vector<Dispatch>&& ds) {
   tl_dispatch_queue = nullptr;
 }
 
+// A numeric change beyond the input's deadband; entering or leaving NaN always passes.
+bool numeric_changed(const InputSpec& spec, double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) != std::isnan(b);
+  double limit = spec.deadband_value;
+  if (spec.deadband == DeadbandKind::percent) {
+    const double range = spec.range_high - spec.range_low;
+    limit = spec.deadband_value / 100.0 * (range != 0 ? std::fabs(range) : std::fabs(a));
+  }
+  return std::fabs(b - a) > limit;
+}
+
+// Whether an input's value moved from `a` to `b` as far as its deadband is concerned: without a
+// deadband any difference (NaN equals NaN); numbers beyond the deadband; arrays element by
+// element, a change of length always counting (OPC 10000-8 6.2).
+bool value_changed(const InputSpec& spec, const Value& a, const Value& b) {
+  if (spec.deadband == DeadbandKind::none) return !same_value(a, b);
+  if (is_number(a) && is_number(b)) return numeric_changed(spec, number_of(a), number_of(b));
+  const auto* x = std::get_if<Array>(&a.v);
+  const auto* y = std::get_if<Array>(&b.v);
+  if (x == nullptr || y == nullptr) return !same_value(a, b);
+  if (x->size() != y->size()) return true;
+  for (std::size_t i = 0; i < x->size(); ++i) {
+    const Value& p = (*x)[i];
+    const Value& q = (*y)[i];
+    if (is_number(p) && is_number(q) ? numeric_changed(spec, number_of(p), number_of(q))
+                                     : !same_value(p, q))
+      return true;
+  }
+  return false;
+}
+
+// The code of a StatusCode (severity and sub-code), without its structure and info bits.
+StatusCode code_only(StatusCode c) {
+  return c & 0xFFFF0000u;
+}
+
 }  // namespace
+
+bool same_value(const Value& a, const Value& b) {
+  if (a.v.index() != b.v.index()) return false;
+  if (auto* d = std::get_if<double>(&a.v)) {
+    const double e = std::get<double>(b.v);
+    return *d == e || (std::isnan(*d) && std::isnan(e));
+  }
+  if (auto* f = std::get_if<float>(&a.v)) {
+    const float g = std::get<float>(b.v);
+    return *f == g || (std::isnan(*f) && std::isnan(g));
+  }
+  if (auto* x = std::get_if<Array>(&a.v)) {  // nesting is bounded (kMaxValueDepth)
+    const Array& y = std::get<Array>(b.v);
+    if (x->size() != y.size()) return false;
+    for (std::size_t i = 0; i < x->size(); ++i)
+      if (!same_value((*x)[i], y[i])) return false;
+    return true;
+  }
+  if (auto* m = std::get_if<Map>(&a.v)) {
+    const Map& n = std::get<Map>(b.v);
+    if (m->size() != n.size()) return false;
+    for (std::size_t i = 0; i < m->size(); ++i)
+      if ((*m)[i].key != n[i].key || !same_value((*m)[i].value, n[i].value)) return false;
+    return true;
+  }
+  return a == b;
+}
+
+bool DataValue::same_as(const DataValue& o) const {
+  return status == o.status && source_time == o.source_time && same_value(value, o.value);
+}
+
+bool same_definition(const TagDefinition& a, const TagDefinition& b) {
+  return a.id == b.id && a.script == b.script && a.inputs == b.inputs && a.type == b.type &&
+         a.trigger == b.trigger && a.timestamps == b.timestamps && a.keep_state == b.keep_state &&
+         a.reset_state == b.reset_state && a.max_state_bytes == b.max_state_bytes &&
+         a.last_usable == b.last_usable && a.evaluate_bad_inputs == b.evaluate_bad_inputs &&
+         a.every_update == b.every_update && a.config_error == b.config_error;
+}
 
 // A source tag or a virtual tag.
 struct Node {
@@ -118,12 +194,21 @@ struct Node {
   std::vector<uint32_t> dependents;  // virtual tags that list this node as an input
   int component = -1;                // -1: nothing depends on it (a source) / set for tags
 
-  // Source: an update waiting for its component's running wave to end.
+  // Source: an update waiting for its component's running wave to end, and (when a dependent
+  // asks for every_update) the ones after it, oldest first.
   bool has_pending = false;
   DataValue pending;
+  bool queue_updates = false;  // a dependent has every_update (set by rebuild)
+  std::deque<DataValue> queue;
 
   // Virtual tag.
   TagDefinition def;
+  // A definition that could not be installed (design/tags.md "Broken definitions"): no script,
+  // no inputs in the graph, status BadConfigurationError with this reason.
+  bool broken = false;
+  std::string broken_reason;
+  ErrorCode broken_code = ErrorCode::invalid_argument;
+  bool broken_compile = false;  // its script did not compile (found by the check, not the file)
   uint64_t version = 0;
   std::string key;
   Script script;
@@ -142,8 +227,9 @@ struct Node {
   DataValue last_good;
   bool down = false;
   DateTime down_since;
-  bool need_initial = false;  // evaluate in the next wave (new or redefined)
-  bool pending_root = false;  // a root of the component's next wave
+  bool need_initial = false;    // evaluate in the next wave (new or redefined)
+  bool awaiting_input = false;  // new, with no input value yet: the first one triggers it
+  bool pending_root = false;    // a root of the component's next wave
   bool kept_state_present = false;
   Value kept_state;
   Value import_state;  // a state to start the next evaluation from (hot reload)
@@ -151,7 +237,10 @@ struct Node {
   // Periodic.
   DateTime next_due;
   bool due_set = false;
-  Clock::time_point next_due_rt;
+  uint64_t timer_seq = 0;  // the periodic timer that is current; older ones are dropped
+  // Updates of an input were merged or dropped since the last published value: the next one
+  // carries the Overflow bit.
+  bool overflow_pending = false;
   // Per wave.
   uint64_t wave = 0;    // the wave whose per-wave fields below are current
   uint64_t listed = 0;  // the wave this tag is part of
@@ -204,6 +293,7 @@ struct Engine::Impl {
   EngineCounters counters GUARDED_BY(mu);
   DateTime manual_clock GUARDED_BY(mu);
   bool manual_clock_set GUARDED_BY(mu) = false;
+  mutable DateTime last_now GUARDED_BY(mu);  // now() never goes back
 
   // Deliveries: in wave order, one at a time.
   std::deque<std::vector<Change>> deliveries GUARDED_BY(mu);
@@ -215,6 +305,7 @@ struct Engine::Impl {
     uint32_t node;
     uint32_t generation;
     bool periodic;
+    uint64_t seq;  // periodic: the node's timer_seq when armed
     bool operator>(const Timer& o) const { return at > o.at; }
   };
   std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers GUARDED_BY(mu);
@@ -224,7 +315,9 @@ struct Engine::Impl {
 
   DateTime now() const REQUIRES(mu) {
     if (manual_clock_set) return manual_clock;
-    return opts.clock ? opts.clock() : system_now();
+    const DateTime t = opts.clock ? opts.clock() : system_now();
+    if (t > last_now) last_now = t;
+    return last_now;
   }
 
   Node* find(std::string_view id) const REQUIRES(mu) {
@@ -303,6 +396,18 @@ struct Engine::Impl {
     };
     for (uint32_t t : tags)
       for (uint32_t in : nodes[t]->input_nodes) parent[root(in)] = root(t);
+    // every_update: a source queues its updates when one of its dependents asks for it.
+    for (auto& np : nodes) {
+      if (!np->alive || np->is_virtual) continue;
+      Node& n = *np;
+      n.queue_updates = false;
+      for (uint32_t d : n.dependents)
+        if (nodes[d]->def.every_update) n.queue_updates = true;
+      if (!n.queue_updates && !n.queue.empty()) {  // nobody asks any more: the latest one
+        n.pending = std::move(n.queue.back());
+        n.queue.clear();
+      }
+    }
     std::unordered_map<uint32_t, int> comp_of_root;
     std::vector<Component> old = std::move(comps);
     comps.clear();
@@ -341,60 +446,124 @@ struct Engine::Impl {
     }
   }
 
-  // Cycle check over the proposed graph: returns the path of a cycle ("A -> B -> A") or "".
-  static std::string find_cycle(const std::map<std::string, const TagDefinition*>& defs) {
-    std::map<std::string, int> color;  // 0 white, 1 grey, 2 black
-    std::vector<std::string> stack;
-    std::string found;
-    std::function<bool(const std::string&)> dfs = [&](const std::string& id) -> bool {
-      color[id] = 1;
-      stack.push_back(id);
-      const TagDefinition* d = defs.at(id);
-      for (const auto& in : d->inputs) {
-        if (!defs.count(in.tag)) continue;  // a source
-        const int c = color[in.tag];
-        if (c == 1) {
-          auto it = std::find(stack.begin(), stack.end(), in.tag);
-          for (; it != stack.end(); ++it) found += *it + " -> ";
-          found += in.tag;
-          return true;
-        }
-        if (c == 0 && dfs(in.tag)) return true;
-      }
-      stack.pop_back();
-      color[id] = 2;
-      return false;
+  // The cycles of a proposed graph (id -> definition; inputs not in it are sources): every
+  // strongly connected component of more than one tag, with the path of one cycle through it
+  // ("A -> C -> B -> A", each tag followed by one of its inputs). Iterative (Tarjan's algorithm
+  // with an explicit stack): no recursion whose depth a definition controls.
+  struct Cycle {
+    std::vector<std::string> members;
+    std::string path;
+  };
+  static std::vector<Cycle> find_cycles(
+      const std::unordered_map<std::string, const TagDefinition*, StringHash, std::equal_to<>>&
+          defs) {
+    std::vector<const std::string*> names;
+    std::unordered_map<std::string_view, int> index_of;
+    names.reserve(defs.size());
+    for (const auto& [id, d] : defs) {
+      index_of.emplace(id, static_cast<int>(names.size()));
+      names.push_back(&id);
+    }
+    const int n = static_cast<int>(names.size());
+    std::vector<std::vector<int>> adj(n);
+    for (int v = 0; v < n; ++v)
+      for (const auto& in : defs.at(*names[v])->inputs)
+        if (auto it = index_of.find(in.tag); it != index_of.end()) adj[v].push_back(it->second);
+    std::vector<int> index(n, -1), low(n, 0), comp(n, -1);
+    std::vector<char> on_stack(n, 0);
+    std::vector<int> stack;
+    struct Frame {
+      int v;
+      std::size_t e;
     };
-    for (const auto& [id, d] : defs)
-      if (color[id] == 0 && dfs(id)) return found;
-    return "";
+    std::vector<Frame> call;
+    int counter = 0, comps_found = 0;
+    std::vector<Cycle> out;
+    for (int s = 0; s < n; ++s) {
+      if (index[s] != -1) continue;
+      index[s] = low[s] = counter++;
+      stack.push_back(s);
+      on_stack[s] = 1;
+      call.push_back({s, 0});
+      while (!call.empty()) {
+        const int v = call.back().v;
+        if (call.back().e < adj[v].size()) {
+          const int w = adj[v][call.back().e++];
+          if (index[w] == -1) {
+            index[w] = low[w] = counter++;
+            stack.push_back(w);
+            on_stack[w] = 1;
+            call.push_back({w, 0});
+          } else if (on_stack[w]) {
+            low[v] = std::min(low[v], index[w]);
+          }
+          continue;
+        }
+        if (low[v] == index[v]) {
+          std::vector<int> members;
+          int w;
+          do {
+            w = stack.back();
+            stack.pop_back();
+            on_stack[w] = 0;
+            comp[w] = comps_found;
+            members.push_back(w);
+          } while (w != v);
+          if (members.size() > 1) {
+            // One cycle through the component: follow inputs inside it until one repeats.
+            std::unordered_map<int, std::size_t> seen;
+            std::vector<int> walk;
+            int x = members.back();
+            while (!seen.count(x)) {
+              seen.emplace(x, walk.size());
+              walk.push_back(x);
+              for (int y : adj[x])
+                if (comp[y] == comps_found) {
+                  x = y;
+                  break;
+                }
+            }
+            Cycle c;
+            for (std::size_t i = seen.at(x); i < walk.size(); ++i)
+              c.path += *names[walk[i]] + " -> ";
+            c.path += *names[x];
+            std::sort(members.begin(), members.end());
+            for (int mbr : members) c.members.push_back(*names[mbr]);
+            out.push_back(std::move(c));
+          }
+          ++comps_found;
+        }
+        call.pop_back();
+        if (!call.empty()) low[call.back().v] = std::min(low[call.back().v], low[v]);
+      }
+    }
+    return out;
   }
 
   // ---- waves ----
 
-  bool deadband_passes(const Node& t, std::size_t i, const DataValue& nv) const {
+  // Whether input i's new DataValue is a change for tag t (against the value it last used): a new
+  // status, a value beyond the input's deadband, or -- for a tag that reads its inputs' source
+  // timestamps (its timestamp policy, or its script) -- the same value with a new timestamp.
+  bool input_changed(const Node& t, std::size_t i, const DataValue& nv) const {
     if (!t.used_set[i]) return true;
     const DataValue& old = t.used[i];
     if (old.status != nv.status) return true;
-    const InputSpec& spec = t.def.inputs[i];
-    if (spec.deadband == DeadbandKind::none || !is_number(nv.value) || !is_number(old.value))
-      return !(old.value == nv.value);
-    const double a = number_of(old.value), b = number_of(nv.value);
-    double limit = spec.deadband_value;
-    if (spec.deadband == DeadbandKind::percent) {
-      const double range = spec.range_high - spec.range_low;
-      limit = spec.deadband_value / 100.0 * (range != 0 ? std::fabs(range) : std::fabs(a));
-    }
-    return std::fabs(b - a) > limit;
+    if (value_changed(t.def.inputs[i], old.value, nv.value)) return true;
+    const bool reads_times = t.def.timestamps != TimestampPolicy::evaluation_time || t.uses_times;
+    return reads_times && nv.source_time != old.source_time && same_value(old.value, nv.value);
   }
 
   // Whether a change of input `from` (node index) triggers tag `t`; notes the trigger time.
   void consider_trigger(Node& t, uint32_t from) REQUIRES(mu) {
-    if (t.def.trigger.kind != TriggerKind::on_change) return;
+    // A new tag whose inputs had no value yet runs when the first one arrives, whatever its
+    // trigger (an on_change tag would anyway; a periodic one does not wait for its period).
+    const bool first = t.awaiting_input;
+    if (t.def.trigger.kind != TriggerKind::on_change && !first) return;
     const Node& src = *nodes[from];
     for (std::size_t i = 0; i < t.input_nodes.size(); ++i) {
-      if (t.input_nodes[i] != from || !t.def.inputs[i].trigger) continue;
-      if (!deadband_passes(t, i, src.value)) continue;
+      if (t.input_nodes[i] != from) continue;
+      if (!first && (!t.def.inputs[i].trigger || !input_changed(t, i, src.value))) continue;
       t.triggered = true;
       if (!t.trig_time_set || src.value.source_time > t.trig_time)
         t.trig_time = src.value.source_time;
@@ -444,12 +613,21 @@ struct Engine::Impl {
     // Apply the waiting source updates, then find what they trigger.
     std::vector<uint32_t> changed = std::move(c.pending_sources);
     c.pending_sources.clear();
+    bool more = false;
     for (uint32_t s : changed) {
       Node& n = *nodes[s];
       if (!n.has_pending) continue;
       n.value = std::move(n.pending);
-      n.has_pending = false;
+      if (n.queue.empty()) {
+        n.has_pending = false;
+      } else {  // every_update: the next one waits for the next wave
+        n.pending = std::move(n.queue.front());
+        n.queue.pop_front();
+        c.pending_sources.push_back(s);
+        more = true;
+      }
     }
+    if (more) mark_pending(ci);
     auto mark = [&](Node& t) {
       if (t.wave != c.wave) {
         t.wave = c.wave;
@@ -472,10 +650,12 @@ struct Engine::Impl {
       Node& t = *nodes[idx];
       if (!t.alive || !t.is_virtual || t.component != ci || !(t.pending_root || t.need_initial))
         continue;
-      if (!t.pending_root && !any_input_set(t)) {
-        // A new tag none of whose inputs has a value yet keeps BadWaitingForInitialData until
-        // its first input arrives.
+      if (t.broken || !any_input_set(t)) {
+        // A tag none of whose inputs has a value yet keeps BadWaitingForInitialData until its
+        // first input arrives (whatever triggered it); a broken one is never evaluated.
+        if (t.need_initial && !t.broken) t.awaiting_input = true;
         t.need_initial = false;
+        t.pending_root = false;
         continue;
       }
       mark(t);
@@ -517,10 +697,34 @@ struct Engine::Impl {
 
   void process(uint32_t idx, std::vector<Dispatch>* out) REQUIRES(mu) {
     Node& t = *nodes[idx];
-    if (t.triggered)
-      submit(idx, out, false);
-    else
+    if (!t.triggered || t.broken) {
       finish(idx, false, out);
+      return;
+    }
+    t.awaiting_input = false;
+    if (!t.def.evaluate_bad_inputs) {
+      // A Bad input (or one never written): the tag is not evaluated and takes the first such
+      // input's status, with no value and that input's source timestamp (design/tags.md).
+      for (std::size_t i = 0; i < t.input_nodes.size(); ++i) {
+        const DataValue& in = nodes[t.input_nodes[i]]->value;
+        if (severity(in.status) != Severity::bad) continue;
+        ++t.counters.skipped_bad;
+        for (std::size_t j = 0; j < t.input_nodes.size(); ++j) {  // what it was not evaluated on
+          t.used[j] = nodes[t.input_nodes[j]]->value;
+          t.used_set[j] = true;
+        }
+        DataValue dv;
+        dv.status = code_only(in.status);
+        dv.source_time = in.source_time;
+        dv.server_time = comps[t.component].time;
+        const std::string& name =
+            t.def.inputs[i].name.empty() ? t.def.inputs[i].tag : t.def.inputs[i].name;
+        dv.diagnostics = "not evaluated: input '" + name + "' is " + status_code_name(in.status);
+        publish(idx, std::move(dv), out);
+        return;
+      }
+    }
+    submit(idx, out, false);
   }
 
   // A tag of the running wave is done; `changed`: its output changed.
@@ -713,12 +917,25 @@ struct Engine::Impl {
         t.last_good = dv;
       }
     }
+    publish(idx, std::move(dv), out);
+  }
+
+  // A tag's new output: a Bad one carries no value (OPC 10000-4 7.11); the Overflow bit when
+  // updates were merged since the last one; notified when it differs from the current one.
+  void publish(uint32_t idx, DataValue dv, std::vector<Dispatch>* out) REQUIRES(mu) {
+    Node& t = *nodes[idx];
+    if (severity(dv.status) == Severity::bad) dv.value = Value();
+    if (t.overflow_pending) {
+      t.overflow_pending = false;
+      dv.status |= kOverflowBits;
+      ++t.counters.overflows;
+    }
     const bool changed = !dv.same_as(t.value);
     if (changed) {
       t.value = dv;
       ++t.counters.changes;
       ++counters.changes;
-      comps[t.component].changes.push_back({t.id, dv});
+      comps[t.component].changes.push_back({t.id, std::move(dv)});
       comps[t.component].change_topo.push_back(t.topo);
     } else {
       t.value.server_time = dv.server_time;
@@ -791,7 +1008,7 @@ struct Engine::Impl {
         const int sev = static_cast<int>(severity(ic));
         if (sev > worst) {
           worst = sev;
-          code = ic;
+          code = code_only(ic);
         }
       }
     }
@@ -823,7 +1040,7 @@ struct Engine::Impl {
 
   void schedule_retry(uint32_t idx) REQUIRES(mu) {
     Node& t = *nodes[idx];
-    timers.push({Clock::now() + opts.retry_delay, idx, t.generation, false});
+    timers.push({Clock::now() + opts.retry_delay, idx, t.generation, false, 0});
     timer_cv.notify_one();
   }
 
@@ -841,16 +1058,17 @@ struct Engine::Impl {
       }
       timers.pop();
       Node& t = *nodes[top.node];
-      if (!t.alive || t.generation != top.generation || !t.is_virtual) continue;
+      if (!t.alive || t.generation != top.generation || !t.is_virtual || t.broken) continue;
       if (top.periodic) {
-        if (t.def.trigger.kind != TriggerKind::periodic) continue;
+        // One timer per periodic tag: a redefinition arms a new one and this one is dropped.
+        if (t.def.trigger.kind != TriggerKind::periodic || top.seq != t.timer_seq) continue;
         Clock::time_point next = top.at + t.def.trigger.period;
         if (next <= Clock::now()) {  // fell behind: skip what was missed
           ++t.counters.coalesced;
           ++counters.coalesced;
           next = Clock::now() + t.def.trigger.period;
         }
-        timers.push({next, top.node, top.generation, true});
+        timers.push({next, top.node, top.generation, true, top.seq});
       }
       add_root(t);
       std::vector<Dispatch> out;
@@ -909,6 +1127,13 @@ struct Engine::Impl {
 // ---- Engine ----
 
 namespace {
+
+bool id_is_valid(const std::string& id) {
+  if (id.empty() || id.size() > kMaxTagIdSize) return false;
+  for (unsigned char ch : id)
+    if (ch < 0x20 || ch == 0x7f) return false;
+  return true;
+}
 
 Error validate(const TagDefinition& d) {
   auto bad = [&](std::string why) {
@@ -973,6 +1198,20 @@ std::string user_lines(const std::string& error, const TagDefinition& d) {
   return prefix + std::to_string(last) + rest;
 }
 
+// Where a compile error is in the tags file: the script's line N is line script_line + N - 1 of
+// script_origin (Lua gives no column: 1). Without an origin, the definition's location.
+std::string script_location(const std::string& error, const TagDefinition& d) {
+  const std::string prefix = "tag:" + d.id + ":";
+  if (d.script_line <= 0 || error.rfind(prefix, 0) != 0) return d.location;
+  const std::size_t colon = error.find(':', prefix.size());
+  const std::string num = error.substr(prefix.size(), colon - prefix.size());
+  if (colon == std::string::npos || num.empty() || num.size() > 9 ||
+      num.find_first_not_of("0123456789") != std::string::npos)
+    return d.location;
+  return (d.script_origin.empty() ? "" : d.script_origin + ":") +
+         std::to_string(d.script_line + std::stol(num) - 1) + ":1";
+}
+
 Result wait_result(Future& f, std::chrono::milliseconds timeout) {
   if (f.wait_for(timeout) != std::future_status::ready)
     return {Status::unavailable, Value(), "no answer from the runner in time", -1};
@@ -1016,16 +1255,40 @@ Engine::~Engine() {
 }
 
 Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
+  ApplyOptions o;
+  o.replace_all = replace_all;
+  o.strict = true;
+  return apply(defs, o, nullptr);
+}
+
+Error Engine::apply(const std::vector<TagDefinition>& defs, const ApplyOptions& opt,
+                    ApplyResult* result) {
   Impl& m = *impl_;
+  ApplyResult local;
+  ApplyResult& res = result != nullptr ? *result : local;
+  res = ApplyResult();
   MutexLock apply_lock(m.apply_mu);
-  std::set<std::string> ids;
-  for (const auto& d : defs) {
-    if (auto err = validate(d)) return err;
-    if (!ids.insert(d.id).second)
-      return {ErrorCode::invalid_argument, "tag '" + d.id + "' is defined twice"};
-  }
-  struct Plan {
-    const TagDefinition* def;
+  auto whole = [&](ErrorCode code, std::string message) {
+    res.defined.clear();
+    res.unchanged.clear();
+    res.removed.clear();
+    return Error{code, std::move(message)};
+  };
+  // Strict: the first broken definition refuses the set (every one is still in res.errors).
+  auto strict_failure = [&]() -> Error {
+    if (!opt.strict || res.errors.empty()) return {};
+    for (auto& e : res.errors) e.installed = false;
+    const DefinitionError& e = res.errors.front();
+    return whole(e.code, e.message);
+  };
+  // ---- 1. Each definition on its own.
+  struct Item {
+    const TagDefinition* def = nullptr;
+    std::string broken;    // why it cannot run ("" if it can, so far)
+    std::string location;  // where the reason is, when not the definition's own location
+    ErrorCode code = ErrorCode::invalid_argument;
+    bool unchanged = false;
+    // The plan (changed or new ones).
     Script script;
     bool new_script = false;
     bool existed = false;
@@ -1034,50 +1297,107 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
     Value state;
     bool has_state = false;
   };
-  std::vector<Plan> plans;
+  std::vector<Item> items;
+  items.reserve(defs.size());
+  std::unordered_map<std::string_view, std::size_t> item_of;
+  for (const auto& d : defs) {
+    if (!id_is_valid(d.id)) {
+      res.errors.push_back({"", d.location,
+                            d.config_error.empty() ? validate(d).message : d.config_error,
+                            ErrorCode::invalid_argument});
+      continue;
+    }
+    if (!item_of.emplace(d.id, items.size()).second) {
+      res.errors.push_back(
+          {d.id, d.location, "tag '" + d.id + "' is defined twice", ErrorCode::invalid_argument});
+      continue;
+    }
+    Item it;
+    it.def = &d;
+    if (!d.config_error.empty())
+      it.broken = "tag '" + d.id + "': " + d.config_error;
+    else if (Error e = validate(d))
+      it.broken = e.message;
+    items.push_back(std::move(it));
+  }
   std::vector<std::string> removed;
   {
     MutexLock lock(m.mu);
-    if (m.closing) return {ErrorCode::unavailable, "the tags engine is closing"};
-    std::map<std::string, const TagDefinition*> proposed;
-    if (!replace_all)
+    if (m.closing) return whole(ErrorCode::unavailable, "the tags engine is closing");
+    // ---- 2. The graph as it would be: tags that can run, with their inputs.
+    std::unordered_map<std::string, const TagDefinition*, StringHash, std::equal_to<>> proposed;
+    std::size_t total = items.size();
+    if (!opt.replace_all)
       for (auto& n : m.nodes)
-        if (n->alive && n->is_virtual) proposed[n->id] = &n->def;
-    for (const auto& d : defs) proposed[d.id] = &d;
-    if (replace_all)
+        if (n->alive && n->is_virtual && !item_of.count(n->id)) {
+          ++total;
+          if (!n->broken) proposed.emplace(n->id, &n->def);
+        }
+    for (const auto& it : items)
+      if (it.broken.empty()) proposed.emplace(it.def->id, it.def);
+    if (opt.replace_all)
       for (auto& n : m.nodes)
-        if (n->alive && n->is_virtual && !proposed.count(n->id)) removed.push_back(n->id);
-    if (proposed.size() > kMaxTags)
-      return {ErrorCode::invalid_argument, "more than " + std::to_string(kMaxTags) + " tags"};
-    std::size_t new_sources = 0;
-    for (const auto& d : defs)
-      for (const auto& in : d.inputs)
-        if (!proposed.count(in.tag) && m.find(in.tag) == nullptr) ++new_sources;
-    if (m.sources + new_sources > m.opts.max_sources)
-      return {ErrorCode::invalid_argument, "the definitions need more than max_sources (" +
-                                               std::to_string(m.opts.max_sources) +
-                                               ") source tags"};
-    const std::string cycle = Impl::find_cycle(proposed);
-    if (!cycle.empty()) return {ErrorCode::invalid_argument, "cycle: " + cycle};
-    for (const auto& d : defs) {
-      Plan p;
-      p.def = &d;
-      if (Node* n = m.find(d.id); n != nullptr && n->is_virtual) {
-        p.existed = true;
-        p.old_script = n->script;
-        p.carry_state = !d.reset_state;
-        if (n->def.script == d.script) p.script = n->script;
+        if (n->alive && n->is_virtual && !item_of.count(n->id)) removed.push_back(n->id);
+    if (total > kMaxTags)
+      return whole(ErrorCode::invalid_argument, "more than " + std::to_string(kMaxTags) + " tags");
+    for (const auto& cyc : Impl::find_cycles(proposed)) {
+      // The cycle's tags of this set cannot run (the others were running without it).
+      for (const auto& id : cyc.members)
+        if (auto f = item_of.find(id); f != item_of.end() && items[f->second].broken.empty())
+          items[f->second].broken = "tag '" + id + "': cycle: " + cyc.path;
+    }
+    std::unordered_set<std::string_view> new_sources;
+    for (const auto& it : items) {
+      if (!it.broken.empty()) continue;
+      for (const auto& in : it.def->inputs)
+        if (!proposed.count(in.tag) && !item_of.count(in.tag) && m.find(in.tag) == nullptr)
+          new_sources.insert(in.tag);
+    }
+    if (m.sources + new_sources.size() > m.opts.max_sources)
+      return whole(ErrorCode::invalid_argument, "the definitions need more than max_sources (" +
+                                                    std::to_string(m.opts.max_sources) +
+                                                    ") source tags");
+    // ---- 3. What is unchanged is left alone.
+    for (auto& it : items) {
+      const TagDefinition& d = *it.def;
+      Node* n = m.find(d.id);
+      if (n != nullptr && n->is_virtual) {
+        const bool same_outcome =
+            n->broken ? (!it.broken.empty() ? n->broken_reason == it.broken : n->broken_compile)
+                      : it.broken.empty();
+        if (same_definition(n->def, d) && same_outcome) {
+          it.unchanged = true;
+          if (n->broken) {  // still reported: the file still has the error
+            it.broken = n->broken_reason;
+            it.code = n->broken_code;
+          }
+          continue;
+        }
+        it.existed = !n->broken;
+        it.old_script = n->script;
+        it.carry_state = !d.reset_state;
+        if (!n->broken && n->def.script == d.script) it.script = n->script;
       }
-      plans.push_back(std::move(p));
     }
   }
-  // Register and compile outside the lock: every new script is checked before anything changes.
-  for (auto& p : plans) {
-    if (p.script.valid()) continue;
-    const std::string wrapped = detail::wrap_script(p.def->script);
-    if (auto err = m.runner.register_script("tag:" + p.def->id, wrapped, &p.script))
-      return {err.code, "tag '" + p.def->id + "': " + err.message};
-    p.new_script = true;
+  for (const auto& it : items)
+    if (!it.broken.empty())
+      res.errors.push_back({it.def->id, it.def->location, it.broken, it.code});
+  // Strict with an error already: the scripts are still compiled, so that every error is
+  // reported, but nothing will change.
+  const bool refused = opt.strict && !res.errors.empty();
+  // ---- 4. Register and compile outside the lock: every new script is checked before anything
+  // changes.
+  for (auto& it : items) {
+    if (it.unchanged || !it.broken.empty() || it.script.valid()) continue;
+    const std::string wrapped = detail::wrap_script(it.def->script);
+    if (auto err = m.runner.register_script("tag:" + it.def->id, wrapped, &it.script)) {
+      it.broken = "tag '" + it.def->id + "': " + err.message;
+      it.code = err.code;
+      res.errors.push_back({it.def->id, it.def->location, it.broken, it.code});
+      continue;
+    }
+    it.new_script = true;
   }
   // Pause: no wave may run while states move and the graph changes.
   {
@@ -1090,8 +1410,8 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
       m.start_waves(&out);
       lock.unlock();
       run_dispatches(std::move(out));
-      return {ErrorCode::unavailable,
-              "evaluations still running after wait_timeout; nothing changed"};
+      return whole(ErrorCode::unavailable,
+                   "evaluations still running after wait_timeout; nothing changed");
     }
   }
   auto unpause = [&](std::vector<Dispatch>* out) REQUIRES(m.mu) {
@@ -1100,50 +1420,75 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
   };
   Error failure;
   // Export the old states (hot reload), then check-compile the new scripts with them.
-  for (auto& p : plans) {
-    if (!p.new_script || !p.existed || !p.carry_state) continue;
+  for (auto& it : items) {
+    if (refused || !it.new_script || !it.existed || !it.carry_state) continue;
     Inputs in{{"__c", Value(Map{{"m", Value("x")}})}};
-    auto f = m.runner.evaluate(p.old_script, std::move(in));
+    auto f = m.runner.evaluate(it.old_script, std::move(in));
     Result r = wait_result(f, m.opts.wait_timeout);
     if (r.status == Status::ok)
       if (const Value* st = field(r.value, "\0st"sv)) {
-        p.state = *st;
-        p.has_state = true;
+        it.state = *st;
+        it.has_state = true;
       }
-    if (!p.has_state) {
+    if (!it.has_state) {
       MutexLock lock(m.mu);
-      if (Node* n = m.find(p.def->id); n && n->kept_state_present) {
-        p.state = n->kept_state;
-        p.has_state = true;
+      if (Node* n = m.find(it.def->id); n && n->kept_state_present) {
+        it.state = n->kept_state;
+        it.has_state = true;
       }
     }
   }
-  std::vector<std::pair<Plan*, Future>> checks;
-  for (auto& p : plans) {
-    if (!p.new_script) continue;
+  std::vector<std::pair<Item*, Future>> checks;
+  for (auto& it : items) {
+    if (!it.new_script) continue;
     Map ctx{{"m", Value("c")}};
-    if (p.has_state) ctx.push_back({"st", p.state});
-    checks.emplace_back(&p, m.runner.evaluate(p.script, Inputs{{"__c", Value(std::move(ctx))}}));
+    if (it.has_state) ctx.push_back({"st", it.state});
+    checks.emplace_back(&it, m.runner.evaluate(it.script, Inputs{{"__c", Value(std::move(ctx))}}));
   }
-  for (auto& [p, f] : checks) {
+  for (auto& [it, f] : checks) {
     Result r = wait_result(f, m.opts.wait_timeout);
-    if (r.status != Status::ok && !failure) {
-      if (r.status == Status::compile_error)
-        failure = {ErrorCode::compile_error,
-                   "tag '" + p->def->id + "': " + user_lines(r.error, *p->def)};
-      else  // the check did not run (the runner is down, busy, ...): the status is in the message
-        failure = {ErrorCode::unavailable, "tag '" + p->def->id + "': " +
-                                               std::string(to_string(r.status)) + ": " + r.error};
+    if (r.status == Status::ok) continue;
+    const TagDefinition& d = *it->def;
+    if (r.status == Status::compile_error) {
+      const std::string why = user_lines(r.error, d);
+      it->broken = "tag '" + d.id + "': compile_error: " + why;
+      it->code = ErrorCode::compile_error;
+      it->location = script_location(why, d);
+      res.errors.push_back({d.id, it->location, it->broken, it->code});
+    } else if (!failure) {  // the check did not run (the runner is down, busy, ...)
+      failure = {ErrorCode::unavailable,
+                 "tag '" + d.id + "': " + std::string(to_string(r.status)) + ": " + r.error};
     }
   }
+  // Every error in the order of the definitions.
+  std::stable_sort(res.errors.begin(), res.errors.end(),
+                   [&](const DefinitionError& a, const DefinitionError& b) {
+                     auto pos = [&](const DefinitionError& e) {
+                       auto f = item_of.find(e.id);
+                       return f == item_of.end() ? std::size_t{0} : f->second;
+                     };
+                     return pos(a) < pos(b);
+                   });
+  if (!failure) failure = strict_failure();
   std::vector<Dispatch> out;
+  std::vector<std::string> unregister;
   {
     MutexLock lock(m.mu);
     if (failure) {
       unpause(&out);
     } else {
-      for (auto& p : plans) {
-        const TagDefinition& d = *p.def;
+      std::vector<Change> configured;  // tags that became broken (or changed their reason)
+      const DateTime now = m.now();
+      for (auto& it : items) {
+        const TagDefinition& d = *it.def;
+        if (it.unchanged) {
+          Node& n = *m.find(d.id);
+          n.def.location = d.location;
+          n.def.script_origin = d.script_origin;
+          n.def.script_line = d.script_line;
+          res.unchanged.push_back(d.id);
+          continue;
+        }
         uint32_t idx;
         if (Node* n = m.find(d.id)) {
           idx = m.by_id[d.id];
@@ -1151,16 +1496,51 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
             --m.sources;
             n->value = DataValue();
             n->has_pending = false;
+            n->queue.clear();
           }
         } else {
           idx = m.new_node(d.id);
         }
         Node& n = *m.nodes[idx];
+        const bool had_script = n.is_virtual && !n.broken;
         n.is_virtual = true;
         n.def = d;
         ++n.version;
         n.key = "tag:" + d.id;
-        n.script = p.script;
+        ++n.timer_seq;  // a periodic timer of the old definition is dropped
+        n.pending_root = false;
+        if (!it.broken.empty()) {
+          if (had_script || it.new_script) unregister.push_back(n.key);
+          n.broken = true;
+          n.broken_reason = it.broken;
+          n.broken_code = it.code;
+          n.broken_compile = it.code == ErrorCode::compile_error;
+          n.script = Script();
+          n.input_nodes.clear();
+          n.used.clear();
+          n.used_set.clear();
+          n.kept_state_present = false;
+          n.kept_state = Value();
+          n.need_initial = false;
+          n.evaluated = false;
+          DataValue dv;
+          dv.status = codes::BadConfigurationError;
+          const std::string& loc = it.location.empty() ? d.location : it.location;
+          dv.diagnostics = loc.empty() ? it.broken : loc + ": " + it.broken;
+          dv.source_time = now;
+          dv.server_time = now;
+          n.counters.last_error = dv.diagnostics;
+          if (!dv.same_as(n.value) || dv.diagnostics != n.value.diagnostics) {
+            n.value = dv;
+            configured.push_back({d.id, std::move(dv)});
+          }
+          continue;
+        }
+        res.defined.push_back(d.id);
+        n.broken = false;
+        n.broken_reason.clear();
+        n.broken_compile = false;
+        n.script = it.script;
         // "status" also covers the helpers' usual argument (is_good(status.X)).
         n.uses_status = d.script.find("status") != std::string::npos;
         n.uses_times = d.script.find("source_time") != std::string::npos;
@@ -1168,8 +1548,8 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
         n.input_nodes.clear();
         for (const auto& in : d.inputs) {
           uint32_t src;
-          if (auto it = m.by_id.find(in.tag); it != m.by_id.end()) {
-            src = it->second;
+          if (auto f = m.by_id.find(in.tag); f != m.by_id.end()) {
+            src = f->second;
           } else {
             src = m.new_node(in.tag);
             ++m.sources;
@@ -1178,17 +1558,22 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
         }
         n.used.assign(d.inputs.size(), DataValue());
         n.used_set.assign(d.inputs.size(), false);
-        if (p.new_script) n.kept_state_present = d.keep_state && p.has_state;
-        if (n.kept_state_present && p.has_state) n.kept_state = p.state;
+        if (it.new_script) n.kept_state_present = d.keep_state && it.has_state;
+        if (n.kept_state_present && it.has_state) n.kept_state = it.state;
         if (!d.keep_state) {
           n.kept_state_present = false;
           n.kept_state = Value();
         }
         n.need_initial =
             d.trigger.kind == TriggerKind::on_change || d.trigger.kind == TriggerKind::periodic;
-        n.due_set = false;
+        n.awaiting_input = false;
+        // A periodic tag runs once now (need_initial) and then every period from now.
+        n.due_set = d.trigger.kind == TriggerKind::periodic;
+        n.next_due = DateTime::from_unix_micros(
+            now.unix_micros() +
+            std::chrono::duration_cast<std::chrono::microseconds>(d.trigger.period).count());
         if (d.trigger.kind == TriggerKind::periodic && m.opts.real_time_periodic) {
-          m.timers.push({Clock::now() + d.trigger.period, idx, n.generation, true});
+          m.timers.push({Clock::now() + d.trigger.period, idx, n.generation, true, n.timer_seq});
           m.timer_cv.notify_one();
         }
       }
@@ -1201,8 +1586,10 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
           if (o->alive && o->is_virtual && o->id != id)
             for (uint32_t in : o->input_nodes)
               if (in == idx) used = true;
+        if (!n.broken) unregister.push_back(n.key);
         if (used) {
           n.is_virtual = false;
+          n.broken = false;
           n.script = Script();
           n.def = TagDefinition();
           n.value = DataValue();
@@ -1210,15 +1597,24 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, bool replace_all) {
         } else {
           m.free_node(idx);
         }
+        res.removed.push_back(id);
       }
+      for (auto& e : res.errors)
+        e.installed = !e.id.empty() && m.find(e.id) != nullptr && m.find(e.id)->broken;
       m.rebuild();
+      if (!configured.empty() && m.opts.on_change) m.deliveries.push_back(std::move(configured));
       unpause(&out);
     }
   }
-  if (!failure)
-    for (const auto& id : removed) (void)m.runner.unregister_script("tag:" + id);
+  for (const auto& key : unregister) (void)m.runner.unregister_script(key);
   run_dispatches(std::move(out));
   m.deliver();
+  if (failure) {
+    res.defined.clear();
+    res.unchanged.clear();
+    res.removed.clear();
+    for (auto& e : res.errors) e.installed = false;
+  }
   return failure;
 }
 
@@ -1241,7 +1637,7 @@ Error Engine::remove(std::string_view id) {
   std::string key;
   if (quiet) {
     n = m.find(id);
-    key = n->key;
+    if (!n->broken) key = n->key;
     m.free_node(m.by_id.at(std::string(id)));
     m.rebuild();
   }
@@ -1253,6 +1649,7 @@ Error Engine::remove(std::string_view id) {
   if (!quiet)
     return {ErrorCode::unavailable,
             "evaluations still running after wait_timeout; nothing changed"};
+  if (key.empty()) return {};  // a broken tag has no script
   return m.runner.unregister_script(key);
 }
 
@@ -1304,16 +1701,30 @@ Error Engine::update(const std::vector<SourceUpdate>& updates, DateTime time) {
       }
       m.mark_pending(n.component);
       Component& c = m.comps[n.component];
-      if (n.has_pending) {
-        for (uint32_t d : n.dependents) {
-          ++m.nodes[d]->counters.coalesced;
-          ++m.counters.coalesced;
-        }
-      } else {
+      if (!n.has_pending) {
         c.pending_sources.push_back(idx);
+        n.pending = std::move(dv);
+        n.has_pending = true;
+      } else if (n.queue_updates) {  // every_update: queued, the oldest dropped past the bound
+        n.queue.push_back(std::move(dv));
+        if (n.queue.size() > m.opts.max_update_queue) {
+          n.queue.pop_front();
+          for (uint32_t d : n.dependents) {
+            Node& t = *m.nodes[d];
+            ++t.counters.coalesced;
+            ++m.counters.coalesced;
+            t.overflow_pending = true;
+          }
+        }
+      } else {  // merged: the latest one wins, and the next output says so (Overflow)
+        for (uint32_t d : n.dependents) {
+          Node& t = *m.nodes[d];
+          ++t.counters.coalesced;
+          ++m.counters.coalesced;
+          t.overflow_pending = true;
+        }
+        n.pending = std::move(dv);
       }
-      n.pending = std::move(dv);
-      n.has_pending = true;
       if (time > c.pending_time) c.pending_time = time;
     }
     m.counters.source_updates += updates.size();
@@ -1327,7 +1738,7 @@ Error Engine::update(const std::vector<SourceUpdate>& updates, DateTime time) {
 namespace {
 // An on_read tag that a read evaluates first: never evaluated, or older than its max_age.
 bool read_evaluates(const Node& n, DateTime now) {
-  if (!n.is_virtual || n.def.trigger.kind != TriggerKind::on_read) return false;
+  if (!n.is_virtual || n.broken || n.def.trigger.kind != TriggerKind::on_read) return false;
   const auto age = std::chrono::microseconds(now.unix_micros() - n.last_eval_time.unix_micros());
   return !n.evaluated || age > n.def.trigger.max_age;
 }
@@ -1401,7 +1812,7 @@ void Engine::advance_clock(DateTime t) {
       const int64_t now_us = t.unix_micros();
       for (uint32_t idx : m.topo_order) {
         Node& n = *m.nodes[idx];
-        if (n.def.trigger.kind != TriggerKind::periodic) continue;
+        if (n.def.trigger.kind != TriggerKind::periodic || n.broken) continue;
         const int64_t period =
             std::chrono::duration_cast<std::chrono::microseconds>(n.def.trigger.period).count();
         if (!n.due_set) {

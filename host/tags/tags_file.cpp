@@ -3,6 +3,7 @@
 #include <toml++/toml.h>
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -13,15 +14,13 @@ namespace outrun::tags::file {
 
 namespace {
 
-std::string at(const toml::node& n) {
-  const auto& s = n.source();
-  return std::to_string(s.begin.line) + ":" + std::to_string(s.begin.column) + ": ";
-}
-
 struct Reader {
-  std::string err;
+  // Every error, in file order: the position ("LINE:COL") and the message.
+  std::vector<std::pair<std::string, std::string>> errs;
   bool fail(const toml::node& n, std::string msg) {
-    if (err.empty()) err = at(n) + msg;
+    const auto& src = n.source();
+    errs.emplace_back(std::to_string(src.begin.line) + ":" + std::to_string(src.begin.column),
+                      std::move(msg));
     return false;
   }
 
@@ -180,26 +179,60 @@ bool read_file(const std::string& path, std::size_t limit, std::string* out, std
 
 constexpr std::string_view kTagKeys =
     "id, script, script_file, inputs, type, trigger, period_ms, max_age_ms, timestamps, "
-    "keep_state, "
-    "reset_state, max_state_bytes, last_usable_ms, description";
+    "keep_state, reset_state, max_state_bytes, last_usable_ms, evaluate_bad_inputs, every_update, "
+    "description";
 
 }  // namespace
 
-bool parse_tags(std::string_view text, const std::string& base_dir, std::vector<TagDefinition>* out,
-                std::string* error) {
+namespace {
+
+// The line of `text` where a string value that starts at (line, column) has its first character:
+// a multi-line string's opening quotes followed by a newline start it on the next line.
+int first_content_line(std::string_view text, const toml::source_position& pos) {
+  std::size_t off = 0;
+  for (uint32_t line = 1; line < pos.line && off < text.size(); ++line) {
+    const std::size_t nl = text.find('\n', off);
+    if (nl == std::string_view::npos) return static_cast<int>(pos.line);
+    off = nl + 1;
+  }
+  off += pos.column > 0 ? pos.column - 1 : 0;
+  if (off + 3 <= text.size()) {
+    const std::string_view q = text.substr(off, 3);
+    if (q == "'''" || q == "\"\"\"") {
+      std::size_t after = off + 3;
+      if (after < text.size() && text[after] == '\r') ++after;
+      if (after < text.size() && text[after] == '\n') return static_cast<int>(pos.line) + 1;
+    }
+  }
+  return static_cast<int>(pos.line);
+}
+
+std::string with_origin(std::string_view origin, const std::string& pos) {
+  return origin.empty() ? pos : std::string(origin) + ":" + pos;
+}
+
+}  // namespace
+
+bool parse_tags(std::string_view text, const std::string& base_dir, std::string_view origin,
+                std::vector<TagDefinition>* out, std::vector<std::string>* file_errors) {
   out->clear();
+  file_errors->clear();
+  const std::string name = origin.empty() ? "" : std::string(origin) + ": ";
   if (text.size() > kMaxTagsFileBytes) {
-    *error = "the tags file is larger than " + std::to_string(kMaxTagsFileBytes) + " bytes";
+    file_errors->push_back(name + "the tags file is larger than " +
+                           std::to_string(kMaxTagsFileBytes) + " bytes");
     return false;
   }
   toml::table root;
   try {
     root = toml::parse(text, std::string_view("tags"));
   } catch (const toml::parse_error& e) {
-    *error = std::to_string(e.source().begin.line) + ":" + std::to_string(e.source().begin.column) +
-             ": " + std::string(e.description());
+    file_errors->push_back(with_origin(origin, std::to_string(e.source().begin.line) + ":" +
+                                                   std::to_string(e.source().begin.column)) +
+                           ": " + std::string(e.description()));
     return false;
   }
+  // Outside [[tag]]: errors of the file as a whole (every one is reported, nothing is defined).
   Reader r;
   TagDefinition defaults;
   for (const auto& [k, v] : root) {
@@ -207,109 +240,147 @@ bool parse_tags(std::string_view text, const std::string& base_dir, std::vector<
     if (key == "defaults") {
       const toml::table* t = v.as_table();
       if (t == nullptr) {
-        *error = at(v) + "defaults: expected a table";
-        return false;
+        r.fail(v, "defaults: expected a table");
+        continue;
       }
       for (const auto& [dk, dv] : *t) {
         bool known = false;
-        if (!r.common(dk.str(), dv, &defaults, &known)) break;
-        if (!known) {
-          r.fail(dv, "defaults: unknown key '" + std::string(dk.str()) + "'");
-          break;
-        }
+        if (!r.common(dk.str(), dv, &defaults, &known)) continue;
+        if (!known) r.fail(dv, "defaults: unknown key '" + std::string(dk.str()) + "'");
       }
     } else if (key != "tag") {
       r.fail(v, "unknown top-level key '" + std::string(key) + "' (defaults, tag)");
     }
-    if (!r.err.empty()) {
-      *error = r.err;
-      return false;
-    }
   }
   const toml::node* tags_node = root.get("tag");
-  if (tags_node == nullptr) return true;  // an empty set
-  const toml::array* tags = tags_node->as_array();
-  if (tags == nullptr) {
-    *error = at(*tags_node) + "tag: expected [[tag]] tables";
+  const toml::array* tags = tags_node != nullptr ? tags_node->as_array() : nullptr;
+  if (tags_node != nullptr && tags == nullptr) r.fail(*tags_node, "tag: expected [[tag]] tables");
+  if (tags != nullptr)
+    for (const auto& tn : *tags)
+      if (tn.as_table() == nullptr) r.fail(tn, "tag: expected [[tag]] tables");
+  if (!r.errs.empty()) {
+    for (const auto& [pos, msg] : r.errs)
+      file_errors->push_back(with_origin(origin, pos) + ": " + msg);
     return false;
   }
-  std::set<std::string> seen;
+  if (tags == nullptr) return true;  // an empty set
+  // Each [[tag]]: its errors make it a broken definition (config_error), the others go on.
   for (const auto& tn : *tags) {
     const toml::table* t = tn.as_table();
-    if (t == nullptr) {
-      *error = at(tn) + "tag: expected [[tag]] tables";
-      return false;
-    }
+    Reader tr;
     TagDefinition d = defaults;
+    const auto& tpos = tn.source().begin;
+    d.location = with_origin(origin, std::to_string(tpos.line) + ":" + std::to_string(tpos.column));
     bool has_id = false, has_script = false;
     for (const auto& [k, v] : *t) {
       const std::string_view key = k.str();
       bool known = false;
       if (key == "id") {
-        if (!r.string(v, key, &d.id)) break;
-        has_id = true;
+        if (tr.string(v, key, &d.id)) has_id = true;
       } else if (key == "script") {
         if (has_script) {
-          r.fail(v, "script and script_file are exclusive");
-          break;
+          tr.fail(v, "script and script_file are exclusive");
+        } else if (tr.string(v, key, &d.script)) {
+          has_script = true;
+          d.script_origin = std::string(origin);
+          d.script_line = first_content_line(text, v.source().begin);
         }
-        if (!r.string(v, key, &d.script)) break;
-        has_script = true;
       } else if (key == "script_file") {
         std::string p;
-        if (!r.string(v, key, &p)) break;
+        if (!tr.string(v, key, &p)) continue;
         if (has_script) {
-          r.fail(v, "script and script_file are exclusive");
-          break;
+          tr.fail(v, "script and script_file are exclusive");
+          continue;
         }
         if (base_dir.empty()) {
-          r.fail(v, "script_file is not allowed here (give the script inline)");
-          break;
+          tr.fail(v, "script_file is not allowed here (give the script inline)");
+          continue;
         }
         std::string why;
-        if (!read_file(p.size() && p[0] == '/' ? p : base_dir + "/" + p, kMaxSourceSize, &d.script,
-                       &why)) {
-          r.fail(v, "script_file: " + why);
-          break;
+        const std::string path = p.size() && p[0] == '/' ? p : base_dir + "/" + p;
+        if (!read_file(path, kMaxSourceSize, &d.script, &why)) {
+          tr.fail(v, "script_file: " + why);
+          continue;
         }
         has_script = true;
+        d.script_origin = path;
+        d.script_line = 1;
       } else if (key == "inputs") {
         const toml::array* a = v.as_array();
         if (a == nullptr) {
-          r.fail(v, "inputs: expected an array");
-          break;
+          tr.fail(v, "inputs: expected an array");
+          continue;
         }
         d.inputs.clear();
         for (const auto& in : *a) {
           InputSpec spec;
-          if (!r.input(in, &spec)) break;
-          d.inputs.push_back(std::move(spec));
+          if (tr.input(in, &spec)) d.inputs.push_back(std::move(spec));
         }
       } else if (key == "reset_state") {
-        if (!r.boolean(v, key, &d.reset_state)) break;
+        tr.boolean(v, key, &d.reset_state);
+      } else if (key == "evaluate_bad_inputs") {
+        tr.boolean(v, key, &d.evaluate_bad_inputs);
+      } else if (key == "every_update") {
+        tr.boolean(v, key, &d.every_update);
       } else if (key == "description") {
         std::string ignored;
-        if (!r.string(v, key, &ignored)) break;
-      } else if (!r.common(key, v, &d, &known)) {
-        break;
+        tr.string(v, key, &ignored);
+      } else if (!tr.common(key, v, &d, &known)) {
+        continue;
       } else if (!known) {
-        r.fail(v, "unknown key '" + std::string(key) + "' (" + std::string(kTagKeys) + ")");
-        break;
+        tr.fail(v, "unknown key '" + std::string(key) + "' (" + std::string(kTagKeys) + ")");
       }
-      if (!r.err.empty()) break;
     }
-    if (r.err.empty() && !has_id) r.fail(tn, "a tag needs an `id`");
-    if (r.err.empty() && !has_script)
-      r.fail(tn, "tag '" + d.id + "' needs a `script` or `script_file`");
-    if (r.err.empty() && !seen.insert(d.id).second)
-      r.fail(tn, "tag '" + d.id + "' is defined twice");
-    if (!r.err.empty()) {
-      *error = r.err;
-      return false;
+    if (!has_id) tr.fail(tn, "a tag needs an `id`");
+    if (!has_script) tr.fail(tn, "tag '" + d.id + "' needs a `script` or `script_file`");
+    if (!tr.errs.empty()) {
+      // Where the first problem is, and every problem in the message.
+      d.location = with_origin(origin, tr.errs.front().first);
+      d.config_error = tr.errs.front().second;
+      for (std::size_t i = 1; i < tr.errs.size(); ++i)
+        d.config_error += "; also " + tr.errs[i].first + ": " + tr.errs[i].second;
+      if (!has_id) d.id.clear();
     }
     out->push_back(std::move(d));
   }
   return true;
+}
+
+bool parse_tags(std::string_view text, const std::string& base_dir, std::vector<TagDefinition>* out,
+                std::string* error) {
+  std::vector<std::string> file_errors;
+  if (!parse_tags(text, base_dir, "", out, &file_errors)) {
+    *error = file_errors.empty() ? "the tags file could not be read" : file_errors.front();
+    return false;
+  }
+  std::set<std::string> seen;
+  for (const auto& d : *out) {
+    if (!d.config_error.empty()) {
+      *error = d.location + ": " + d.config_error;
+      out->clear();
+      return false;
+    }
+    if (!seen.insert(d.id).second) {
+      *error = d.location + ": tag '" + d.id + "' is defined twice";
+      out->clear();
+      return false;
+    }
+  }
+  return true;
+}
+
+bool load_tags_file(const std::string& path, std::vector<TagDefinition>* out,
+                    std::vector<std::string>* file_errors) {
+  std::string text, why;
+  out->clear();
+  file_errors->clear();
+  if (!read_file(path, kMaxTagsFileBytes, &text, &why)) {
+    file_errors->push_back(why);
+    return false;
+  }
+  std::string dir = ".";
+  if (auto p = path.rfind('/'); p != std::string::npos) dir = p == 0 ? "/" : path.substr(0, p);
+  return parse_tags(text, dir, path, out, file_errors);
 }
 
 bool load_tags_file(const std::string& path, std::vector<TagDefinition>* out, std::string* error) {
@@ -446,6 +517,54 @@ bool parse_wave(std::string_view line, Wave* out, std::string* error) {
     }
   }
   return true;
+}
+
+std::string printable(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (unsigned char c : s) {
+    if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> describe_errors(const std::vector<std::string>& file_errors,
+                                         const std::vector<DefinitionError>& errors) {
+  std::vector<std::string> out;
+  out.reserve(file_errors.size() + errors.size());
+  for (const auto& e : file_errors) out.push_back(printable(e));
+  for (const auto& e : errors)
+    out.push_back(printable(e.location.empty() ? e.message : e.location + ": " + e.message));
+  return out;
+}
+
+nlohmann::ordered_json apply_result_json(const ApplyResult& r) {
+  auto ids = [](const std::vector<std::string>& v) {
+    nlohmann::ordered_json a = nlohmann::ordered_json::array();
+    for (const auto& id : v) a.push_back(id);
+    return a;
+  };
+  nlohmann::ordered_json defined = ids(r.defined);
+  for (const auto& id : r.unchanged) defined.push_back(id);
+  nlohmann::ordered_json broken = nlohmann::ordered_json::array();
+  nlohmann::ordered_json errors = nlohmann::ordered_json::array();
+  for (const auto& e : r.errors) {
+    if (e.installed) broken.push_back(e.id);
+    errors.push_back({{"id", e.id},
+                      {"location", e.location},
+                      {"message", e.message},
+                      {"code", std::string(to_string(e.code))},
+                      {"installed", e.installed}});
+  }
+  return {{"defined", std::move(defined)}, {"changed", ids(r.defined)},
+          {"unchanged", ids(r.unchanged)}, {"removed", ids(r.removed)},
+          {"broken", std::move(broken)},   {"errors", std::move(errors)}};
 }
 
 nlohmann::ordered_json change_to_json(const std::string& tag, const DataValue& dv) {

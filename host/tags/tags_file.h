@@ -16,11 +16,37 @@ namespace outrun::tags::file {
 inline constexpr std::size_t kMaxTagsFileBytes = 64u << 20;
 inline constexpr std::size_t kMaxUpdateLineBytes = 16u << 20;
 
-// Parses a tags file. `base_dir` resolves `script_file` paths (empty: script_file is refused).
-// On failure returns false with "LINE:COL: message" (or "message" for whole-file errors).
+// Parses a tags file. `base_dir` resolves `script_file` paths (empty: script_file is refused);
+// `origin` names the file in locations ("" for text without a file: locations are "LINE:COL").
+// An error inside a [[tag]] makes that definition broken (TagDefinition::config_error, its
+// location the first problem's; every problem in the message) and the others are read on: the
+// engine installs it as a tag with BadConfigurationError (or refuses the set, strict). An error
+// of the file as a whole (TOML syntax, [defaults], unknown top-level keys, the size) returns false
+// with every such error in *file_errors ("ORIGIN:LINE:COL: message").
+bool parse_tags(std::string_view text, const std::string& base_dir, std::string_view origin,
+                std::vector<TagDefinition>* out, std::vector<std::string>* file_errors);
+bool load_tags_file(const std::string& path, std::vector<TagDefinition>* out,
+                    std::vector<std::string>* file_errors);
+// All or nothing: false with the first error ("LINE:COL: message") if anything is wrong,
+// duplicate ids included.
 bool parse_tags(std::string_view text, const std::string& base_dir, std::vector<TagDefinition>* out,
                 std::string* error);
 bool load_tags_file(const std::string& path, std::vector<TagDefinition>* out, std::string* error);
+
+// Text from a file, a script or a client made safe for a terminal or a log: control characters
+// (BEL, ESC, ...) as \xNN.
+std::string printable(std::string_view s);
+
+// One line per problem of an apply: the file's own errors, then every broken definition
+// ("LOCATION: message"), each made printable.
+std::vector<std::string> describe_errors(const std::vector<std::string>& file_errors,
+                                         const std::vector<DefinitionError>& errors);
+
+// What an apply did, as outrund's DefineTags reply and `outrun tags define --json` show it:
+// {"defined": [ids that run: new, changed and unchanged], "changed": [...], "unchanged": [...],
+//  "removed": [...], "broken": [ids with BadConfigurationError],
+//  "errors": [{"id", "location", "message", "code", "installed"}]}.
+nlohmann::ordered_json apply_result_json(const ApplyResult& r);
 
 // One wave of the updates stream.
 struct Wave {

@@ -244,26 +244,77 @@ TEST_CASE(
   CHECK(busy >= 1);
 }
 
-TEST_CASE("outrund tags: a compile error or a bad text answers its error and changes nothing") {
+TEST_CASE("outrund tags: broken definitions are isolated; a bad text changes nothing") {
   Daemon d;
+  auto c = d.client();
+  REQUIRE(!c->define_tags(kTags, false));
+  REQUIRE(!c->update_sources({good("a", outrun::Value(10.0))}));
+  // f no longer compiles, g has an unknown key, h is fine: f and g get BadConfigurationError
+  // with FILE:LINE:COL (the text has no file: LINE:COL), every error is reported, u and h run.
+  std::string json;
+  REQUIRE(
+      !c->define_tags("[[tag]]\nid = \"f\"\ninputs = [\"a\"]\nscript = \"return (\"\n"
+                      "[[tag]]\nid = \"g\"\nbogus = 1\nscript = \"return 1\"\n"
+                      "[[tag]]\nid = \"h\"\ninputs = [\"f\"]\nscript = \"return 1\"\n",
+                      false, &json));
+  const auto j = nlohmann::json::parse(json);
+  CHECK(j["broken"] == nlohmann::json::array({"f", "g"}));
+  REQUIRE(j["errors"].size() == 2);
+  CHECK(j["errors"][0]["location"] == "4:1");
+  CHECK(j["errors"][0]["code"] == "compile_error");
+  CHECK(j["errors"][1]["location"] == "7:9");
+  CHECK(j["errors"][1]["message"].get<std::string>().find("unknown key 'bogus'") !=
+        std::string::npos);
+  std::vector<tags::Change> v;
+  REQUIRE(!c->read_tags({"f", "g", "h", "u"}, &v));
+  CHECK(v[0].value.status == tags::codes::BadConfigurationError);
+  CHECK(v[0].value.value.is_nil());
+  CHECK(v[0].value.diagnostics.rfind("4:1: tag 'f': compile_error: ", 0) == 0);
+  CHECK(v[1].value.status == tags::codes::BadConfigurationError);
+  // h depends on the broken f: not evaluated, f's status by the quality rule.
+  CHECK(v[2].value.status == tags::codes::BadConfigurationError);
+  CHECK(v[2].value.diagnostics.find("not evaluated: input 'f'") != std::string::npos);
+  CHECK(v[3].value.status == tags::codes::Good);  // u runs on
+  // A text that is not TOML changes nothing.
+  std::string before, after;
+  REQUIRE(!c->list_tags_json(&before));
+  outrun::Error e = c->define_tags("[[tag]\nid = 1\n", true);
+  CHECK(e.code == outrun::ErrorCode::invalid_argument);
+  CHECK(e.message.rfind("1:", 0) == 0);  // LINE:COL: message
+  REQUIRE(!c->list_tags_json(&after));
+  auto strip = [](std::string s) {
+    auto js = nlohmann::json::parse(s);
+    for (auto& t : js["tags"]) t.erase("counters");
+    return js;
+  };
+  CHECK(strip(before) == strip(after));
+}
+
+TEST_CASE("outrund tags: tags_strict refuses a set with a broken definition and changes nothing") {
+  const std::string dir = temp_dir();
+  const std::string conf = write_file(dir, "outrund.toml", "[daemon]\ntags_strict = true\n");
+  Daemon d({"--config", conf});
   auto c = d.client();
   REQUIRE(!c->define_tags(kTags, false));
   std::string before, after;
   REQUIRE(!c->list_tags_json(&before));
-  outrun::Error e = c->define_tags("[[tag]]\nid = \"f\"\ninputs = [\"a\"]\nscript = \"return (\"\n",
-                                   /*replace_all=*/true);
+  outrun::Error e = c->define_tags(
+      "[[tag]]\nid = \"f\"\ninputs = [\"a\"]\nscript = \"return (\"\n"
+      "[[tag]]\nid = \"g\"\nbogus = 1\nscript = \"return 1\"\n",
+      /*replace_all=*/true);
   CHECK(e.code == outrun::ErrorCode::compile_error);
-  CHECK(e.message.find("f") != std::string::npos);
-  e = c->define_tags("[[tag]]\nid = \"g\"\nbogus = 1\nscript = \"return 1\"\n", false);
-  CHECK(e.code == outrun::ErrorCode::invalid_argument);
-  CHECK(e.message.rfind("3:", 0) == 0);  // LINE:COL: message
+  CHECK(e.message.find("tag 'f'") != std::string::npos);
+  CHECK(e.message.find("7:9: tag 'g': unknown key 'bogus'") != std::string::npos);  // every one
   REQUIRE(!c->list_tags_json(&after));
   auto strip = [](std::string s) {
-    auto j = nlohmann::json::parse(s);
-    for (auto& t : j["tags"]) t.erase("counters");
-    return j;
+    auto js = nlohmann::json::parse(s);
+    for (auto& t : js["tags"]) t.erase("counters");
+    return js;
   };
   CHECK(strip(before) == strip(after));
+  CHECK(d.stop() == 0);
+  std::remove(conf.c_str());
+  rmdir(dir.c_str());
 }
 
 TEST_CASE("outrund tags: DefineTags and RemoveTags need an admin uid, updates and reads do not") {
@@ -286,7 +337,7 @@ TEST_CASE("outrund tags: DefineTags and RemoveTags need an admin uid, updates an
   std::remove(conf.c_str());
 }
 
-TEST_CASE("outrund tags: --tags FILE at start, SIGHUP reloads it, a broken file changes nothing") {
+TEST_CASE("outrund tags: --tags FILE at start, SIGHUP reloads it, broken tags are isolated") {
   const std::string dir = temp_dir();
   const std::string file = write_file(dir, "tags.toml", kTags);
   const std::string log = dir + "/outrund.log";
@@ -315,13 +366,15 @@ TEST_CASE("outrund tags: --tags FILE at start, SIGHUP reloads it, a broken file 
   bool reloaded = false;
   for (int i = 0; i < 500 && !reloaded; ++i) {
     std::this_thread::sleep_for(10ms);
-    reloaded = read_all(log).find("SIGHUP: defined 2 tags") != std::string::npos;
+    reloaded = read_all(log).find("SIGHUP: tags file " + file +
+                                  ": 1 defined or changed, 1 "
+                                  "unchanged") != std::string::npos;
   }
   REQUIRE(reloaded);
   REQUIRE(!c->update_sources({good("a", outrun::Value(10.0))}));
   CHECK(wait_f(30.0f));
-  // Broken file: logged with its line, the running tags stay.
-  write_file(dir, "tags.toml", "[[tag]]\nid = \"f\"\nscript = 7\n");
+  // A file that is not TOML: logged with its line, the running tags stay.
+  write_file(dir, "tags.toml", "[[tag]\nid = \"f\"\nscript = 7\n");
   kill(d.pid, SIGHUP);
   bool logged = false;
   for (int i = 0; i < 500 && !logged; ++i) {
@@ -329,16 +382,43 @@ TEST_CASE("outrund tags: --tags FILE at start, SIGHUP reloads it, a broken file 
     logged = read_all(log).find("the running tags are kept") != std::string::npos;
   }
   REQUIRE(logged);
-  CHECK(read_all(log).find("tags.toml:3:") != std::string::npos);
+  CHECK(read_all(log).find("tags.toml:1:") != std::string::npos);
   REQUIRE(!c->update_sources({good("a", outrun::Value(11.0))}));
   CHECK(wait_f(33.0f));
+  // One broken tag (a script that is not a string): it gets BadConfigurationError, u runs on.
+  std::string one_broken = kTags;
+  one_broken.replace(one_broken.find("script = \"return inputs.a * 2\""), 30, "script = 7");
+  write_file(dir, "tags.toml", one_broken);
+  kill(d.pid, SIGHUP);
+  bool isolated = false;
+  for (int i = 0; i < 500 && !isolated; ++i) {
+    std::this_thread::sleep_for(10ms);
+    isolated = read_all(log).find("0 removed, 1 broken") != std::string::npos;
+  }
+  REQUIRE(isolated);
+  CHECK(read_all(log).find("tags.toml:6:10: tag 'f': script: expected a string") !=
+        std::string::npos);
+  CHECK(read_f().status == tags::codes::BadConfigurationError);
+  REQUIRE(!c->update_sources({good("a", outrun::Value(12.0))}));
+  for (int i = 0; i < 500; ++i) {
+    std::vector<tags::Change> v;
+    REQUIRE(!c->read_tags({"u"}, &v));
+    if (v[0].value.value == outrun::Value(uint64_t{13})) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  std::vector<tags::Change> uv;
+  REQUIRE(!c->read_tags({"u"}, &uv));
+  CHECK(uv[0].value.value == outrun::Value(uint64_t{13}));
   CHECK(d.stop() == 0);
-  // A bad file at start: exit non-zero with the line.
+  // At start: the same file runs (not strict); strict, or a file that is not TOML, exits 2.
+  Daemon d2({"--tags", file});
+  CHECK(d2.stop() == 0);
+  write_file(dir, "tags.toml", "[[tag]\n");
   const auto [rc, out] =
       run_command(std::string(OUTRUN_TEST_DAEMON) + " --socket " + dir + "/other.sock --worker " +
                   OUTRUN_TEST_WORKER + " --shards 1 --tags " + file + " 2>&1");
   CHECK(rc == 2);
-  CHECK(out.find("3:") != std::string::npos);
+  CHECK(out.find("tags.toml:1:") != std::string::npos);
   std::remove(file.c_str());
   std::remove(log.c_str());
   std::remove((dir + "/other.sock").c_str());

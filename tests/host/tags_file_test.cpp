@@ -166,9 +166,21 @@ TEST_CASE("outrun tags run: deterministic over workers and in-process, errors wi
 
   const std::string bad_toml =
       write_temp("bad.toml", "[[tag]]\nid = \"A\"\nscript = \"return 1\"\nwhat = 2\n");
+  // A broken definition: reported with FILE:LINE:COL, the tag shows BadConfigurationError, the
+  // others run, exit 1 at the end; --strict refuses the file (exit 1, nothing runs).
   auto r = run_cli("tags run -f " + bad_toml + " 2>&1");
+  CHECK(r.first == 1);
+  CHECK(r.second.find(bad_toml + ":4:8: tag 'A': unknown key 'what'") != std::string::npos);
+  CHECK(r.second.find("A = nil  BadConfigurationError") != std::string::npos);
+  r = run_cli("tags run --strict -f " + bad_toml + " 2>&1");
+  CHECK(r.first == 1);
+  CHECK(r.second.find(bad_toml + ":4:8: tag 'A': unknown key 'what'") != std::string::npos);
+  CHECK(r.second.find("BadConfigurationError") == std::string::npos);
+  // The file as a whole unreadable (TOML syntax): exit 2, every error named.
+  const std::string syntax = write_temp("syntax.toml", "[[tag]\nid = 1\n");
+  r = run_cli("tags run -f " + syntax + " 2>&1");
   CHECK(r.first == 2);
-  CHECK(r.second.find(bad_toml + ":4:8: unknown key 'what'") != std::string::npos);
+  CHECK(r.second.find(syntax + ":1:") != std::string::npos);
 
   const std::string ok_toml = write_temp(
       "ok.toml", "[[tag]]\nid = \"A\"\ninputs = [\"S\"]\nscript = \"return inputs.S * 2\"\n");
@@ -183,7 +195,7 @@ TEST_CASE("outrun tags run: deterministic over workers and in-process, errors wi
       write_temp("broken.toml", "[[tag]]\nid = \"A\"\nscript = \"return (\"\n");
   r = run_cli("tags run -f " + broken + " 2>&1");
   CHECK(r.first == 1);
-  CHECK(r.second.find("compile_error") != std::string::npos);
-  CHECK(r.second.find("tag:A:1: unexpected symbol at the end of the script") != std::string::npos);
-  for (const auto& p : {bad_toml, ok_toml, bad_lines, broken}) std::remove(p.c_str());
+  CHECK(r.second.find(broken + ":3:1: tag 'A': compile_error: tag:A:1: unexpected symbol at the "
+                               "end of the script") != std::string::npos);
+  for (const auto& p : {bad_toml, ok_toml, bad_lines, broken, syntax}) std::remove(p.c_str());
 }

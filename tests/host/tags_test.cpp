@@ -277,12 +277,18 @@ TEST_CASE("tags: the quality matrix (worst severity wins, its code kept) and scr
   rig.define(tag("Sum", "return (inputs.A or 0) + (inputs.B or 0)", {"A", "B"}));
   rig.define(tag("Forced", "return 1, StatusCode.Uncertain", {"A", "B"}));
   rig.define(tag("ByName", "return 2, 'UncertainSensorNotAccurate'", {"A", "B"}));
-  rig.define(tag("Helpers",
-                 "return (is_good(status.A) and 1 or 0) + (is_uncertain(status.A) and 10 or 0) + "
-                 "(is_bad(status.A) and 100 or 0)",
-                 {"A", "B"}));
-  rig.define(
-      tag("NilBad", "if is_bad(status.A) then return nil, status.A end return inputs.A", {"A"}));
+  // Scripts that see Bad inputs say so (evaluate_bad_inputs); by default a Bad input is not
+  // passed to the script.
+  auto helpers = tag("Helpers",
+                     "return (is_good(status.A) and 1 or 0) + (is_uncertain(status.A) and 10 or 0) "
+                     "+ (is_bad(status.A) and 100 or 0), StatusCode.Good",
+                     {"A", "B"});
+  helpers.evaluate_bad_inputs = true;
+  rig.define(helpers);
+  auto nil_bad =
+      tag("NilBad", "if is_bad(status.A) then return nil, status.A end return inputs.A", {"A"});
+  nil_bad.evaluate_bad_inputs = true;
+  rig.define(nil_bad);
   rig.define(tag("BadStatus", "return 1, -5", {"A"}));
   const tags::StatusCode all[] = {Good, kUncSub, kBadSensor};
   double t = 1;
@@ -298,9 +304,16 @@ TEST_CASE("tags: the quality matrix (worst severity wins, its code kept) and scr
       tags::StatusCode expect = Good;
       if (worst > 0) expect = static_cast<int>(tags::severity(sa)) == worst ? sa : sb;
       CHECK(sum.status == expect);
-      CHECK(num(sum.value) == doctest::Approx(3.0 + t - 1));
-      CHECK(rig.read("Forced").status == Uncertain);
-      CHECK(rig.read("ByName").status == tags::codes::UncertainSensorNotAccurate);
+      if (worst == 2) {  // a Bad input: not evaluated, its code and no value
+        CHECK(sum.value.is_nil());
+        CHECK(sum.diagnostics.find("not evaluated: input") != std::string::npos);
+        CHECK(rig.read("Forced").status == expect);
+        CHECK(rig.read("ByName").status == expect);
+      } else {
+        CHECK(num(sum.value) == doctest::Approx(3.0 + t - 1));
+        CHECK(rig.read("Forced").status == Uncertain);
+        CHECK(rig.read("ByName").status == tags::codes::UncertainSensorNotAccurate);
+      }
       CHECK(num(rig.read("Helpers").value) == (sa == Good ? 1 : sa == kUncSub ? 10 : 100));
       const auto nb = rig.read("NilBad");
       if (sa == kBadSensor) {
@@ -309,7 +322,8 @@ TEST_CASE("tags: the quality matrix (worst severity wins, its code kept) and scr
       } else {
         CHECK(nb.status == sa);
       }
-      CHECK(rig.read("BadStatus").status == tags::codes::BadInternalError);
+      CHECK(rig.read("BadStatus").status ==
+            (sa == kBadSensor ? kBadSensor : tags::codes::BadInternalError));
     }
   }
   // No inputs status at all: Good.

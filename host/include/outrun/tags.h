@@ -67,11 +67,18 @@ struct DataValue {
   DateTime server_time;
   std::string diagnostics;  // why, when the status is not Good because of an error
   // Same value, same status and same source timestamp: no change (server_time and diagnostics are
-  // not compared).
-  bool same_as(const DataValue& o) const {
-    return status == o.status && source_time == o.source_time && value == o.value;
-  }
+  // not compared). NaN is the same as NaN here (OPC UA Part 4 7.10: one notification when a value
+  // enters the NaN state, not one per update).
+  bool same_as(const DataValue& o) const;
 };
+
+// Value equality for change detection: as operator==, except that a NaN equals a NaN (Double and
+// Float, also inside arrays and maps).
+bool same_value(const Value& a, const Value& b);
+
+// The InfoBits of a DataValue's StatusCode (OPC 10000-4 7.39): InfoType DataValue (0x400) with the
+// Overflow bit (0x80), set on the first value after updates were merged or dropped.
+inline constexpr StatusCode kOverflowBits = 0x00000480;
 
 // ---- Definitions ----
 
@@ -99,6 +106,7 @@ bool parse_data_type(std::string_view name, DataType* out);
 struct TypeSpec {
   DataType type = DataType::Double;
   bool array = false;  // a one-dimensional array of `type` (ValueRank 1)
+  friend bool operator==(const TypeSpec&, const TypeSpec&) = default;
 };
 
 // Coerces a script's result to `spec`. On failure returns BadTypeMismatch or BadOutOfRange and
@@ -116,6 +124,7 @@ struct InputSpec {
   // Percent deadbands are a percentage of this range (OPC UA's EURange); when both are 0, of the
   // magnitude of the value the tag last used.
   double range_low = 0, range_high = 0;
+  friend bool operator==(const InputSpec&, const InputSpec&) = default;
 };
 
 enum class TriggerKind : uint8_t { on_change, periodic, on_read, manual };
@@ -124,6 +133,7 @@ struct Trigger {
   TriggerKind kind = TriggerKind::on_change;
   std::chrono::milliseconds period{1000};  // periodic: fixed rate
   std::chrono::milliseconds max_age{0};    // on_read: a read of an older value evaluates first
+  friend bool operator==(const Trigger&, const Trigger&) = default;
 };
 
 enum class TimestampPolicy : uint8_t {
@@ -148,7 +158,27 @@ struct TagDefinition {
   // While its worker is down, the tag shows UncertainLastUsableValue with its last good value
   // for this long, then BadResourceUnavailable.
   std::chrono::milliseconds last_usable{10000};
+  // A Bad input (or one never written) is passed to the script (true), or the tag is not evaluated
+  // and takes that input's status with no value (false, the default; design/tags.md).
+  bool evaluate_bad_inputs = false;
+  // Every update of an input is evaluated in order (a bounded queue, TagsOptions::max_update_queue)
+  // instead of the latest one per wave.
+  bool every_update = false;
+
+  // Where the definition came from, for errors: "FILE:LINE:COL" of its [[tag]] table ("" if not
+  // from a file), and where the script's first line is (a Lua error's line N is line
+  // script_line + N - 1 of script_origin). Not part of the definition: a reload that only moves a
+  // tag in its file leaves it alone.
+  std::string location;
+  std::string script_origin;
+  int script_line = 0;
+  // Set by the tags file's reader when the definition is broken (an unknown DataType, a bad key):
+  // the tag exists with BadConfigurationError and this reason (Engine::apply, not strict).
+  std::string config_error;
 };
+
+// Same script, inputs, type, triggers and options (location and script_origin are not compared).
+bool same_definition(const TagDefinition& a, const TagDefinition& b);
 
 // Limits on what the engine accepts, checked before anything changes.
 inline constexpr std::size_t kMaxTagIdSize = 256;
@@ -178,6 +208,8 @@ struct TagCounters {
   uint64_t busy = 0;            // evaluations refused by single flight (not outputs)
   uint64_t changes = 0;         // notified output changes
   uint64_t state_restores = 0;  // keep_state: a restarted worker asked for the kept state
+  uint64_t overflows = 0;       // values published with the Overflow bit (updates merged/dropped)
+  uint64_t skipped_bad = 0;     // triggers not evaluated because an input was Bad
   std::string last_error;
   std::chrono::microseconds last_duration{0};  // submit -> result of the last evaluation
 };
@@ -202,6 +234,32 @@ struct TagsOptions {
   std::chrono::milliseconds wait_timeout{10000};
   // Source tags (ids updated by update()) the engine keeps; past it updates of new ids fail.
   std::size_t max_sources = 1u << 20;
+  // every_update: the updates of one source waiting for their waves; past it the oldest is
+  // dropped, counted and flagged (Overflow).
+  std::size_t max_update_queue = 1024;
+};
+
+// A definition that apply() could not install as given.
+struct DefinitionError {
+  std::string id;        // "" when the definition has no usable id
+  std::string location;  // "FILE:LINE:COL" where known, else ""
+  std::string message;   // the reason (a compile error names the file's line when it can)
+  ErrorCode code = ErrorCode::invalid_argument;  // compile_error for a script that does not compile
+  bool installed = false;  // the tag exists, with BadConfigurationError (not strict)
+};
+
+struct ApplyOptions {
+  bool replace_all = false;  // tags not in the set are removed (a tags file reload)
+  // All or nothing: any broken definition refuses the whole set and nothing changes. Otherwise
+  // a broken definition becomes a tag with BadConfigurationError and every other one is applied.
+  bool strict = false;
+};
+
+struct ApplyResult {
+  std::vector<std::string> defined;    // new or changed (evaluated once)
+  std::vector<std::string> unchanged;  // left alone
+  std::vector<std::string> removed;
+  std::vector<DefinitionError> errors;  // every broken definition, in the order given
 };
 
 // Counted over the engine's life.
@@ -227,6 +285,14 @@ class Engine {
   // and the error names the tag (and the cycle's path, for a cycle). `replace_all`: tags not in
   // `defs` are removed (a tags file reload).
   Error apply(const std::vector<TagDefinition>& defs, bool replace_all = false);
+  // As above with the choice of strictness. Not strict: a definition that does not compile, names
+  // an unknown DataType (config_error), fails a check or closes a cycle becomes a tag with status
+  // BadConfigurationError (no value, diagnostics "LOCATION: reason"), and the others are applied;
+  // the error returned is then only for what stops the whole set (closing, a wait timeout, the
+  // runner unavailable). A definition equal to the running one (same_definition) is left alone:
+  // no evaluation, no version change, its state and timers untouched. `result` may be null.
+  Error apply(const std::vector<TagDefinition>& defs, const ApplyOptions& options,
+              ApplyResult* result);
   Error define(const TagDefinition& def) { return apply({def}); }
   // Removes a tag; refused while another tag uses it as an input.
   Error remove(std::string_view id);
