@@ -842,4 +842,329 @@ TEST_CASE("tags: redefining a tag 1,000 times keeps one script") {
   CHECK(after.bytes < one.bytes + 256);  // the new source is a few bytes longer
 }
 
+// ---- Reload, isolation, quality, clocks and change detection (design/tags.md) ----
+
+namespace {
+
+tags::TagDefinition periodic(std::string id, std::string script, std::vector<std::string> inputs,
+                             std::chrono::milliseconds period) {
+  auto d = tag(std::move(id), std::move(script), std::move(inputs));
+  d.trigger.kind = tags::TriggerKind::periodic;
+  d.trigger.period = period;
+  return d;
+}
+
+tags::TagInfo info_of(Rig& rig, const std::string& id) {
+  tags::TagInfo info;
+  Error err = rig.engine->info(id, &info);
+  REQUIRE_MESSAGE(!err, err.message);
+  return info;
+}
+
+TEST_CASE("tags: a reload leaves unchanged tags alone and never adds a periodic timer") {
+  FOR_EACH_RUNNER(kind);
+  Rig rig(kind, {}, /*manual_periodic=*/false);
+  auto avg = tag("Avg", "state.n = (state.n or 0) + 1; return inputs.X + state.n", {"X"});
+  auto tick = periodic("Tick", "return 1", {}, 100ms);
+  std::vector<tags::TagDefinition> set{avg, tick};
+  REQUIRE(!rig.engine->apply(set, true));
+  rig.update({src("X", Value(10.0))}, at(1));
+  CHECK(num(rig.read("Avg").value) == 11);
+  // Three reloads of the same set: nothing runs, nothing moves.
+  tags::ApplyResult res;
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(!rig.engine->apply(set, tags::ApplyOptions{true, false}, &res));
+    CHECK(res.unchanged.size() == 2);
+    CHECK(res.defined.empty());
+  }
+  REQUIRE(rig.engine->wait_idle());
+  CHECK(info_of(rig, "Avg").version == 1);
+  CHECK(info_of(rig, "Avg").counters.evaluations == 1);
+  CHECK(num(rig.read("Avg").value) == 11);
+  // A changed definition is evaluated once, and its state carried over.
+  set[0].script = "state.n = (state.n or 0) + 1; return inputs.X + state.n + 0";
+  REQUIRE(!rig.engine->apply(set, tags::ApplyOptions{true, false}, &res));
+  CHECK(res.defined == std::vector<std::string>{"Avg"});
+  REQUIRE(rig.engine->wait_idle());
+  CHECK(info_of(rig, "Avg").version == 2);
+  CHECK(num(rig.read("Avg").value) == 12);
+  // The periodic tag redefined three times (a new period each time) runs on one timer: at most
+  // one evaluation per period (missed periods are skipped, never queued), so a second holds at
+  // most ~10 of them, where four timers would give ~40.
+  for (int i = 0; i < 3; ++i) {
+    set[1].trigger.period = std::chrono::milliseconds(101 + i);
+    REQUIRE(!rig.engine->apply(set, tags::ApplyOptions{true, false}, &res));
+    CHECK(res.defined == std::vector<std::string>{"Tick"});
+  }
+  const auto before = info_of(rig, "Tick").counters.evaluations;
+  std::this_thread::sleep_for(1000ms);
+  const auto ran = info_of(rig, "Tick").counters.evaluations - before;
+  CHECK(ran <= 12);
+  CHECK(ran >= 1);
+}
+
+TEST_CASE("tags: offline, a periodic tag runs once at its definition and waits for an input") {
+  FOR_EACH_RUNNER(kind);
+  Rig rig(kind);  // manual clock
+  rig.define(periodic("P", "return inputs.X * 2", {"X"}, 1000ms));
+  rig.engine->advance_clock(at(0));
+  rig.engine->advance_clock(at(3));
+  REQUIRE(rig.engine->wait_idle());
+  CHECK(info_of(rig, "P").counters.evaluations == 0);  // no input yet
+  CHECK(rig.read("P").status == tags::codes::BadWaitingForInitialData);
+  CHECK(rig.changes.count("P") == 0);
+  rig.update({src("X", Value(4.0))}, at(3.5));  // its first input: it runs, then on its period
+  CHECK(info_of(rig, "P").counters.evaluations == 1);
+  CHECK(num(rig.read("P").value) == 8);
+  rig.engine->advance_clock(at(4));
+  REQUIRE(rig.engine->wait_idle());
+  rig.define(periodic("Q", "return inputs.X * 3", {"X"}, 1000ms));  // its input has a value
+  rig.engine->advance_clock(at(4));
+  REQUIRE(rig.engine->wait_idle());
+  CHECK(info_of(rig, "Q").counters.evaluations == 1);  // once for the definition, not twice
+  rig.engine->advance_clock(at(5));
+  REQUIRE(rig.engine->wait_idle());
+  CHECK(info_of(rig, "Q").counters.evaluations == 2);
+}
+
+TEST_CASE("tags: a Bad input is not evaluated, a Bad output carries no value") {
+  FOR_EACH_RUNNER(kind);
+  Rig rig(kind);
+  rig.define(tag("Twice", "return inputs.X * 2", {"X", "Y"}));
+  rig.define(tag("Forced", "return 10, 'BadSensorFailure'", {"X"}));
+  auto sees =
+      tag("Sees", "if inputs.X == nil then return -1, StatusCode.Good end return inputs.X", {"X"});
+  sees.evaluate_bad_inputs = true;
+  rig.define(sees);
+  rig.define(tag("Down", "return inputs.Twice + 1", {"Twice"}));
+  // Y never written: not evaluated, BadWaitingForInitialData and nothing notified.
+  rig.update({src("X", Value(5.0))}, at(1));
+  CHECK(rig.read("Twice").status == tags::codes::BadWaitingForInitialData);
+  CHECK(info_of(rig, "Twice").counters.evaluations == 0);
+  rig.update({src("Y", Value(0.0))}, at(2));
+  CHECK(num(rig.read("Twice").value) == 10);
+  CHECK(num(rig.read("Down").value) == 11);
+  // A failed sensor with a null value: no BadInternalError from `nil * 2`, its own code.
+  const auto evals = info_of(rig, "Twice").counters.evaluations;
+  rig.update({src("X", Value(), kBadSensor)}, at(3));
+  const auto tw = rig.read("Twice");
+  CHECK(tw.status == kBadSensor);
+  CHECK(tw.value.is_nil());
+  CHECK(tw.diagnostics == "not evaluated: input 'X' is BadSensorFailure");
+  CHECK(info_of(rig, "Twice").counters.evaluations == evals);
+  CHECK(info_of(rig, "Twice").counters.skipped_bad >= 1);
+  CHECK(rig.read("Down").status == kBadSensor);  // downstream, by the same rule
+  CHECK(num(rig.read("Sees").value) == -1);      // it asked to see Bad inputs
+  CHECK(rig.read("Sees").status == tags::codes::Good);
+  // A script's value with a Bad status is not published.
+  const auto forced = rig.read("Forced");
+  CHECK(forced.status == kBadSensor);
+  CHECK(forced.value.is_nil());
+  // Uncertain inputs are evaluated, their code kept; Good again: evaluated, Good.
+  rig.update({src("X", Value(6.0), kUncSub)}, at(4));
+  CHECK(num(rig.read("Twice").value) == 12);
+  CHECK(rig.read("Twice").status == kUncSub);
+  rig.update({src("X", Value(7.0))}, at(5));
+  CHECK(num(rig.read("Twice").value) == 14);
+  CHECK(rig.read("Twice").status == Good);
+  CHECK(num(rig.read("Down").value) == 15);
+}
+
+TEST_CASE("tags: NaN notifies once, deadbands per array element, timestamp-only changes") {
+  FOR_EACH_RUNNER(kind);
+  Rig rig(kind);
+  rig.define(tag("Nan", "return inputs.X * 0 / 0", {"X"}));
+  // (The same source timestamp each time: a new one would be a change of its own.)
+  for (int i = 1; i <= 5; ++i) rig.update({src("X", Value(double(i)), Good, at(1))}, at(i));
+  CHECK(info_of(rig, "Nan").counters.evaluations == 5);
+  CHECK(rig.changes.count("Nan") == 1);  // entered NaN once
+  // Deadband: entering and leaving NaN pass it, NaN to NaN does not.
+  auto db = tag("Db", "return 1", {"D"});
+  db.inputs[0].deadband = tags::DeadbandKind::absolute;
+  db.inputs[0].deadband_value = 5;
+  rig.define(db);
+  auto evals = [&](const std::string& id) { return info_of(rig, id).counters.evaluations; };
+  rig.update({src("D", Value(1.0), Good, at(10))}, at(10));
+  const auto e0 = evals("Db");
+  rig.update({src("D", Value(2.0), Good, at(10))}, at(11));
+  CHECK(evals("Db") == e0);  // within the deadband
+  rig.update({src("D", Value(std::nan("")), Good, at(10))}, at(12));
+  CHECK(evals("Db") == e0 + 1);
+  rig.update({src("D", Value(std::nan("")), Good, at(10))}, at(13));
+  CHECK(evals("Db") == e0 + 1);
+  rig.update({src("D", Value(2.0), Good, at(10))}, at(14));
+  CHECK(evals("Db") == e0 + 2);
+  // Arrays: element by element, a new length always counts.
+  auto arr = tag("Arr", "return #inputs.A", {"A"});
+  arr.inputs[0].deadband = tags::DeadbandKind::absolute;
+  arr.inputs[0].deadband_value = 1;
+  rig.define(arr);
+  rig.update({src("A", Value(Array{Value(1.0), Value(2.0)}))}, at(20));
+  const auto a0 = evals("Arr");
+  rig.update({src("A", Value(Array{Value(1.5), Value(2.5)}))}, at(21));
+  CHECK(evals("Arr") == a0);
+  rig.update({src("A", Value(Array{Value(1.5), Value(9.0)}))}, at(22));
+  CHECK(evals("Arr") == a0 + 1);
+  rig.update({src("A", Value(Array{Value(1.5), Value(9.0), Value(0.0)}))}, at(23));
+  CHECK(evals("Arr") == a0 + 2);
+  // The same value with a new source timestamp: a tag whose policy reads it runs (and its output
+  // takes the new timestamp); one stamped with the evaluation time does not.
+  rig.define(tag("Newest", "return inputs.T", {"T"}));
+  auto by_eval = tag("ByEval", "return inputs.T", {"T"});
+  by_eval.timestamps = tags::TimestampPolicy::evaluation_time;
+  rig.define(by_eval);
+  rig.update({src("T", Value(1.0), Good, at(30))}, at(30));
+  const auto n0 = evals("Newest"), b0 = evals("ByEval");
+  rig.update({src("T", Value(1.0), Good, at(31))}, at(31));
+  CHECK(evals("Newest") == n0 + 1);
+  CHECK(rig.read("Newest").source_time == at(31));
+  CHECK(evals("ByEval") == b0);
+}
+
+TEST_CASE("tags: merged updates set the Overflow bit; every_update sees each update in order") {
+  HostOptions ho;
+  ho.shards = 2;
+  auto host = start_host(ho);
+  Changes changes;
+  tags::TagsOptions to;
+  to.on_change = [&](const std::vector<tags::Change>& b) { changes.add(b); };
+  to.max_update_queue = 1000;
+  std::unique_ptr<tags::Engine> engine;
+  REQUIRE(!tags::Engine::create(*host, to, &engine));
+  // A slow script (~20 ms), so that updates arrive while it runs.
+  const std::string slow = "local t = os.clock() + 0.02 while os.clock() < t do end ";
+  auto latest = tag("Latest", slow + "return inputs.X", {"X"});
+  auto every = tag("Every", slow + "return inputs.Y", {"Y"});
+  every.every_update = true;
+  REQUIRE(!engine->apply({latest, every}, false));
+  constexpr int kN = 20;
+  for (int i = 1; i <= kN; ++i) {
+    REQUIRE(!engine->update({src("X", Value(double(i))), src("Y", Value(double(i)))}));
+  }
+  REQUIRE(engine->wait_idle(60s));
+  tags::TagInfo li, ei;
+  REQUIRE(!engine->info("Latest", &li));
+  REQUIRE(!engine->info("Every", &ei));
+  CHECK(li.counters.coalesced > 0);
+  CHECK(li.counters.overflows >= 1);
+  bool flagged = false;
+  for (const auto& c : changes.of("Latest"))
+    if ((c.value.status & tags::kOverflowBits) == tags::kOverflowBits) flagged = true;
+  CHECK(flagged);
+  CHECK(num(li.value.value) == kN);  // the latest one wins
+  // Every update of Y, in order, none flagged.
+  const auto ev = changes.of("Every");
+  REQUIRE(ev.size() == kN);
+  for (int i = 0; i < kN; ++i) {
+    CHECK(num(ev[i].value.value) == i + 1);
+    CHECK(ev[i].value.status == Good);
+  }
+  CHECK(ei.counters.coalesced == 0);
+  CHECK(ei.counters.overflows == 0);
+}
+
+TEST_CASE("tags: every_update's queue is bounded: the oldest is dropped, counted and flagged") {
+  HostOptions ho;
+  ho.shards = 1;
+  auto host = start_host(ho);
+  Changes changes;
+  tags::TagsOptions to;
+  to.on_change = [&](const std::vector<tags::Change>& b) { changes.add(b); };
+  to.max_update_queue = 3;
+  std::unique_ptr<tags::Engine> engine;
+  REQUIRE(!tags::Engine::create(*host, to, &engine));
+  auto every = tag(
+      "Every", "local t = os.clock() + 0.05 while os.clock() < t do end return inputs.Y", {"Y"});
+  every.every_update = true;
+  REQUIRE(!engine->define(every));
+  for (int i = 1; i <= 10; ++i) REQUIRE(!engine->update({src("Y", Value(double(i)))}));
+  REQUIRE(engine->wait_idle(60s));
+  tags::TagInfo ei;
+  REQUIRE(!engine->info("Every", &ei));
+  CHECK(ei.counters.coalesced >= 1);  // dropped past the bound
+  CHECK(ei.counters.overflows >= 1);
+  CHECK(num(ei.value.value) == 10);
+  CHECK(changes.count("Every") <= 5);  // the running one, the pending one, at most 3 queued
+}
+
+TEST_CASE("tags: broken definitions are isolated (cycles, config errors, compile errors)") {
+  FOR_EACH_RUNNER(kind);
+  Rig rig(kind);
+  auto a = tag("A", "return inputs.B", {"B"});
+  auto b = tag("B", "return inputs.A", {"A"});
+  auto c = tag("C", "return inputs.X + 1", {"X"});
+  auto d = tag("D", "return inputs.A", {"A"});
+  auto e = tag("E", "return (", {"X"});
+  e.location = "t.toml:20:1";
+  e.script_origin = "t.toml";
+  e.script_line = 22;
+  auto f = tag("F", "return 1", {"X"});
+  f.config_error = "type: unknown DataType 'Dobule'";
+  f.location = "t.toml:31:8";
+  auto g = tag(std::string(300, 'g'), "return 1", {});
+  g.location = "t.toml:40:1";
+  const std::vector<tags::TagDefinition> set{a, b, c, d, e, f, g};
+  // Strict: refused as a whole, every error listed, nothing defined.
+  tags::ApplyResult res;
+  Error err = rig.engine->apply(set, tags::ApplyOptions{false, true}, &res);
+  CHECK(err);
+  CHECK(res.errors.size() == 5);  // A, B (cycle), E (compile), F (config), the long id
+  CHECK(rig.engine->ids().empty());
+  // Not strict: the others run.
+  err = rig.engine->apply(set, tags::ApplyOptions{false, false}, &res);
+  REQUIRE_MESSAGE(!err, err.message);
+  REQUIRE(rig.engine->wait_idle());
+  REQUIRE(res.errors.size() == 5);
+  std::map<std::string, tags::DefinitionError> by_id;
+  for (const auto& x : res.errors) by_id[x.id] = x;
+  CHECK(by_id["A"].message.find("cycle: ") != std::string::npos);
+  CHECK(by_id["A"].installed);
+  CHECK(by_id["B"].installed);
+  CHECK(by_id["E"].code == ErrorCode::compile_error);
+  CHECK(by_id["E"].location == "t.toml:22:1");
+  CHECK(by_id["F"].location == "t.toml:31:8");
+  CHECK(by_id[""].location == "t.toml:40:1");  // no usable id: reported, not installed
+  CHECK_FALSE(by_id[""].installed);
+  for (const char* id : {"A", "B", "E", "F"}) {
+    CAPTURE(id);
+    const auto v = rig.read(id);
+    CHECK(v.status == tags::codes::BadConfigurationError);
+    CHECK(v.value.is_nil());
+    CHECK_FALSE(v.diagnostics.empty());
+  }
+  CHECK(rig.read("E").diagnostics.rfind("t.toml:22:1: tag 'E': compile_error: ", 0) == 0);
+  rig.update({src("X", Value(1.0))}, at(1));
+  CHECK(num(rig.read("C").value) == 2);
+  CHECK(rig.read("D").status == tags::codes::BadConfigurationError);  // the quality rule
+  // Fixed: they run, and D follows.
+  std::vector<tags::TagDefinition> fixed{
+      tag("A", "return 7", {}), b, c, d, tag("E", "return 5", {"X"}), tag("F", "return 1", {"X"})};
+  err = rig.engine->apply(fixed, tags::ApplyOptions{true, false}, &res);
+  REQUIRE_MESSAGE(!err, err.message);
+  REQUIRE(rig.engine->wait_idle());
+  CHECK(res.errors.empty());
+  CHECK(num(rig.read("A").value) == 7);
+  CHECK(num(rig.read("B").value) == 7);
+  CHECK(num(rig.read("D").value) == 7);
+  CHECK(num(rig.read("E").value) == 5);
+}
+
+TEST_CASE("tags: the wave's time never goes back") {
+  FOR_EACH_RUNNER(kind);
+  Rig rig(kind);
+  rig.define(tag("S", "return now", {"X"}, tags::DataType::Double));
+  rig.set_clock(at(10));
+  REQUIRE(!rig.engine->update({src("X", Value(1.0), Good, at(99))}));
+  REQUIRE(rig.engine->wait_idle());
+  CHECK(rig.read("S").server_time == at(10));
+  CHECK(rig.read("S").source_time == at(99));  // the writer's own timestamp
+  rig.set_clock(at(5));                        // the system clock steps back
+  REQUIRE(!rig.engine->update({src("X", Value(2.0), Good, at(100))}));
+  REQUIRE(rig.engine->wait_idle());
+  CHECK(rig.read("S").server_time == at(10));
+  CHECK(num(rig.read("S").value) == doctest::Approx(at(10).unix_seconds()));
+}
+
+}  // namespace
+
 }  // namespace outrun::test
