@@ -621,3 +621,46 @@ TEST_CASE("outrund tags: a SourceUpdates whose entries share one diagnostics str
   CHECK(error.find("decode to too much") != std::string::npos);
   close(fd);
 }
+
+TEST_CASE("outrund tags: a client's clock is a source timestamp, never the server's time") {
+  Daemon d;
+  auto c = d.client();
+  REQUIRE(
+      !c->define_tags("[[tag]]\nid = \"n\"\ninputs = [\"a\"]\nscript = \"return now\"\n"
+                      "[[tag]]\nid = \"s\"\ninputs = [\"b\"]\nscript = \"return now\"\n",
+                      false));
+  const auto wall = [] {
+    return outrun::DateTime::from_unix_micros(
+        std::chrono::duration_cast<std::chrono::microseconds>(
+            std::chrono::system_clock::now().time_since_epoch())
+            .count());
+  };
+  const outrun::DateTime y2099 = outrun::DateTime::from_unix_seconds(4070908800.0);  // 2099-01-01
+  const outrun::DateTime before = wall();
+  // A wave time of 2099 from the client (the request's `time`) and a source timestamp of 2099.
+  tags::SourceUpdate stamped = good("b", outrun::Value(1.0));
+  stamped.value.source_time = y2099;
+  REQUIRE(!c->update_sources({good("a", outrun::Value(1.0))}, y2099));
+  REQUIRE(!c->update_sources({stamped}));
+  std::vector<tags::Change> v;
+  for (int i = 0; i < 500; ++i) {
+    REQUIRE(!c->read_tags({"n", "s", "a", "b"}, &v));
+    if (v[0].value.status == tags::codes::Good && v[1].value.status == tags::codes::Good) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  const outrun::DateTime after = wall();
+  for (int i = 0; i < 2; ++i) {
+    CAPTURE(v[i].tag);
+    CHECK(v[i].value.status == tags::codes::Good);
+    // The server timestamp and the script's `now` are outrund's clock...
+    CHECK(v[i].value.server_time >= before);
+    CHECK(v[i].value.server_time <= after);
+    CHECK(v[i].value.value.as<double>() <= after.unix_seconds());
+    CHECK(v[i].value.value.as<double>() >= before.unix_seconds() - 1);
+    // ...and the source timestamp is what the writer said (newest_input).
+    CHECK(v[i].value.source_time == y2099);
+  }
+  CHECK(v[2].value.source_time == y2099);  // the request's time: the updates' source timestamp
+  CHECK(v[2].value.server_time <= after);
+  CHECK(v[3].value.server_time <= after);
+}

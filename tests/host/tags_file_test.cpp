@@ -199,3 +199,47 @@ TEST_CASE("outrun tags run: deterministic over workers and in-process, errors wi
                                "end of the script") != std::string::npos);
   for (const auto& p : {bad_toml, ok_toml, bad_lines, broken, syntax}) std::remove(p.c_str());
 }
+
+TEST_CASE("outrun tags run: every error of a file, with FILE:LINE:COL, escaped for a terminal") {
+  // Broken tags and two good ones: an unknown DataType, a key with a BEL in it, an id with an
+  // ESC (reported, no tag: an id must be printable), and a cycle of two.
+  const std::string toml =
+      "[[tag]]\nid = \"Good1\"\ninputs = [\"S\"]\nscript = \"return inputs.S + 1\"\n"  // 1-4
+      "[[tag]]\nid = \"T1\"\ntype = \"Dobule\"\nscript = \"return 1\"\n"               // 5-8
+      "[[tag]]\nid = \"T2\"\n\"be\\u0007l\" = 1\nscript = \"return 1\"\n"              // 9-12
+      "[[tag]]\nid = \"T\\u001b[31m3\"\nscript = '''\nlocal x = 1\nreturn (\n'''\n"    // 13-18
+      "[[tag]]\nid = \"C1\"\ninputs = [\"C2\"]\nscript = \"return 1\"\n"               // 19-22
+      "[[tag]]\nid = \"C2\"\ninputs = [\"C1\"]\nscript = \"return 1\"\n"               // 23-26
+      "[[tag]]\nid = \"Good2\"\ninputs = [\"Good1\"]\nscript = \"return inputs.Good1 * 2\"\n";
+  const std::string file = write_temp("many.toml", toml);
+  const std::string updates = write_temp("many.jsonl", "{\"values\": {\"S\": 1}}\n");
+  for (const char* runner : {"", " --in-process"}) {
+    CAPTURE(runner);
+    auto r = run_cli("tags run -f " + file + " --updates " + updates + runner + " 2>&1");
+    CHECK(r.first == 1);
+    const std::string& out = r.second;
+    CHECK(out.find(file + ":7:8: tag 'T1': type: unknown DataType 'Dobule'") != std::string::npos);
+    CHECK(out.find(file + ":11:15: tag 'T2': unknown key 'be\\x07l'") != std::string::npos);
+    CHECK(out.find(file + ":13:1: tag 'T\\x1b[31m3': the id contains a control character") !=
+          std::string::npos);
+    CHECK(out.find("tag 'C1': cycle: C") != std::string::npos);
+    CHECK(out.find("tag 'C2': cycle: C") != std::string::npos);
+    CHECK(out.find('\x1b') == std::string::npos);  // nothing raw reaches the terminal
+    CHECK(out.find('\x07') == std::string::npos);
+    // The good tags ran; the broken ones show BadConfigurationError.
+    CHECK(out.find("Good1 = 2.0  Good") != std::string::npos);
+    CHECK(out.find("Good2 = 4.0  Good") != std::string::npos);
+    CHECK(out.find("T1 = nil  BadConfigurationError") != std::string::npos);
+    CHECK(out.find("C1 = nil  BadConfigurationError") != std::string::npos);
+  }
+  // The compile error names the file's own line (a script that is not the last in the file).
+  const std::string compile =
+      write_temp("compile.toml",
+                 "[[tag]]\nid = \"E\"\nscript = '''\nlocal x = 1\nreturn (\n'''\n"
+                 "[[tag]]\nid = \"F\"\nscript = '''\nlocal y = 2\ny = = 3\nreturn y\n'''\n");
+  auto r = run_cli("tags run --in-process -f " + compile + " 2>&1");
+  CHECK(r.first == 1);
+  CHECK(r.second.find(compile + ":6:1: tag 'E': compile_error: tag:E:3:") != std::string::npos);
+  CHECK(r.second.find(compile + ":11:1: tag 'F': compile_error: tag:F:2:") != std::string::npos);
+  for (const auto& p : {file, updates, compile}) std::remove(p.c_str());
+}
