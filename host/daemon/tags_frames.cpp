@@ -71,6 +71,8 @@ std::string Server::tags_list_json() const {
     j["counters"] = {{"evaluations", tc.evaluations},
                      {"by_status", by_status},
                      {"coalesced", tc.coalesced},
+                     {"overflows", tc.overflows},
+                     {"skipped_bad", tc.skipped_bad},
                      {"busy", tc.busy},
                      {"changes", tc.changes},
                      {"last_error", tc.last_error},

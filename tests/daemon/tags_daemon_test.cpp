@@ -244,7 +244,7 @@ TEST_CASE(
   CHECK(busy >= 1);
 }
 
-TEST_CASE("outrund tags: broken definitions are isolated; a bad text changes nothing") {
+TEST_CASE("outrund tags: broken definitions are isolated, a bad text changes nothing") {
   Daemon d;
   auto c = d.client();
   REQUIRE(!c->define_tags(kTags, false));

@@ -1021,7 +1021,7 @@ TEST_CASE("tags: NaN notifies once, deadbands per array element, timestamp-only 
   CHECK(evals("ByEval") == b0);
 }
 
-TEST_CASE("tags: merged updates set the Overflow bit; every_update sees each update in order") {
+TEST_CASE("tags: merged updates set the Overflow bit, every_update sees each update in order") {
   HostOptions ho;
   ho.shards = 2;
   auto host = start_host(ho);
