@@ -52,6 +52,10 @@ Reply failed(ErrorCode code, std::string why) {
   r.error = Error{code, std::move(why)};
   return r;
 }
+// How a request larger than a frame is refused (design/daemon.md "outrun::Client").
+const std::string kMoreThanAFrame = "more than a frame holds (kMaxFrameSize, " +
+                                    std::to_string(protocol::kMaxFrameSize) +
+                                    " bytes); nothing was sent";
 }  // namespace
 
 struct Client::Impl {
@@ -264,7 +268,22 @@ struct Client::Impl {
       replies.emplace(id, std::nullopt);
     }
     flatbuffers::FlatBufferBuilder f(1024);
-    if (!send(build(f, id))) {
+    const std::span<const uint8_t> frame = build(f, id);
+    // outrund would have to drop the whole connection for a frame past kMaxFrameSize: refused
+    // here instead, before anything is sent (the connection goes on).
+    if (frame.size() > protocol::kLengthPrefixSize + protocol::kMaxFrameSize) {
+      {
+        MutexLock lock(mu);
+        replies.erase(id);
+      }
+      const auto* root = flatbuffers::GetSizePrefixedRoot<wire::Frame>(frame.data());
+      return failed(ErrorCode::invalid_argument,
+                    std::string("the ") + wire::EnumNameBody(root->body_type()) +
+                        " frame would be " +
+                        std::to_string(frame.size() - protocol::kLengthPrefixSize) + " bytes, " +
+                        kMoreThanAFrame);
+    }
+    if (!send(frame)) {
       MutexLock lock(mu);
       replies.erase(id);
       return failed(ErrorCode::unavailable, "cannot write to outrund");
@@ -620,12 +639,29 @@ Error check_ids(const std::vector<std::string>& ids) {
                    "a tag id must be 1.." + std::to_string(tags::kMaxTagIdSize) + " bytes"};
   return {};
 }
-constexpr std::size_t kMaxRequestFrame = protocol::kMaxFrameSize - 64;
+// The strings, bytes and keys of `v` (a lower bound of what it takes in a frame), counted into
+// `*n` until it passes `limit`.
+void add_payload(const Value& v, std::size_t* n, std::size_t limit) {
+  if (*n > limit) return;
+  if (const auto* s = std::get_if<std::string>(&v.v)) {
+    *n += s->size();
+  } else if (const auto* b = std::get_if<Bytes>(&v.v)) {
+    *n += b->data.size();
+  } else if (const auto* a = std::get_if<Array>(&v.v)) {
+    for (const auto& x : *a) add_payload(x, n, limit);
+  } else if (const auto* m = std::get_if<Map>(&v.v)) {
+    for (const auto& e : *m) {
+      *n += e.key.size();
+      add_payload(e.value, n, limit);
+    }
+  }
+}
 }  // namespace
 
 Error Client::define_tags(std::string_view toml, bool replace_all, std::string* json) {
-  if (toml.size() > kMaxRequestFrame - 1024)
-    return Error{ErrorCode::invalid_argument, "the tags text is larger than a frame holds"};
+  if (toml.size() > protocol::kMaxFrameSize)
+    return Error{ErrorCode::invalid_argument,
+                 "the tags text is " + std::to_string(toml.size()) + " bytes, " + kMoreThanAFrame};
   Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
     return protocol::encode_define_tags(f, id, toml, replace_all);
   });
@@ -654,21 +690,26 @@ Error Client::update_sources(const std::vector<tags::SourceUpdate>& updates, Dat
     return Error{
         ErrorCode::invalid_argument,
         "more than " + std::to_string(detail::kMaxUpdatesPerFrame) + " updates in one wave"};
-  bool too_big = false;
+  // Strings, bytes, keys, ids and diagnostics past a frame are refused before encoding; the
+  // encoded frame is checked exactly by request().
+  std::size_t payload = 0;
+  for (const auto& u : updates) {
+    if (u.tag.empty() || u.tag.size() > tags::kMaxTagIdSize)
+      return Error{ErrorCode::invalid_argument,
+                   "a tag id must be 1.." + std::to_string(tags::kMaxTagIdSize) + " bytes"};
+    payload += u.tag.size() + u.value.diagnostics.size();
+    add_payload(u.value.value, &payload, protocol::kMaxFrameSize);
+    if (payload > protocol::kMaxFrameSize)
+      return Error{ErrorCode::invalid_argument,
+                   "the updates hold more than " + std::to_string(protocol::kMaxFrameSize) +
+                       " bytes of strings, bytes and ids: " + kMoreThanAFrame};
+  }
   Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
     std::vector<flatbuffers::Offset<wire::TagValue>> v;
     v.reserve(updates.size());
     for (const auto& u : updates) v.push_back(detail::encode_tag_entry(f, u.tag, u.value));
-    auto frame = protocol::encode_source_updates(f, id, time.ticks, v);
-    if (frame.size() > kMaxRequestFrame) {
-      too_big = true;
-      f.Clear();  // an empty frame instead: answered, then refused here
-      frame = protocol::encode_source_updates(f, id, 0, {});
-    }
-    return frame;
+    return protocol::encode_source_updates(f, id, time.ticks, v);
   });
-  if (too_big)
-    return Error{ErrorCode::invalid_argument, "the updates are larger than a frame holds"};
   return to_error(r);
 }
 

@@ -4,7 +4,8 @@ import { EventEmitter } from 'node:events';
 import * as net from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { MAX_KEY_BYTES, MAX_SOURCE_BYTES, PROTOCOL_VERSION } from './constants';
+import * as flatbuffers from 'flatbuffers';
+import { LENGTH_PREFIX_SIZE, MAX_FRAME_SIZE, MAX_KEY_BYTES, MAX_SOURCE_BYTES, MAX_TAG_ID_BYTES, MAX_TAG_IDS, PROTOCOL_VERSION } from './constants';
 import { FrameReader } from './frame-reader';
 import { MalformedFrame } from './checked-buffer';
 import { OutrunError, StatusName, statusName } from './status';
@@ -384,6 +385,8 @@ export class Client extends EventEmitter<ClientEvents> {
   /** Defines/redefines the tags of a tags-file text (admin only). Rejects with OutrunError. */
   async defineTags(toml: string, options: { replaceAll?: boolean } = {}): Promise<DefineResult> {
     if (typeof toml !== 'string') throw new OutrunError('invalid_argument', 'toml must be a string');
+    if (Buffer.byteLength(toml) > MAX_FRAME_SIZE)
+      throw new OutrunError('invalid_argument', `the tags text is more than a frame holds (MAX_FRAME_SIZE, ${MAX_FRAME_SIZE} bytes); nothing was sent`);
     const r = await this.tagsRequest((id) => tags.defineTags(id, toml, options.replaceAll ?? false));
     const doc = this.parseJson(r.json, 'DefineTags');
     return { defined: doc?.defined ?? [], removed: doc?.removed ?? [] };
@@ -404,7 +407,9 @@ export class Client extends EventEmitter<ClientEvents> {
 
   /**
    * One wave of source updates; resolves when the daemon accepted it (rejects with OutrunError
-   * when it refused, e.g. `invalid_argument` for a virtual tag or a bad value).
+   * when it refused, e.g. `invalid_argument` for a virtual tag or a bad value). A wave larger
+   * than a frame (MAX_FRAME_SIZE, 16 MiB encoded) rejects `invalid_argument` at once: nothing is
+   * sent and the connection stays.
    */
   async updateSources(updates: readonly SourceUpdate[], time?: Date): Promise<void> {
     const wu = this.wireUpdates(updates);
@@ -421,7 +426,7 @@ export class Client extends EventEmitter<ClientEvents> {
     if (this.state !== 'ready' || !this.socket) throw new OutrunError('unavailable', this.lastDropReason);
     const wu = this.wireUpdates(updates);
     const t = time ? tags.dateToTicks(time) : 0n;
-    this.outgoing.push(tags.sourceUpdates(0, t, wu, wire.encodeValue));
+    this.outgoing.push(requestFrame(() => tags.sourceUpdates(0, t, wu, wire.encodeValue)));
     this.scheduleFlush();
   }
 
@@ -898,11 +903,19 @@ export class Client extends EventEmitter<ClientEvents> {
       if (!this.socket || (this.state !== 'ready' && !internal))
         return reject(new OutrunError('unavailable', this.lastDropReason));
       const id = this.nextRequest++;
+      // Built before anything is registered or sent: a request larger than a frame is refused
+      // here and the connection never sees it.
+      let frame: Uint8Array;
+      try {
+        frame = requestFrame(() => build(id));
+      } catch (e) {
+        return reject(e);
+      }
       const timer = setTimeout(() => {
         if (this.requests.delete(id)) reject(new OutrunError('unavailable', 'outrund did not answer in time'));
       }, this.opts.replyTimeoutMs);
       this.requests.set(id, { kind, resolve, reject, timer, gen: this.gen });
-      this.outgoing.push(build(id));
+      this.outgoing.push(frame);
       this.scheduleFlush();
     });
   }
@@ -985,6 +998,31 @@ export async function connect(socketPath?: string, options?: ConnectOptions): Pr
 function checkIds(ids: readonly string[]): string[] {
   if (!Array.isArray(ids) || ids.some((i) => typeof i !== 'string' || i.length === 0))
     throw new OutrunError('invalid_argument', 'ids must be an array of non-empty strings');
-  if (ids.length > 4096) throw new OutrunError('invalid_argument', 'at most 4096 ids per request');
+  if (ids.length > MAX_TAG_IDS) throw new OutrunError('invalid_argument', `at most ${MAX_TAG_IDS} ids per request`);
+  if (ids.some((i) => Buffer.byteLength(i) > MAX_TAG_ID_BYTES))
+    throw new OutrunError('invalid_argument', `a tag id must be 1..${MAX_TAG_ID_BYTES} bytes`);
   return ids as string[];
+}
+
+/**
+ * A request frame from `build`, or OutrunError `invalid_argument` when it is larger than a frame
+ * holds (MAX_FRAME_SIZE after the length prefix): outrund would have to drop the whole
+ * connection for it, so it is refused here, before anything is sent.
+ */
+function requestFrame(build: () => Uint8Array): Uint8Array {
+  const limit = `more than a frame holds (MAX_FRAME_SIZE, ${MAX_FRAME_SIZE} bytes); nothing was sent`;
+  let frame: Uint8Array;
+  try {
+    frame = build();
+  } catch (e) {
+    // The FlatBuffers builder stops at 2 GiB.
+    if (e instanceof Error && /cannot grow buffer/.test(e.message)) throw new OutrunError('invalid_argument', `the request is ${limit}`);
+    throw e;
+  }
+  const size = frame.length - LENGTH_PREFIX_SIZE;
+  if (size > MAX_FRAME_SIZE) {
+    const type = w.Frame.getSizePrefixedRootAsFrame(new flatbuffers.ByteBuffer(frame)).bodyType();
+    throw new OutrunError('invalid_argument', `the ${w.Body[type] ?? 'request'} frame would be ${size} bytes, ${limit}`);
+  }
+  return frame;
 }

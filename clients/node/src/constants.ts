@@ -18,6 +18,10 @@ export const MAX_SOURCE_BYTES = 1024 * 1024;
 /** Inputs per evaluation (kMaxInputs) and their decoded size (kMaxInputBytes). */
 export const MAX_INPUTS = 4096;
 export const MAX_INPUT_BYTES = 8 * 1024 * 1024;
+/** Tag ids are 1..256 bytes (tags::kMaxTagIdSize); at most 4096 per ReadTags, Subscribe or RemoveTags, 65,536 updates per SourceUpdates (tags_wire.h). */
+export const MAX_TAG_ID_BYTES = 256;
+export const MAX_TAG_IDS = 4096;
+export const MAX_SOURCE_UPDATES = 65536;
 /** An Evaluate frame is split once its FlatBuffer passes this size (as outrun::Client does). */
 export const EVALUATE_SPLIT_BYTES = 4 * 1024 * 1024;
 /** Tables/values one received frame may decode to (the C++ verifier's kVerifierMaxTables). */

@@ -3,9 +3,9 @@
 import * as flatbuffers from 'flatbuffers';
 import * as w from './generated/outrun_generated';
 import { CheckedByteBuffer, MalformedFrame } from './checked-buffer';
-import { MAX_VALUE_DEPTH } from './constants';
+import { MAX_FRAME_SIZE, MAX_SOURCE_UPDATES, MAX_TAG_ID_BYTES, MAX_VALUE_DEPTH } from './constants';
 import { statusCodeName, toStatusCode } from './opcua-status';
-import { DecodeBudget, InputValue, InvalidInput, InvalidValue, toWire, WireValue } from './values';
+import { DecodeBudget, InputValue, InvalidInput, InvalidValue, toWire, WireBudget, WireValue } from './values';
 
 /** Ticks (100 ns since 1601-01-01 UTC) at the Unix epoch. */
 export const EPOCH_TICKS = 116444736000000000n;
@@ -61,11 +61,12 @@ export interface SourceUpdate {
   sourceTime?: Date;
 }
 
-function toTagWire(x: TagInputValue, path: string): WireValue {
+function toTagWire(x: TagInputValue, path: string, budget: WireBudget, depth = 1): WireValue {
+  if (depth > MAX_VALUE_DEPTH) throw new InvalidInput(`input '${path}' nests deeper than ${MAX_VALUE_DEPTH} levels`);
   if (x instanceof Date) return { k: w.ValueKind.DateTime, v: dateToTicks(x) };
   if (Array.isArray(x) && x.some((e) => e instanceof Date || Array.isArray(e)))
-    return { k: w.ValueKind.Array, v: x.map((e, i) => toTagWire(e, `${path}[${i}]`)) };
-  return toWire(x as InputValue, 1, { bytes: 0 }, path);
+    return { k: w.ValueKind.Array, v: x.map((e, i) => toTagWire(e, `${path}[${i}]`, budget, depth + 1)) };
+  return toWire(x as InputValue, depth, budget, path);
 }
 
 function finish(b: flatbuffers.Builder, type: w.Body, body: flatbuffers.Offset): Uint8Array {
@@ -119,8 +120,13 @@ export interface WireUpdate {
 }
 export function toWireUpdates(updates: readonly SourceUpdate[]): WireUpdate[] {
   if (!Array.isArray(updates)) throw new InvalidInput('updates must be an array');
+  if (updates.length > MAX_SOURCE_UPDATES) throw new InvalidInput(`more than ${MAX_SOURCE_UPDATES} updates in one wave`);
+  // No limit per value: a wave is bounded by its frame (MAX_FRAME_SIZE), exactly once encoded
+  // (Client's requestFrame); strings, bytes and keys past it are refused here, before encoding.
+  const budget: WireBudget = { bytes: 0, limit: Number.POSITIVE_INFINITY, payload: 0 };
   return updates.map((u, i) => {
     if (!u || typeof u.tag !== 'string' || u.tag.length === 0) throw new InvalidInput(`update ${i}: tag must be a non-empty string`);
+    if (Buffer.byteLength(u.tag) > MAX_TAG_ID_BYTES) throw new InvalidInput(`update ${i}: a tag id must be 1..${MAX_TAG_ID_BYTES} bytes`);
     let status: number;
     try {
       status = toStatusCode(u.status);
@@ -128,7 +134,11 @@ export function toWireUpdates(updates: readonly SourceUpdate[]): WireUpdate[] {
       throw new InvalidInput(`update ${i} (${u.tag}): ${(e as Error).message}`);
     }
     const st = u.sourceTime === undefined ? 0n : dateToTicks(u.sourceTime);
-    return { tag: u.tag, value: toTagWire(u.value, u.tag), status, sourceTime: st };
+    const value = toTagWire(u.value, u.tag, budget);
+    budget.payload! += Buffer.byteLength(u.tag);
+    if (budget.payload! > MAX_FRAME_SIZE)
+      throw new InvalidInput(`the updates hold more than ${MAX_FRAME_SIZE} bytes of strings, bytes and ids: more than a frame holds (MAX_FRAME_SIZE); nothing was sent`);
+    return { tag: u.tag, value, status, sourceTime: st };
   });
 }
 

@@ -82,10 +82,26 @@ export function toWireInputs(inputs: Inputs | null | undefined): WireInputs {
   return out;
 }
 
-export function toWire(x: InputValue, depth: number, budget: { bytes: number }, path: string): WireValue {
+/**
+ * What toWire counts: 16 bytes per value plus strings, bytes and keys, refused past `limit`
+ * (default MAX_INPUT_BYTES, an evaluation's inputs; tag values are bounded by their frame instead).
+ */
+export interface WireBudget {
+  bytes: number;
+  limit?: number;
+  /** The strings, bytes and keys alone: a lower bound of what they take in a frame. */
+  payload?: number;
+}
+
+function payload(budget: WireBudget, n: number): void {
+  budget.bytes += n;
+  if (budget.payload !== undefined) budget.payload += n;
+}
+
+export function toWire(x: InputValue, depth: number, budget: WireBudget, path: string): WireValue {
   if (depth > MAX_VALUE_DEPTH) throw new InvalidInput(`input '${path}' nests deeper than ${MAX_VALUE_DEPTH} levels`);
   budget.bytes += VALUE_COST;
-  if (budget.bytes > MAX_INPUT_BYTES)
+  if (budget.bytes > (budget.limit ?? MAX_INPUT_BYTES))
     throw new InvalidInput(`inputs larger than ${MAX_INPUT_BYTES} bytes (16 per value plus strings, bytes and keys)`);
   switch (typeof x) {
     case 'undefined':
@@ -99,7 +115,7 @@ export function toWire(x: InputValue, depth: number, budget: { bytes: number }, 
       if (x < I64_MIN || x > I64_MAX) throw new InvalidInput(`input '${path}': bigint outside the 64-bit range`);
       return { k: ValueKind.Int, v: x };
     case 'string':
-      budget.bytes += Buffer.byteLength(x);
+      payload(budget, Buffer.byteLength(x));
       return { k: ValueKind.String, v: x };
     case 'object': {
       if (x === null) return NIL;
@@ -108,11 +124,11 @@ export function toWire(x: InputValue, depth: number, budget: { bytes: number }, 
         return { k: ValueKind.Double, v: x.value };
       }
       if (x instanceof Uint8Array) {
-        budget.bytes += x.length;
+        payload(budget, x.length);
         return { k: ValueKind.Bytes, v: Uint8Array.from(x) };
       }
       if (x instanceof ArrayBuffer) {
-        budget.bytes += x.byteLength;
+        payload(budget, x.byteLength);
         return { k: ValueKind.Bytes, v: new Uint8Array(x.slice(0)) };
       }
       if (Array.isArray(x)) {
@@ -125,7 +141,7 @@ export function toWire(x: InputValue, depth: number, budget: { bytes: number }, 
         const items: WireValue[] = [];
         for (const [key, v] of x) {
           if (typeof key !== 'string') throw new InvalidInput(`input '${path}': Map keys must be strings`);
-          budget.bytes += Buffer.byteLength(key);
+          payload(budget, Buffer.byteLength(key));
           keys.push(key);
           items.push(toWire(v, depth + 1, budget, `${path}.${key}`));
         }
@@ -135,7 +151,7 @@ export function toWire(x: InputValue, depth: number, budget: { bytes: number }, 
         const keys = Object.keys(x);
         const items: WireValue[] = new Array(keys.length);
         for (let i = 0; i < keys.length; i++) {
-          budget.bytes += Buffer.byteLength(keys[i]);
+          payload(budget, Buffer.byteLength(keys[i]));
           items[i] = toWire((x as Record<string, InputValue>)[keys[i]], depth + 1, budget, `${path}.${keys[i]}`);
         }
         return { k: ValueKind.Map, keys, v: items };

@@ -215,3 +215,38 @@ test("the daemon's own refusal of a registration rejects OutrunError with its st
   await c.close();
   await srv.close();
 });
+
+test('a request larger than a frame is refused invalid_argument without a byte sent; the connection goes on', async () => {
+  const flatbuffers = await import('flatbuffers');
+  const seen = [];
+  let bytes = 0;
+  const srv = await fakeServer((sock) => {
+    sock.on('data', (chunk) => { bytes += chunk.length; });
+    readFrames(sock, (f) => {
+      seen.push(w.Body[f.type]);
+      if (f.type === w.Body.ClientHello) sock.write(serverHello());
+      else if (f.type === w.Body.SourceUpdates) {
+        const b = new flatbuffers.Builder(64);
+        const body = w.TagsReply.createTagsReply(b, wire.body(f, w.SourceUpdates).requestId(), w.Status.Ok, 0, 0);
+        w.Frame.finishSizePrefixedFrameBuffer(b, w.Frame.createFrame(b, w.Body.TagsReply, body));
+        sock.write(b.asUint8Array());
+      }
+    });
+  });
+  const c = await connect(srv.path, { reconnect: false });
+  await new Promise((r) => setTimeout(r, 50));
+  const before = bytes;
+  const big = 'x'.repeat(17 << 20);
+  const tooBig = (e) => e instanceof OutrunError && e.status === 'invalid_argument' && /16777216/.test(e.message);
+  await assert.rejects(c.updateSources([{ tag: 'A', value: big }]), tooBig);
+  await assert.rejects(c.updateSources([{ tag: 'A', value: { nested: [Buffer.alloc(9 << 20), Buffer.alloc(9 << 20)] } }]), tooBig);
+  assert.throws(() => c.updateSourcesNoReply([{ tag: 'A', value: big }]), tooBig);
+  await assert.rejects(c.defineTags(big), tooBig);
+  await new Promise((r) => setTimeout(r, 50));
+  assert.equal(bytes, before, 'nothing was sent');
+  await c.updateSources([{ tag: 'A', value: 1 }]);
+  assert.deepEqual(seen, ['ClientHello', 'SourceUpdates']);
+  assert.equal(c.connected, true);
+  await c.close();
+  await srv.close();
+});

@@ -127,6 +127,46 @@ describe('tags against outrund', async () => {
     assert.ok(err instanceof OutrunError);
   });
 
+  test('requests larger than a frame: invalid_argument before sending, the connection kept', async (t) => {
+    if (skip) return t.skip(skip);
+    await client.defineTags(TOML); // the same definitions again: also runs on its own
+    const big = 'x'.repeat(20 << 20); // 20 MiB: more than a 16 MiB frame holds
+    const tooBig = (e) => e instanceof OutrunError && e.status === 'invalid_argument' && /16777216/.test(e.message);
+    let dropped = false;
+    const onDrop = () => { dropped = true; };
+    client.on('disconnected', onDrop);
+    try {
+      await assert.rejects(client.updateSources([{ tag: 'T.A', value: big }]), tooBig);
+      // Nested in an array, and spread over several updates of 5 MiB each.
+      await assert.rejects(client.updateSources([{ tag: 'T.A', value: [big] }]), tooBig);
+      const five = 'y'.repeat(5 << 20);
+      await assert.rejects(client.updateSources(['A', 'B', 'C', 'D'].map((x) => ({ tag: `T.${x}`, value: five }))), tooBig);
+      assert.throws(() => client.updateSourcesNoReply([{ tag: 'T.A', value: big }]), tooBig);
+      await assert.rejects(client.defineTags(`# ${big}\n`), tooBig);
+      // A text just under the limit whose frame (with its tables) is just over: the encoded size.
+      await assert.rejects(client.defineTags('#'.repeat((16 << 20) - 4)), (e) => tooBig(e) && /DefineTags frame would be/.test(e.message));
+      // Ids longer than the daemon takes (1..256 bytes), which 4096 of could also pass a frame.
+      const longIds = Array.from({ length: 4096 }, (_, i) => `${i}`.padEnd(5000, 'z'));
+      for (const call of [() => client.readTags(longIds), () => client.subscribe(longIds, () => {}), () => client.removeTags(longIds)])
+        await assert.rejects(call(), (e) => e instanceof OutrunError && e.status === 'invalid_argument' && /256/.test(e.message));
+      await assert.rejects(client.updateSources([{ tag: 'T'.repeat(257), value: 1 }]), (e) => e instanceof OutrunError && e.status === 'invalid_argument' && /256/.test(e.message));
+      // The same connection serves the next calls.
+      await client.updateSources([{ tag: 'T.A', value: 30 }, { tag: 'T.B', value: 12 }]);
+      const end = Date.now() + 3000;
+      for (;;) {
+        const [sum] = await client.readTags(['T.Sum']);
+        if (sum.value === 42) break;
+        if (Date.now() > end) throw new Error(`T.Sum is ${sum.value}, not 42`);
+        await new Promise((r) => setTimeout(r, 10));
+      }
+      // A value that fits (a 10 MiB string) still goes through.
+      await client.updateSources([{ tag: 'T.Big', value: 'b'.repeat(10 << 20) }]);
+      assert.equal(dropped, false, 'the connection was not dropped');
+    } finally {
+      client.off('disconnected', onDrop);
+    }
+  });
+
   test('removeTags', async (t) => {
     if (skip) return t.skip(skip);
     const r = await client.removeTags(['T.Err']);
