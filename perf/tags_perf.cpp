@@ -69,7 +69,9 @@ bool run_tags(Runner& runner, const TagsParams& tp, bool keep_state, const std::
       const int64_t i = std::llround((2 * *d - 1) / 3);
       std::lock_guard lock(mu);
       int64_t& nd = next_done[static_cast<std::size_t>(g)];
-      const bool correct = i % G == g && c.value.status == tags::codes::Good;
+      // Good, with the Overflow bit when updates of the group were merged (design/tags.md).
+      const bool correct =
+          i % G == g && (c.value.status & ~tags::kOverflowBits) == tags::codes::Good;
       for (; nd <= i; nd += G) pacer->complete(nd, correct);
     }
   };

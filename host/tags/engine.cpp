@@ -546,12 +546,31 @@ struct Engine::Impl {
   // status, a value beyond the input's deadband, or -- for a tag that reads its inputs' source
   // timestamps (its timestamp policy, or its script) -- the same value with a new timestamp.
   bool input_changed(const Node& t, std::size_t i, const DataValue& nv) const {
-    if (!t.used_set[i]) return true;
+    if (data_changed(t, i, nv)) return true;
     const DataValue& old = t.used[i];
-    if (old.status != nv.status) return true;
-    if (value_changed(t.def.inputs[i], old.value, nv.value)) return true;
     const bool reads_times = t.def.timestamps != TimestampPolicy::evaluation_time || t.uses_times;
     return reads_times && nv.source_time != old.source_time && same_value(old.value, nv.value);
+  }
+
+  // A new status or a value beyond the deadband (not only a new timestamp).
+  static bool data_changed(const Node& t, std::size_t i, const DataValue& nv) {
+    if (!t.used_set[i]) return true;
+    const DataValue& old = t.used[i];
+    return old.status != nv.status || value_changed(t.def.inputs[i], old.value, nv.value);
+  }
+
+  // An update of source `src` that will never be evaluated (merged into a later one, or dropped
+  // from a full every_update queue): the dependents it would have triggered with a new status or
+  // value say so with the Overflow bit on their next value (a new timestamp alone, or a value
+  // inside the deadband, lost nothing). Every one counts in `coalesced`.
+  void lost_update(uint32_t src, const DataValue& lost) REQUIRES(mu) {
+    for (uint32_t d : nodes[src]->dependents) {
+      Node& t = *nodes[d];
+      ++t.counters.coalesced;
+      ++counters.coalesced;
+      for (std::size_t i = 0; i < t.input_nodes.size(); ++i)
+        if (t.input_nodes[i] == src && data_changed(t, i, lost)) t.overflow_pending = true;
+    }
   }
 
   // Whether a change of input `from` (node index) triggers tag `t`; notes the trigger time.
@@ -1708,21 +1727,11 @@ Error Engine::update(const std::vector<SourceUpdate>& updates, DateTime time) {
       } else if (n.queue_updates) {  // every_update: queued, the oldest dropped past the bound
         n.queue.push_back(std::move(dv));
         if (n.queue.size() > m.opts.max_update_queue) {
+          m.lost_update(idx, n.queue.front());
           n.queue.pop_front();
-          for (uint32_t d : n.dependents) {
-            Node& t = *m.nodes[d];
-            ++t.counters.coalesced;
-            ++m.counters.coalesced;
-            t.overflow_pending = true;
-          }
         }
-      } else {  // merged: the latest one wins, and the next output says so (Overflow)
-        for (uint32_t d : n.dependents) {
-          Node& t = *m.nodes[d];
-          ++t.counters.coalesced;
-          ++m.counters.coalesced;
-          t.overflow_pending = true;
-        }
+      } else {  // merged: the latest one wins, and the next output may say so (Overflow)
+        m.lost_update(idx, n.pending);
         n.pending = std::move(dv);
       }
       if (time > c.pending_time) c.pending_time = time;

@@ -663,235 +663,234 @@ TEST_CASE("outrund tags: a client's clock is a source timestamp, never the serve
   CHECK(v[2].value.source_time == y2099);  // the request's time: the updates' source timestamp
   CHECK(v[2].value.server_time <= after);
   CHECK(v[3].value.server_time <= after);
+}
 
-  namespace {
+namespace {
 
-  // The answer to request `rid` on a raw connection (a TagsReply or TagValues): {status, error};
-  // {Nil status, "closed"} when the daemon closed the connection first.
-  struct RawAnswer {
-    wire::Body body = wire::Body::NONE;
-    wire::Status status = wire::Status::Ok;
-    std::string error;
-    bool closed = false;
-  };
+// The answer to request `rid` on a raw connection (a TagsReply or TagValues): {status, error};
+// {Nil status, "closed"} when the daemon closed the connection first.
+struct RawAnswer {
+  wire::Body body = wire::Body::NONE;
+  wire::Status status = wire::Status::Ok;
+  std::string error;
+  bool closed = false;
+};
 
-  RawAnswer answer_to(int fd, outrun::protocol::FrameReader& reader, uint64_t rid) {
-    for (;;) {
-      outrun::protocol::FrameView fv;
-      while (reader.next(fv)) {
-        RawAnswer a;
-        a.body = fv.frame->body_type();
-        if (const auto* r = fv.frame->body_as_TagsReply(); r && r->request_id() == rid) {
-          a.status = r->status();
-          if (r->error()) a.error = r->error()->str();
-          return a;
-        }
-        if (const auto* r = fv.frame->body_as_TagValues(); r && r->request_id() == rid) {
-          a.status = r->status();
-          if (r->error()) a.error = r->error()->str();
-          return a;
-        }
+RawAnswer answer_to(int fd, outrun::protocol::FrameReader& reader, uint64_t rid) {
+  for (;;) {
+    outrun::protocol::FrameView fv;
+    while (reader.next(fv)) {
+      RawAnswer a;
+      a.body = fv.frame->body_type();
+      if (const auto* r = fv.frame->body_as_TagsReply(); r && r->request_id() == rid) {
+        a.status = r->status();
+        if (r->error()) a.error = r->error()->str();
+        return a;
       }
-      if (reader.read_from(fd) <= 0) {
-        RawAnswer a;
-        a.closed = true;
+      if (const auto* r = fv.frame->body_as_TagValues(); r && r->request_id() == rid) {
+        a.status = r->status();
+        if (r->error()) a.error = r->error()->str();
         return a;
       }
     }
-  }
-
-  flatbuffers::Offset<wire::TagValue> raw_entry(flatbuffers::FlatBufferBuilder& f,
-                                                const std::string& tag,
-                                                flatbuffers::Offset<wire::Value> v = 0,
-                                                const std::string& diagnostics = {}) {
-    const auto d = diagnostics.empty() ? 0 : f.CreateString(diagnostics);
-    const auto dv = wire::CreateDataValue(f, v, 0, 0, 0, d);
-    return wire::CreateTagValue(f, f.CreateString(tag), dv);
-  }
-
-  }  // namespace
-
-  // A frame that is valid (length, verification) but whose content outrund does not take: each is
-  // answered InvalidArgument for that request, and the connection serves the next one
-  // (design/protocol.md "Tags frames"). Only a frame that is itself malformed closes it (above).
-  TEST_CASE("outrund tags: valid frames with invalid content are answered, the connection kept") {
-    Daemon d;
-    REQUIRE(!d.client()->define_tags(kTags, false));
-    const int fd = connect_raw(d.socket);
-    flatbuffers::FlatBufferBuilder f;
-    outrun::protocol::encode_client_hello(f, "t");
-    send_frame(fd, f);
-    outrun::protocol::FrameReader reader;
-    uint64_t rid = 100;
-    // Sends the frame built by `build(f, rid)` and expects InvalidArgument with `what` in it.
-    auto refused = [&](const std::string& name, const std::string& what, auto&& build) {
-      INFO(name);
-      f.Clear();
-      build(f, ++rid);
-      REQUIRE(f.GetSize() <= outrun::protocol::kMaxFrameSize + 4);
-      send_frame(fd, f);
-      const RawAnswer a = answer_to(fd, reader, rid);
-      REQUIRE_FALSE(a.closed);
-      CHECK(a.status == wire::Status::InvalidArgument);
-      CHECK_MESSAGE(a.error.find(what) != std::string::npos, a.error);
-    };
-    using Fbb = flatbuffers::FlatBufferBuilder;
-    const std::string long_id(300, 'i');
-    refused("SourceUpdates: an id over 256 bytes", "1..256 bytes", [&](Fbb& b, uint64_t id) {
-      auto e = raw_entry(b, long_id);
-      outrun::protocol::encode_source_updates(b, id, 0, {&e, 1});
-    });
-    refused("SourceUpdates: an empty id", "1..256 bytes", [&](Fbb& b, uint64_t id) {
-      auto e = raw_entry(b, "");
-      outrun::protocol::encode_source_updates(b, id, 0, {&e, 1});
-    });
-    refused("SourceUpdates: too many updates", "65536 updates", [&](Fbb& b, uint64_t id) {
-      auto e = raw_entry(b, "a");
-      const std::vector<flatbuffers::Offset<wire::TagValue>> many(65537, e);
-      outrun::protocol::encode_source_updates(b, id, 0, many);
-    });
-    refused("SourceUpdates: diagnostics over 64 KiB", "64 KiB", [&](Fbb& b, uint64_t id) {
-      auto e = raw_entry(b, "a", 0, std::string(65537, 'd'));
-      outrun::protocol::encode_source_updates(b, id, 0, {&e, 1});
-    });
-    refused("SourceUpdates: a value of an unknown kind", "not a valid value",
-            [&](Fbb& b, uint64_t id) {
-              wire::ValueBuilder vb(b);
-              vb.add_kind(static_cast<wire::ValueKind>(200));
-              auto v = vb.Finish();
-              auto e = raw_entry(b, "a", v);
-              outrun::protocol::encode_source_updates(b, id, 0, {&e, 1});
-            });
-    refused("SourceUpdates: a value nested 40 deep", "not a valid value", [&](Fbb& b, uint64_t id) {
-      auto v = wire::CreateValue(b, wire::ValueKind::Nil);
-      for (int i = 0; i < 40; ++i) {
-        std::vector<flatbuffers::Offset<wire::Value>> one{v};
-        v = wire::CreateValue(b, wire::ValueKind::Array, false, 0, 0, 0, 0, b.CreateVector(one));
-      }
-      auto e = raw_entry(b, "a", v);
-      outrun::protocol::encode_source_updates(b, id, 0, {&e, 1});
-    });
-    refused("SourceUpdates: a virtual tag", "virtual tag", [&](Fbb& b, uint64_t id) {
-      auto e = raw_entry(b, "f", wire::CreateValue(b, wire::ValueKind::Double, false, 0, 1.0));
-      outrun::protocol::encode_source_updates(b, id, 0, {&e, 1});
-    });
-    const std::vector<std::string> too_many(4097, "a");
-    const std::vector<std::string> too_long{long_id};
-    refused("ReadTags: too many ids", "4096 ids",
-            [&](Fbb& b, uint64_t id) { outrun::protocol::encode_read_tags(b, id, too_many); });
-    refused("ReadTags: an id over 256 bytes", "1..256 bytes",
-            [&](Fbb& b, uint64_t id) { outrun::protocol::encode_read_tags(b, id, too_long); });
-    refused("ReadTags: an unknown id", "unknown tag", [&](Fbb& b, uint64_t id) {
-      const std::vector<std::string> ids{"nope"};
-      outrun::protocol::encode_read_tags(b, id, ids);
-    });
-    refused("Subscribe: too many ids", "4096 ids", [&](Fbb& b, uint64_t id) {
-      outrun::protocol::encode_subscribe(b, id, too_many, false);
-    });
-    refused("Subscribe: an id over 256 bytes", "1..256 bytes", [&](Fbb& b, uint64_t id) {
-      outrun::protocol::encode_subscribe(b, id, too_long, false);
-    });
-    refused("RemoveTags: too many ids", "4096 ids",
-            [&](Fbb& b, uint64_t id) { outrun::protocol::encode_remove_tags(b, id, too_many); });
-    refused("RemoveTags: an id over 256 bytes", "1..256 bytes",
-            [&](Fbb& b, uint64_t id) { outrun::protocol::encode_remove_tags(b, id, too_long); });
-    refused("DefineTags: no text", "needs toml", [&](Fbb& b, uint64_t id) {
-      outrun::protocol::finish_frame(b, wire::Body::DefineTags,
-                                     wire::CreateDefineTags(b, id).Union());
-    });
-    // A fire-and-forget update (request_id 0) that is refused is answered with request_id 0.
-    {
-      f.Clear();
-      auto e = raw_entry(f, long_id);
-      outrun::protocol::encode_source_updates(f, 0, 0, {&e, 1});
-      send_frame(fd, f);
-      const RawAnswer a = answer_to(fd, reader, 0);
-      REQUIRE_FALSE(a.closed);
-      CHECK(a.status == wire::Status::InvalidArgument);
+    if (reader.read_from(fd) <= 0) {
+      RawAnswer a;
+      a.closed = true;
+      return a;
     }
-    // The connection still serves: an update, then a read of what it computed.
+  }
+}
+
+flatbuffers::Offset<wire::TagValue> raw_entry(flatbuffers::FlatBufferBuilder& f,
+                                              const std::string& tag,
+                                              flatbuffers::Offset<wire::Value> v = 0,
+                                              const std::string& diagnostics = {}) {
+  const auto d = diagnostics.empty() ? 0 : f.CreateString(diagnostics);
+  const auto dv = wire::CreateDataValue(f, v, 0, 0, 0, d);
+  return wire::CreateTagValue(f, f.CreateString(tag), dv);
+}
+
+}  // namespace
+
+// A frame that is valid (length, verification) but whose content outrund does not take: each is
+// answered InvalidArgument for that request, and the connection serves the next one
+// (design/protocol.md "Tags frames"). Only a frame that is itself malformed closes it (above).
+TEST_CASE("outrund tags: valid frames with invalid content are answered, the connection kept") {
+  Daemon d;
+  REQUIRE(!d.client()->define_tags(kTags, false));
+  const int fd = connect_raw(d.socket);
+  flatbuffers::FlatBufferBuilder f;
+  outrun::protocol::encode_client_hello(f, "t");
+  send_frame(fd, f);
+  outrun::protocol::FrameReader reader;
+  uint64_t rid = 100;
+  // Sends the frame built by `build(f, rid)` and expects InvalidArgument with `what` in it.
+  auto refused = [&](const std::string& name, const std::string& what, auto&& build) {
+    INFO(name);
     f.Clear();
-    auto e = raw_entry(f, "a", wire::CreateValue(f, wire::ValueKind::Double, false, 0, 3.0));
-    outrun::protocol::encode_source_updates(f, ++rid, 0, {&e, 1});
+    build(f, ++rid);
+    REQUIRE(f.GetSize() <= outrun::protocol::kMaxFrameSize + 4);
     send_frame(fd, f);
-    RawAnswer a = answer_to(fd, reader, rid);
+    const RawAnswer a = answer_to(fd, reader, rid);
     REQUIRE_FALSE(a.closed);
-    CHECK(a.status == wire::Status::Ok);
-    bool six = false;
-    for (int i = 0; i < 500 && !six; ++i) {
-      f.Clear();
-      const std::vector<std::string> ids{"f"};
-      outrun::protocol::encode_read_tags(f, ++rid, ids);
-      send_frame(fd, f);
-      outrun::protocol::FrameView fv;
-      for (;;) {
-        if (reader.next(fv)) {
-          const auto* tv = fv.frame->body_as_TagValues();
-          if (!tv || tv->request_id() != rid) continue;
-          REQUIRE(tv->status() == wire::Status::Ok);
-          REQUIRE(tv->values());
-          REQUIRE(tv->values()->size() == 1);
-          const auto* dv = tv->values()->Get(0)->value();
-          six = dv && dv->value() && dv->value()->double_value() == 6.0;
-          break;
-        }
-        REQUIRE(reader.read_from(fd) > 0);
+    CHECK(a.status == wire::Status::InvalidArgument);
+    CHECK_MESSAGE(a.error.find(what) != std::string::npos, a.error);
+  };
+  using Fbb = flatbuffers::FlatBufferBuilder;
+  const std::string long_id(300, 'i');
+  refused("SourceUpdates: an id over 256 bytes", "1..256 bytes", [&](Fbb& b, uint64_t id) {
+    auto e = raw_entry(b, long_id);
+    outrun::protocol::encode_source_updates(b, id, 0, {&e, 1});
+  });
+  refused("SourceUpdates: an empty id", "1..256 bytes", [&](Fbb& b, uint64_t id) {
+    auto e = raw_entry(b, "");
+    outrun::protocol::encode_source_updates(b, id, 0, {&e, 1});
+  });
+  refused("SourceUpdates: too many updates", "65536 updates", [&](Fbb& b, uint64_t id) {
+    auto e = raw_entry(b, "a");
+    const std::vector<flatbuffers::Offset<wire::TagValue>> many(65537, e);
+    outrun::protocol::encode_source_updates(b, id, 0, many);
+  });
+  refused("SourceUpdates: diagnostics over 64 KiB", "64 KiB", [&](Fbb& b, uint64_t id) {
+    auto e = raw_entry(b, "a", 0, std::string(65537, 'd'));
+    outrun::protocol::encode_source_updates(b, id, 0, {&e, 1});
+  });
+  refused("SourceUpdates: a value of an unknown kind", "not a valid value",
+          [&](Fbb& b, uint64_t id) {
+            wire::ValueBuilder vb(b);
+            vb.add_kind(static_cast<wire::ValueKind>(200));
+            auto v = vb.Finish();
+            auto e = raw_entry(b, "a", v);
+            outrun::protocol::encode_source_updates(b, id, 0, {&e, 1});
+          });
+  refused("SourceUpdates: a value nested 40 deep", "not a valid value", [&](Fbb& b, uint64_t id) {
+    auto v = wire::CreateValue(b, wire::ValueKind::Nil);
+    for (int i = 0; i < 40; ++i) {
+      std::vector<flatbuffers::Offset<wire::Value>> one{v};
+      v = wire::CreateValue(b, wire::ValueKind::Array, false, 0, 0, 0, 0, b.CreateVector(one));
+    }
+    auto e = raw_entry(b, "a", v);
+    outrun::protocol::encode_source_updates(b, id, 0, {&e, 1});
+  });
+  refused("SourceUpdates: a virtual tag", "virtual tag", [&](Fbb& b, uint64_t id) {
+    auto e = raw_entry(b, "f", wire::CreateValue(b, wire::ValueKind::Double, false, 0, 1.0));
+    outrun::protocol::encode_source_updates(b, id, 0, {&e, 1});
+  });
+  const std::vector<std::string> too_many(4097, "a");
+  const std::vector<std::string> too_long{long_id};
+  refused("ReadTags: too many ids", "4096 ids",
+          [&](Fbb& b, uint64_t id) { outrun::protocol::encode_read_tags(b, id, too_many); });
+  refused("ReadTags: an id over 256 bytes", "1..256 bytes",
+          [&](Fbb& b, uint64_t id) { outrun::protocol::encode_read_tags(b, id, too_long); });
+  refused("ReadTags: an unknown id", "unknown tag", [&](Fbb& b, uint64_t id) {
+    const std::vector<std::string> ids{"nope"};
+    outrun::protocol::encode_read_tags(b, id, ids);
+  });
+  refused("Subscribe: too many ids", "4096 ids",
+          [&](Fbb& b, uint64_t id) { outrun::protocol::encode_subscribe(b, id, too_many, false); });
+  refused("Subscribe: an id over 256 bytes", "1..256 bytes",
+          [&](Fbb& b, uint64_t id) { outrun::protocol::encode_subscribe(b, id, too_long, false); });
+  refused("RemoveTags: too many ids", "4096 ids",
+          [&](Fbb& b, uint64_t id) { outrun::protocol::encode_remove_tags(b, id, too_many); });
+  refused("RemoveTags: an id over 256 bytes", "1..256 bytes",
+          [&](Fbb& b, uint64_t id) { outrun::protocol::encode_remove_tags(b, id, too_long); });
+  refused("DefineTags: no text", "needs toml", [&](Fbb& b, uint64_t id) {
+    outrun::protocol::finish_frame(b, wire::Body::DefineTags,
+                                   wire::CreateDefineTags(b, id).Union());
+  });
+  // A fire-and-forget update (request_id 0) that is refused is answered with request_id 0.
+  {
+    f.Clear();
+    auto e = raw_entry(f, long_id);
+    outrun::protocol::encode_source_updates(f, 0, 0, {&e, 1});
+    send_frame(fd, f);
+    const RawAnswer a = answer_to(fd, reader, 0);
+    REQUIRE_FALSE(a.closed);
+    CHECK(a.status == wire::Status::InvalidArgument);
+  }
+  // The connection still serves: an update, then a read of what it computed.
+  f.Clear();
+  auto e = raw_entry(f, "a", wire::CreateValue(f, wire::ValueKind::Double, false, 0, 3.0));
+  outrun::protocol::encode_source_updates(f, ++rid, 0, {&e, 1});
+  send_frame(fd, f);
+  RawAnswer a = answer_to(fd, reader, rid);
+  REQUIRE_FALSE(a.closed);
+  CHECK(a.status == wire::Status::Ok);
+  bool six = false;
+  for (int i = 0; i < 500 && !six; ++i) {
+    f.Clear();
+    const std::vector<std::string> ids{"f"};
+    outrun::protocol::encode_read_tags(f, ++rid, ids);
+    send_frame(fd, f);
+    outrun::protocol::FrameView fv;
+    for (;;) {
+      if (reader.next(fv)) {
+        const auto* tv = fv.frame->body_as_TagValues();
+        if (!tv || tv->request_id() != rid) continue;
+        REQUIRE(tv->status() == wire::Status::Ok);
+        REQUIRE(tv->values());
+        REQUIRE(tv->values()->size() == 1);
+        const auto* dv = tv->values()->Get(0)->value();
+        six = dv && dv->value() && dv->value()->double_value() == 6.0;
+        break;
       }
-      if (!six) std::this_thread::sleep_for(10ms);
+      REQUIRE(reader.read_from(fd) > 0);
     }
-    CHECK(six);
-    close(fd);
-    CHECK(d.stats()["client_protocol_violations"] == 0);
+    if (!six) std::this_thread::sleep_for(10ms);
   }
+  CHECK(six);
+  close(fd);
+  CHECK(d.stats()["client_protocol_violations"] == 0);
+}
 
-  // outrun::Client refuses a request larger than a frame before sending it: invalid_argument
-  // naming the limit, and the same client goes on (the daemon never sees an oversized frame).
-  TEST_CASE("outrund tags: outrun::Client refuses updates and texts larger than a frame") {
-    Daemon d;
-    auto c = d.client();
-    REQUIRE(!c->define_tags(kTags, false));
-    const std::string big(20u << 20, 'x');  // 20 MiB
-    const std::string limit = std::to_string(outrun::protocol::kMaxFrameSize);
-    outrun::Error e = c->update_sources({good("a", outrun::Value(big))});
-    CHECK(e.code == outrun::ErrorCode::invalid_argument);
-    CHECK_MESSAGE(e.message.find(limit) != std::string::npos, e.message);
-    // Four of 5 MiB: each fits, the wave does not.
-    const std::string five(5u << 20, 'y');
-    e = c->update_sources({good("s1", outrun::Value(five)), good("s2", outrun::Value(five)),
-                           good("s3", outrun::Value(five)), good("s4", outrun::Value(five))});
-    CHECK(e.code == outrun::ErrorCode::invalid_argument);
-    CHECK_MESSAGE(e.message.find(limit) != std::string::npos, e.message);
-    e = c->define_tags("# " + big + "\n", false);
-    CHECK(e.code == outrun::ErrorCode::invalid_argument);
-    CHECK_MESSAGE(e.message.find(limit) != std::string::npos, e.message);
-    // 65,536 updates (the most a wave takes) of 230-byte ids: 15 MB of ids, a frame over 16 MiB
-    // with its tables. Refused by the encoded size, which names the body.
-    std::vector<tags::SourceUpdate> wide;
-    for (int i = 0; i < 65536; ++i) {
-      std::string id = "s" + std::to_string(i);
-      id.resize(230, '_');
-      wide.push_back(good(id, outrun::Value(int64_t{i})));
-    }
-    e = c->update_sources(wide);
-    CHECK(e.code == outrun::ErrorCode::invalid_argument);
-    CHECK_MESSAGE(e.message.find("SourceUpdates frame would be") != std::string::npos, e.message);
-    CHECK_MESSAGE(e.message.find(limit) != std::string::npos, e.message);
-    e = c->update_sources({good(std::string(300, 'i'), outrun::Value(1.0))});
-    CHECK(e.code == outrun::ErrorCode::invalid_argument);
-    CHECK_MESSAGE(e.message.find("1..256 bytes") != std::string::npos, e.message);
-    // The same connection goes on, and a value that fits still goes through.
-    CHECK(c->connected());
-    REQUIRE(!c->update_sources({good("a", outrun::Value(2.0))}));
-    REQUIRE(!c->update_sources({good("big", outrun::Value(std::string(10u << 20, 'b')))}));
-    bool four = false;
-    for (int i = 0; i < 500 && !four; ++i) {
-      std::vector<tags::Change> v;
-      REQUIRE(!c->read_tags({"f"}, &v));
-      four = v.size() == 1 && v[0].value.value == outrun::Value(4.0f);
-      if (!four) std::this_thread::sleep_for(10ms);
-    }
-    CHECK(four);
-    std::string stats;
-    REQUIRE(!c->stats_json(&stats));
-    CHECK(nlohmann::json::parse(stats)["client_protocol_violations"] == 0);
+// outrun::Client refuses a request larger than a frame before sending it: invalid_argument
+// naming the limit, and the same client goes on (the daemon never sees an oversized frame).
+TEST_CASE("outrund tags: outrun::Client refuses updates and texts larger than a frame") {
+  Daemon d;
+  auto c = d.client();
+  REQUIRE(!c->define_tags(kTags, false));
+  const std::string big(20u << 20, 'x');  // 20 MiB
+  const std::string limit = std::to_string(outrun::protocol::kMaxFrameSize);
+  outrun::Error e = c->update_sources({good("a", outrun::Value(big))});
+  CHECK(e.code == outrun::ErrorCode::invalid_argument);
+  CHECK_MESSAGE(e.message.find(limit) != std::string::npos, e.message);
+  // Four of 5 MiB: each fits, the wave does not.
+  const std::string five(5u << 20, 'y');
+  e = c->update_sources({good("s1", outrun::Value(five)), good("s2", outrun::Value(five)),
+                         good("s3", outrun::Value(five)), good("s4", outrun::Value(five))});
+  CHECK(e.code == outrun::ErrorCode::invalid_argument);
+  CHECK_MESSAGE(e.message.find(limit) != std::string::npos, e.message);
+  e = c->define_tags("# " + big + "\n", false);
+  CHECK(e.code == outrun::ErrorCode::invalid_argument);
+  CHECK_MESSAGE(e.message.find(limit) != std::string::npos, e.message);
+  // 65,536 updates (the most a wave takes) of 230-byte ids: 15 MB of ids, a frame over 16 MiB
+  // with its tables. Refused by the encoded size, which names the body.
+  std::vector<tags::SourceUpdate> wide;
+  for (int i = 0; i < 65536; ++i) {
+    std::string id = "s" + std::to_string(i);
+    id.resize(230, '_');
+    wide.push_back(good(id, outrun::Value(int64_t{i})));
   }
+  e = c->update_sources(wide);
+  CHECK(e.code == outrun::ErrorCode::invalid_argument);
+  CHECK_MESSAGE(e.message.find("SourceUpdates frame would be") != std::string::npos, e.message);
+  CHECK_MESSAGE(e.message.find(limit) != std::string::npos, e.message);
+  e = c->update_sources({good(std::string(300, 'i'), outrun::Value(1.0))});
+  CHECK(e.code == outrun::ErrorCode::invalid_argument);
+  CHECK_MESSAGE(e.message.find("1..256 bytes") != std::string::npos, e.message);
+  // The same connection goes on, and a value that fits still goes through.
+  CHECK(c->connected());
+  REQUIRE(!c->update_sources({good("a", outrun::Value(2.0))}));
+  REQUIRE(!c->update_sources({good("big", outrun::Value(std::string(10u << 20, 'b')))}));
+  bool four = false;
+  for (int i = 0; i < 500 && !four; ++i) {
+    std::vector<tags::Change> v;
+    REQUIRE(!c->read_tags({"f"}, &v));
+    four = v.size() == 1 && v[0].value.value == outrun::Value(4.0f);
+    if (!four) std::this_thread::sleep_for(10ms);
+  }
+  CHECK(four);
+  std::string stats;
+  REQUIRE(!c->stats_json(&stats));
+  CHECK(nlohmann::json::parse(stats)["client_protocol_violations"] == 0);
+}

@@ -109,8 +109,27 @@ export interface ClientEvents {
 
 /** What defineTags()/removeTags() did. */
 export interface DefineResult {
+  /** Every tag of the text that runs: new, changed and unchanged. */
   defined: string[];
   removed: string[];
+  /** defineTags: new or changed (evaluated once), and left alone. */
+  changed?: string[];
+  unchanged?: string[];
+  /** defineTags: tags that exist with BadConfigurationError (design/tags.md "Broken definitions"). */
+  broken?: string[];
+  /** defineTags: every broken definition, in the text's order (location: "LINE:COL"). */
+  errors?: DefinitionError[];
+}
+
+/** A definition defineTags() could not install as given. */
+export interface DefinitionError {
+  id: string;
+  location: string;
+  message: string;
+  /** 'compile_error' or 'invalid_argument'. */
+  code: string;
+  /** The tag exists, with BadConfigurationError (false: no usable id, or a second definition). */
+  installed: boolean;
 }
 
 /** A subscription to tag changes (subscribe()). */
@@ -389,7 +408,14 @@ export class Client extends EventEmitter<ClientEvents> {
       throw new OutrunError('invalid_argument', `the tags text is more than a frame holds (MAX_FRAME_SIZE, ${MAX_FRAME_SIZE} bytes); nothing was sent`);
     const r = await this.tagsRequest((id) => tags.defineTags(id, toml, options.replaceAll ?? false));
     const doc = this.parseJson(r.json, 'DefineTags');
-    return { defined: doc?.defined ?? [], removed: doc?.removed ?? [] };
+    return {
+      defined: doc?.defined ?? [],
+      removed: doc?.removed ?? [],
+      changed: doc?.changed ?? [],
+      unchanged: doc?.unchanged ?? [],
+      broken: doc?.broken ?? [],
+      errors: Array.isArray(doc?.errors) ? doc.errors : [],
+    };
   }
 
   /** Removes virtual tags, all or none (admin only). */

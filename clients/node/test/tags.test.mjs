@@ -116,8 +116,30 @@ describe('tags against outrund', async () => {
 
   test('errors: OutrunError with .status', async (t) => {
     if (skip) return t.skip(skip);
-    await assert.rejects(client.defineTags('[[tag]]\nid = 3\n'), (e) => e instanceof OutrunError && e.status === 'invalid_argument');
-    await assert.rejects(client.defineTags('[[tag]]\nid = "X"\ninputs=["Y"]\nscript = "return +"\n'), (e) => e instanceof OutrunError && e.status === 'compile_error');
+    // A definition with no usable id: reported with its location, nothing installed.
+    const noId = await client.defineTags('[[tag]]\nid = 3\n');
+    assert.equal(noId.errors.length, 1);
+    assert.equal(noId.errors[0].installed, false);
+    assert.equal(noId.errors[0].location, '2:6');
+    await assert.rejects(client.defineTags('[[tag]\nid = 3\n'), (e) => e instanceof OutrunError && e.status === 'invalid_argument' && /^1:/.test(e.message));
+    // A broken definition does not fail the request: it is listed, and exists with
+    // BadConfigurationError; the others of the text are applied.
+    const r = await client.defineTags('[[tag]]\nid = "X"\ninputs=["Y"]\nscript = "return +"\n' +
+      '[[tag]]\nid = "X2"\ninputs=["X"]\nscript = "return 1"\n' +
+      '[[tag]]\nid = "X3"\ntype = "Dobule"\nscript = "return 1"\n');
+    assert.deepEqual(r.broken, ['X', 'X3']);
+    assert.equal(r.errors.length, 2);
+    assert.equal(r.errors[0].code, 'compile_error');
+    assert.equal(r.errors[0].location, '4:1');
+    assert.equal(r.errors[1].location, '11:8');
+    assert.match(r.errors[1].message, /unknown DataType 'Dobule'/);
+    const [x, x2] = await client.readTags(['X', 'X2']);
+    assert.equal(x.status, STATUS_CODES.BadConfigurationError);
+    assert.equal(x.value, null);
+    assert.match(x.diagnostics, /^4:1: tag 'X': compile_error: /);
+    assert.equal(x2.status, STATUS_CODES.BadConfigurationError);  // the quality rule
+    await client.removeTags(['X2']);
+    await client.removeTags(['X', 'X3']);
     await assert.rejects(client.readTags(['No.Such.Tag']), (e) => e instanceof OutrunError && e.status === 'invalid_argument');
     await assert.rejects(client.updateSources([{ tag: 'T.Sum', value: 1 }]), (e) => e instanceof OutrunError);
     await assert.rejects(client.updateSources([{ tag: 'T.A', value: 1, status: 'NotAName' }]), (e) => e instanceof OutrunError && e.status === 'invalid_argument');
