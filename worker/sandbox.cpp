@@ -11,6 +11,7 @@
 #include <new>
 
 #include "lua_values.h"
+#include "status_codes.h"
 
 namespace outrun::sandbox {
 
@@ -280,6 +281,44 @@ int open_os_clocks(lua_State* L) {
   return 1;
 }
 
+// `StatusCode`, the OPC UA StatusCodes by name (StatusCode.BadTimeout == 0x800A0000), for the
+// tags prelude (host/tags/prelude.h): every name of the generated table (status_codes.h, 271),
+// without building that table in each state. The prelude calls new_status_code_table once per
+// state; the table it returns starts empty and its hidden metatable's `__index` looks a missing
+// name up (a binary search) and keeps what it found in the table, so a state holds only the names
+// its script used and every later read of one is a plain table hit, as when the prelude built the
+// whole table. A name not there is nil and is not kept (scripts may test `StatusCode.X == nil`).
+// The table is the script's own, like its other globals: writing it changes only that script.
+int status_code_index(lua_State* L) {
+  if (lua_type(L, 2) != LUA_TSTRING) return 0;
+  size_t n = 0;
+  const char* name = lua_tolstring(L, 2, &n);
+  const status_codes::Entry* e = status_codes::find(std::string_view(name, n));
+  if (e == nullptr) return 0;
+  lua_pushinteger(L, static_cast<lua_Integer>(e->code));
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, -2);
+  lua_rawset(L, 1);
+  return 1;
+}
+
+int new_status_code_table(lua_State* L) {
+  lua_createtable(L, 0, 0);
+  lua_createtable(L, 0, 2);
+  lua_pushcfunction(L, status_code_index);
+  lua_setfield(L, -2, "__index");
+  lua_pushboolean(L, 0);
+  lua_setfield(L, -2, "__metatable");
+  lua_setmetatable(L, -2);
+  return 1;
+}
+
+// Where the prelude finds new_status_code_table: a key of the string library that no script
+// names by accident, reached as ("")["\0StatusCode"] through the strings' own metatable, which no
+// script can change. Not a global: a new global would cost every state of every script (the
+// globals table is sized to the name), while this slot is one of the string table's spare ones.
+constexpr std::string_view kStatusCodeKey("\0StatusCode", 11);
+
 // Libraries most scripts never touch are opened on first use: a new script state costs about
 // half as much time and memory (a warm restart creates one per script). Until then every lazy
 // proxy has the same read-only metatable, made once per state, whose `__index` is this function
@@ -377,6 +416,9 @@ int setup_sandbox(lua_State* L) {
   lua_getglobal(L, LUA_STRLIBNAME);
   lua_pushnil(L);
   lua_setfield(L, -2, "dump");
+  lua_pushlstring(L, kStatusCodeKey.data(), kStatusCodeKey.size());
+  lua_pushcfunction(L, new_status_code_table);
+  lua_rawset(L, -3);
   lua_pop(L, 1);
   // The string metatable: hidden from getmetatable, so `("").__index` tricks cannot reach it.
   lua_pushliteral(L, "");

@@ -150,16 +150,23 @@ std::string format_datetime(DateTime t) {
 }
 
 bool parse_datetime(std::string_view text, DateTime* out) {
+  bool out_of_range = false;
+  return parse_datetime(text, out, &out_of_range);
+}
+
+bool parse_datetime(std::string_view text, DateTime* out, bool* out_of_range) {
   // YYYY-MM-DDTHH:MM:SS[.fraction](Z|+HH:MM|-HH:MM)
+  *out_of_range = false;
   int y, mo, d, h, mi, se;
   if (text.size() < 20) return false;
+  for (std::size_t k = 0; k < 4; ++k)
+    if (text[k] < '0' || text[k] > '9') return false;  // four digits: no sign, no space
   std::string s(text);
   int n = 0;
   if (std::sscanf(s.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d%n", &y, &mo, &d, &h, &mi, &se, &n) != 6 ||
       n != 19)
     return false;
-  if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || se > 60 || y < 1601 || y > 9999)
-    return false;
+  if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || se > 60) return false;
   std::size_t i = 19;
   int64_t frac_us = 0;
   if (i < s.size() && s[i] == '.') {
@@ -195,6 +202,13 @@ bool parse_datetime(std::string_view text, DateTime* out) {
   const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
   const int64_t days = static_cast<int64_t>(era) * 146097 + static_cast<int64_t>(doe) - 719468;
   const int64_t secs = days * 86400 + h * 3600 + mi * 60 + se - offset_s;
+  // OPC UA's DateTime range, 1601-01-01T00:00:00Z .. 9999-12-31T23:59:59.999999Z (OPC 10000-6
+  // 5.2.2.5), checked on the instant: a local time with its offset may cross either end.
+  constexpr int64_t kMinSecs = -11644473600, kMaxSecs = 253402300799;
+  if (secs < kMinSecs || secs > kMaxSecs) {
+    *out_of_range = true;
+    return false;
+  }
   *out = DateTime::from_unix_micros(secs * 1000000 + frac_us);
   return true;
 }

@@ -7,39 +7,11 @@
 #include <limits>
 
 #include "outrun/tags.h"
+#include "status_codes.h"
 
 namespace outrun::tags {
 
 namespace {
-
-struct CodeName {
-  StatusCode code;
-  std::string_view name;
-};
-
-constexpr CodeName kCodeNames[] = {
-    {codes::Good, "Good"},
-    {codes::Uncertain, "Uncertain"},
-    {codes::UncertainLastUsableValue, "UncertainLastUsableValue"},
-    {codes::UncertainSubstituteValue, "UncertainSubstituteValue"},
-    {codes::UncertainInitialValue, "UncertainInitialValue"},
-    {codes::UncertainSensorNotAccurate, "UncertainSensorNotAccurate"},
-    {codes::UncertainEngineeringUnitsExceeded, "UncertainEngineeringUnitsExceeded"},
-    {codes::Bad, "Bad"},
-    {codes::BadInternalError, "BadInternalError"},
-    {codes::BadOutOfMemory, "BadOutOfMemory"},
-    {codes::BadResourceUnavailable, "BadResourceUnavailable"},
-    {codes::BadTimeout, "BadTimeout"},
-    {codes::BadTooManyOperations, "BadTooManyOperations"},
-    {codes::BadNoCommunication, "BadNoCommunication"},
-    {codes::BadWaitingForInitialData, "BadWaitingForInitialData"},
-    {codes::BadOutOfRange, "BadOutOfRange"},
-    {codes::BadTypeMismatch, "BadTypeMismatch"},
-    {codes::BadConfigurationError, "BadConfigurationError"},
-    {codes::BadInvalidArgument, "BadInvalidArgument"},
-    {codes::BadSensorFailure, "BadSensorFailure"},
-    {codes::BadDeviceFailure, "BadDeviceFailure"},
-};
 
 constexpr std::string_view kTypeNames[] = {
     "Variant", "Boolean", "SByte", "Byte",   "Int16",  "UInt16",   "Int32",     "UInt32",
@@ -200,8 +172,11 @@ StatusCode coerce_scalar(const Value& in, DataType t, Value* out, std::string* r
       }
       if (auto* s = std::get_if<std::string>(&in.v)) {
         DateTime dt;
-        if (!parse_datetime(*s, &dt))
-          return mismatch(reason, "'" + *s + "' is not an ISO 8601 date and time");
+        bool outside = false;
+        if (!parse_datetime(*s, &dt, &outside))
+          return outside
+                     ? out_of_range(reason, "'" + *s + "' is outside DateTime's range (1601..9999)")
+                     : mismatch(reason, "'" + *s + "' is not an ISO 8601 date and time");
         *out = Value(dt);
         return codes::Good;
       }
@@ -240,19 +215,16 @@ StatusCode coerce_scalar(const Value& in, DataType t, Value* out, std::string* r
 }  // namespace
 
 std::string status_code_name(StatusCode c) {
-  for (const auto& n : kCodeNames)
-    if (n.code == c) return std::string(n.name);
+  if (const auto* e = status_codes::find(c)) return std::string(e->name);
   char buf[16];
   std::snprintf(buf, sizeof buf, "0x%08X", c);
   return buf;
 }
 
 bool parse_status_code(std::string_view text, StatusCode* out) {
-  for (const auto& n : kCodeNames) {
-    if (n.name == text) {
-      *out = n.code;
-      return true;
-    }
+  if (const auto* e = status_codes::find(text)) {
+    *out = e->code;
+    return true;
   }
   if (text.empty() || text.size() > 12) return false;
   std::string s(text);

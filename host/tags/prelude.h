@@ -17,18 +17,11 @@ namespace outrun::tags::detail {
 // The result is the script's value itself when it returned no status and no state is returned;
 // otherwise a map with keys that start with a NUL byte (no script result has them by accident):
 // "\0v" value, "\0s" status, "\0st" state, "\0ns" need state, "\0m" mode done.
+// `StatusCode` is made once per state by the sandbox (("")["\0StatusCode"], worker/sandbox.cpp):
+// an empty table that looks each name up in the generated table on its first read.
 inline constexpr std::string_view kPrelude =
     "local __c = inputs.__c; inputs.__c = nil; "
-    "if StatusCode == nil then StatusCode = {Good = 0, Uncertain = 0x40000000, "
-    "UncertainLastUsableValue = 0x40900000, UncertainSubstituteValue = 0x40910000, "
-    "UncertainInitialValue = 0x40920000, UncertainSensorNotAccurate = 0x40930000, "
-    "UncertainEngineeringUnitsExceeded = 0x40940000, Bad = 0x80000000, "
-    "BadInternalError = 0x80020000, BadOutOfMemory = 0x80030000, BadResourceUnavailable = "
-    "0x80040000, "
-    "BadTimeout = 0x800A0000, BadNoCommunication = 0x80310000, BadWaitingForInitialData = "
-    "0x80320000, "
-    "BadOutOfRange = 0x803C0000, BadTypeMismatch = 0x80740000, BadConfigurationError = 0x80890000, "
-    "BadSensorFailure = 0x808C0000, BadDeviceFailure = 0x808B0000}; "
+    "if StatusCode == nil then StatusCode = ('')['\\0StatusCode'](); "
     "function severity(c) local s = (c or 0) >> 30; if s == 0 then return 'good' elseif s == 1 "
     "then "
     "return 'uncertain' else return 'bad' end end; "

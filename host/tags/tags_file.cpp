@@ -399,8 +399,11 @@ namespace {
 
 bool time_field(const nlohmann::json& j, const char* what, DateTime* out, std::string* error) {
   if (j.is_string()) {
-    if (!parse_datetime(j.get_ref<const std::string&>(), out)) {
-      *error = std::string(what) + ": expected an ISO 8601 time such as 2026-12-01T10:00:00.000Z";
+    bool outside = false;
+    if (!parse_datetime(j.get_ref<const std::string&>(), out, &outside)) {
+      *error = std::string(what) + (outside ? ": outside DateTime's range (1601..9999)"
+                                            : ": expected an ISO 8601 time such as "
+                                              "2026-12-01T10:00:00.000Z");
       return false;
     }
     return true;

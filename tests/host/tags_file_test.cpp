@@ -123,6 +123,22 @@ TEST_CASE("tags updates: one wave per line") {
   CHECK(w.updates[2].value.value == Value(Map{{"a", Value(int64_t{1})}}));
   CHECK(w.triggers == std::vector<std::string>{"M"});
   CHECK(w.reads == std::vector<std::string>{"R"});
+  // Every StatusCode name of the specification, by name.
+  REQUIRE_MESSAGE(
+      tags::file::parse_wave(R"({"values": {"A": {"value": 1, "status": "BadOutOfService"},
+      "B": {"value": 2, "status": "UncertainNoCommunicationLastUsableValue"}}})",
+                             &w, &err),
+      err);
+  REQUIRE(w.updates.size() == 2);
+  CHECK(w.updates[0].value.status == 0x808D0000u);
+  CHECK(w.updates[1].value.status == 0x408F0000u);
+  // Times before 1601 are out of DateTime's range, and say so.
+  CHECK_FALSE(tags::file::parse_wave(R"({"t": "1600-12-31T00:00:00Z", "values": {}})", &w, &err));
+  CHECK(err.find("range") != std::string::npos);
+  CHECK_FALSE(tags::file::parse_wave(
+      R"({"values": {"A": {"value": 1, "source_time": "1600-12-31T23:59:59Z"}}})", &w, &err));
+  CHECK(err.find("source_time") != std::string::npos);
+  CHECK(err.find("range") != std::string::npos);
   for (const char* bad :
        {"[1]", "{\"t\": \"noon\"}", "{\"values\": {\"A\": {\"value\": 1, \"status\": \"Fine\"}}}",
         "{\"values\": 5}", "{\"colour\": 1}", "{\"values\": {\"A\": {\"value\": 1, \"x\": 2}}}",

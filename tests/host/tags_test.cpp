@@ -232,6 +232,16 @@ TEST_CASE("tags: coercion to every DataType, with out-of-range values") {
         Value(DateTime::from_unix_seconds(1796119200.0)));
   fails(Value(1e13), DataType::DateTime, tags::codes::BadOutOfRange);
   fails(Value("yesterday"), DataType::DateTime, tags::codes::BadTypeMismatch);
+  // ISO 8601 outside OPC UA's DateTime range is out of range, not a type mismatch.
+  fails(Value("1600-12-31T00:00:00Z"), DataType::DateTime, tags::codes::BadOutOfRange);
+  fails(Value("0000-01-01T00:00:00Z"), DataType::DateTime, tags::codes::BadOutOfRange);
+  fails(Value("1601-01-01T00:30:00+01:00"), DataType::DateTime, tags::codes::BadOutOfRange);
+  fails(Value("9999-12-31T23:00:00-02:00"), DataType::DateTime, tags::codes::BadOutOfRange);
+  fails(Value("-600-12-31T00:00:00Z"), DataType::DateTime, tags::codes::BadTypeMismatch);
+  fails(Value("1600-13-31T00:00:00Z"), DataType::DateTime, tags::codes::BadTypeMismatch);
+  CHECK(ok(Value("1601-01-01T00:00:00Z"), DataType::DateTime) == Value(DateTime{0}));
+  CHECK(ok(Value("9999-12-31T23:59:59Z"), DataType::DateTime) ==
+        Value(DateTime::from_unix_seconds(253402300799.0)));
   CHECK(ok(Value("ab"), DataType::ByteString) == Value(Bytes{"ab"}));
   CHECK(ok(Value(Array{Value(1), Value(2)}), DataType::Int16, true) ==
         Value(Array{Value(int64_t{1}), Value(int64_t{2})}));
@@ -332,6 +342,36 @@ TEST_CASE("tags: the quality matrix (worst severity wins, its code kept) and scr
   // A source never updated: BadWaitingForInitialData flows through.
   rig.define(tag("Waits", "return 1", {"Never"}));
   CHECK(rig.read("Waits").status == tags::codes::BadWaitingForInitialData);
+}
+
+TEST_CASE("tags: scripts know every StatusCode by name (StatusCode.X and returned names)") {
+  FOR_EACH_RUNNER(kind);
+  Rig rig(kind);
+  rig.define(tag("Arg", "return 1, StatusCode.BadInvalidArgument", {"A"}));
+  rig.define(tag("Oos", "return nil, StatusCode.BadOutOfService", {"A"}));
+  rig.define(tag("Nc", "return nil, StatusCode.BadNotConnected", {"A"}));
+  rig.define(
+      tag("Unc", "return inputs.A, StatusCode.UncertainNoCommunicationLastUsableValue", {"A"}));
+  rig.define(tag("ByName", "return nil, 'BadOutOfService'", {"A"}));
+  rig.define(tag("Missing", "return StatusCode.Nonexistent == nil and 1 or 0", {"A"}));
+  rig.define(tag("Same", "return status.A == StatusCode.BadNotConnected and 1 or 0", {"A"}));
+  rig.define(tag("Old", "return '1600-12-31T00:00:00Z'", {"A"}, tags::DataType::DateTime));
+  rig.update({src("A", Value(5.0), tags::StatusCode{0x808A0000})}, at(1));
+  CHECK(rig.read("Arg").status == tags::codes::BadInvalidArgument);
+  CHECK(rig.read("Oos").status == 0x808D0000u);
+  CHECK(tags::status_code_name(rig.read("Oos").status) == "BadOutOfService");
+  CHECK(rig.read("Nc").status == 0x808A0000u);
+  const auto unc = rig.read("Unc");
+  CHECK(unc.status == 0x408F0000u);
+  CHECK(num(unc.value) == 5.0);
+  CHECK(rig.read("ByName").status == 0x808D0000u);
+  const auto missing = rig.read("Missing");
+  CHECK(num(missing.value) == 1.0);
+  CHECK(missing.status == 0x808A0000u);  // the input's own code (the status rule)
+  CHECK(num(rig.read("Same").value) == 1.0);
+  const auto old = rig.read("Old");
+  CHECK(old.status == tags::codes::BadOutOfRange);
+  CHECK(old.diagnostics.find("1601") != std::string::npos);
 }
 
 TEST_CASE("tags: errors map to StatusCodes, with diagnostics") {

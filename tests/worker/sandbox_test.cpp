@@ -1220,6 +1220,57 @@ TEST_CASE("sandbox globals: library proxies are empty to raw access and pairs (d
   CHECK_VALUE(r.eval("return string"), Map{});
 }
 
+TEST_CASE("sandbox globals: the StatusCode table the tags prelude makes names every StatusCode") {
+  // ("")["\0StatusCode"]() is what host/tags/prelude.h calls once per state: a table that looks
+  // names up in the generated table (worker/status_codes.h, from host/tags/StatusCode.csv).
+  Runner r;
+  Script s = r.add(R"(
+    if SC == nil then SC = ("")["\0StatusCode"]() end
+    local first = SC.BadInvalidArgument
+    return {
+      invalid = first, again = SC.BadInvalidArgument, oos = SC.BadOutOfService,
+      nc = SC.BadNotConnected, unc = SC.UncertainNoCommunicationLastUsableValue,
+      good = SC.Good, unc0 = SC.Uncertain, bad = SC.Bad,
+      long = SC.BadEdited_OutOfRange_DominantValueChanged_DependentValueChanged,
+      missing = SC.Nonexistent == nil, missing2 = SC.Nonexistent == nil,
+      case_matters = SC.badtimeout == nil, number_key = SC[1] == nil, prefix = SC.BadTime == nil,
+      is_int = math.type(SC.BadTimeout), mt = getmetatable(SC),
+      kept = rawget(SC, "BadInvalidArgument"), not_kept = rawget(SC, "Nonexistent") == nil,
+      no_global = StatusCode == nil,
+    })");
+  for (int i = 0; i < 3; ++i) {  // the same state: first lookups, then the kept ones
+    const Result res = r.run(s);
+    REQUIRE_OK(res);
+    const Value& m = res.value;
+    CHECK(*find(m, "invalid") == Value(int64_t{0x80AB0000}));
+    CHECK(*find(m, "again") == Value(int64_t{0x80AB0000}));
+    CHECK(*find(m, "oos") == Value(int64_t{0x808D0000}));
+    CHECK(*find(m, "nc") == Value(int64_t{0x808A0000}));
+    CHECK(*find(m, "unc") == Value(int64_t{0x408F0000}));
+    CHECK(*find(m, "good") == Value(int64_t{0}));
+    CHECK(*find(m, "unc0") == Value(int64_t{0x40000000}));
+    CHECK(*find(m, "bad") == Value(int64_t{0x80000000}));
+    CHECK(*find(m, "long") == Value(int64_t{0x811E0000}));
+    CHECK(*find(m, "missing") == Value(true));
+    CHECK(*find(m, "missing2") == Value(true));
+    CHECK(*find(m, "case_matters") == Value(true));
+    CHECK(*find(m, "number_key") == Value(true));
+    CHECK(*find(m, "prefix") == Value(true));
+    CHECK(*find(m, "is_int") == Value("integer"));
+    CHECK(*find(m, "mt") == Value(false));  // hidden: the lookup cannot be taken away
+    REQUIRE(find(m, "kept") != nullptr);    // kept in the table after the first read
+    CHECK(*find(m, "kept") == Value(int64_t{0x80AB0000}));
+    CHECK(*find(m, "not_kept") == Value(true));
+    CHECK(*find(m, "no_global") == Value(true));  // plain scripts see no new global
+  }
+  // The table is the script's own: writes change that table only, not another's.
+  CHECK_VALUE(r.eval(R"(local a, b = ("")["\0StatusCode"](), ("")["\0StatusCode"]()
+                        a.Good = 5 return a.Good * 10 + b.Good)"),
+              50);
+  CHECK_ERROR(r.eval(R"(setmetatable(("")["\0StatusCode"](), nil))"), Status::runtime_error,
+              "protected metatable");
+}
+
 TEST_CASE("sandbox globals: the string metatable is hidden and fixed") {
   Runner r;
   CHECK_VALUE(r.eval("return getmetatable('')"), false);

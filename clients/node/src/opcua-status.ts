@@ -1,31 +1,12 @@
-// OPC UA StatusCodes by name: the ones outrun's tags engine uses (host/include/outrun/tags.h).
-export const STATUS_CODES: { readonly [name: string]: number } = {
-  Good: 0x00000000,
-  Uncertain: 0x40000000,
-  UncertainLastUsableValue: 0x40900000,
-  UncertainSubstituteValue: 0x40910000,
-  UncertainInitialValue: 0x40920000,
-  UncertainSensorNotAccurate: 0x40930000,
-  UncertainEngineeringUnitsExceeded: 0x40940000,
-  Bad: 0x80000000,
-  BadInternalError: 0x80020000,
-  BadOutOfMemory: 0x80030000,
-  BadResourceUnavailable: 0x80040000,
-  BadTimeout: 0x800a0000,
-  BadTooManyOperations: 0x80100000,
-  BadNoCommunication: 0x80310000,
-  BadWaitingForInitialData: 0x80320000,
-  BadOutOfRange: 0x803c0000,
-  BadTypeMismatch: 0x80740000,
-  BadConfigurationError: 0x80890000,
-  BadInvalidArgument: 0x80ab0000,
-  BadSensorFailure: 0x808c0000,
-  BadDeviceFailure: 0x808b0000,
-};
+// OPC UA StatusCodes by name: every one the specification names, generated at build time from
+// the same list as outrun's (host/tags/StatusCode.csv; scripts/status-codes.mjs).
+import { STATUS_CODES } from './generated/status-codes';
+
+export { STATUS_CODES };
 
 const BY_CODE = new Map<number, string>(Object.entries(STATUS_CODES).map(([k, v]) => [v, k]));
 
-/** The name of a StatusCode ("BadTimeout"), or undefined when outrun does not name it. */
+/** The name of a StatusCode ("BadTimeout"), or undefined when the specification does not name it. */
 export function statusCodeName(code: number): string | undefined {
   return BY_CODE.get(code >>> 0);
 }
@@ -37,7 +18,7 @@ export function toStatusCode(s: number | string | undefined): number {
     if (!Number.isInteger(s) || s < 0 || s > 0xffffffff) throw new RangeError(`StatusCode ${s} is not a uint32`);
     return s >>> 0;
   }
-  const c = STATUS_CODES[s];
+  const c = Object.hasOwn(STATUS_CODES, s) ? STATUS_CODES[s] : undefined;
   if (c === undefined) throw new RangeError(`unknown StatusCode name '${s}'`);
   return c;
 }

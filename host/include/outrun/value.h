@@ -128,7 +128,11 @@ double float_as_double(float f);
 
 // ISO 8601 in UTC with milliseconds ("2026-12-01T10:00:00.000Z"; microseconds when there are any).
 std::string format_datetime(DateTime t);
-// Parses ISO 8601 with a 'Z' or +HH:MM offset and up to 6 fractional digits (more are cut).
+// Parses ISO 8601 with a 'Z' or +HH:MM offset and up to 6 fractional digits (more are cut), for
+// a time in OPC UA's DateTime range (1601-01-01T00:00:00Z .. 9999-12-31T23:59:59.999999Z).
 bool parse_datetime(std::string_view text, DateTime* out);
+// The same; when it fails, *out_of_range says whether the text was a valid ISO 8601 time outside
+// that range ("1600-12-31T00:00:00Z") rather than not one at all.
+bool parse_datetime(std::string_view text, DateTime* out, bool* out_of_range);
 
 }  // namespace outrun
