@@ -347,15 +347,22 @@ TEST_CASE("tags: the quality matrix (worst severity wins, its code kept) and scr
 TEST_CASE("tags: scripts know every StatusCode by name (StatusCode.X and returned names)") {
   FOR_EACH_RUNNER(kind);
   Rig rig(kind);
-  rig.define(tag("Arg", "return 1, StatusCode.BadInvalidArgument", {"A"}));
-  rig.define(tag("Oos", "return nil, StatusCode.BadOutOfService", {"A"}));
-  rig.define(tag("Nc", "return nil, StatusCode.BadNotConnected", {"A"}));
-  rig.define(
-      tag("Unc", "return inputs.A, StatusCode.UncertainNoCommunicationLastUsableValue", {"A"}));
-  rig.define(tag("ByName", "return nil, 'BadOutOfService'", {"A"}));
-  rig.define(tag("Missing", "return StatusCode.Nonexistent == nil and 1 or 0", {"A"}));
-  rig.define(tag("Same", "return status.A == StatusCode.BadNotConnected and 1 or 0", {"A"}));
-  rig.define(tag("Old", "return '1600-12-31T00:00:00Z'", {"A"}, tags::DataType::DateTime));
+  // Scripts that see their Bad input (A is BadNotConnected).
+  auto sees = [&](std::string id, std::string script,
+                  tags::DataType type = tags::DataType::Double) {
+    auto d = tag(std::move(id), std::move(script), {"A"}, type);
+    d.evaluate_bad_inputs = true;
+    rig.define(d);
+  };
+  sees("Arg", "return 1, StatusCode.BadInvalidArgument");
+  sees("Oos", "return nil, StatusCode.BadOutOfService");
+  sees("Nc", "return nil, StatusCode.BadNotConnected");
+  sees("Unc", "return inputs.A, StatusCode.UncertainNoCommunicationLastUsableValue");
+  sees("ByName", "return nil, 'BadOutOfService'");
+  sees("Missing", "return StatusCode.Nonexistent == nil and 1 or 0");
+  sees("MissingGood", "return StatusCode.Nonexistent == nil and 1 or 0, StatusCode.Good");
+  sees("Same", "return status.A == StatusCode.BadNotConnected and 1 or 0, StatusCode.Good");
+  sees("Old", "return '1600-12-31T00:00:00Z'", tags::DataType::DateTime);
   rig.update({src("A", Value(5.0), tags::StatusCode{0x808A0000})}, at(1));
   CHECK(rig.read("Arg").status == tags::codes::BadInvalidArgument);
   CHECK(rig.read("Oos").status == 0x808D0000u);
@@ -366,8 +373,12 @@ TEST_CASE("tags: scripts know every StatusCode by name (StatusCode.X and returne
   CHECK(num(unc.value) == 5.0);
   CHECK(rig.read("ByName").status == 0x808D0000u);
   const auto missing = rig.read("Missing");
-  CHECK(num(missing.value) == 1.0);
-  CHECK(missing.status == 0x808A0000u);  // the input's own code (the status rule)
+  CHECK(missing.status == 0x808A0000u);  // the input's own code (the status rule)...
+  CHECK(missing.value.is_nil());         // ...Bad, so no value
+  tags::TagInfo mi;
+  REQUIRE(!rig.engine->info("Missing", &mi));
+  CHECK(mi.counters.evaluations == 1);  // it ran (evaluate_bad_inputs)
+  CHECK(num(rig.read("MissingGood").value) == 1.0);
   CHECK(num(rig.read("Same").value) == 1.0);
   const auto old = rig.read("Old");
   CHECK(old.status == tags::codes::BadOutOfRange);

@@ -78,7 +78,7 @@ bool same_value(const Value& a, const Value& b);
 
 // The InfoBits of a DataValue's StatusCode (OPC 10000-4 7.39): InfoType DataValue (0x400) with the
 // Overflow bit (0x80), set on the first value after updates were merged or dropped.
-inline constexpr StatusCode kOverflowBits = 0x00000480;
+inline constexpr uint32_t kOverflowBits = 0x00000480;
 
 // ---- Definitions ----
 
