@@ -259,14 +259,14 @@ interface PendingEval {
   inputs: WireInputs;
   resolve: (r: Result) => void;
   deadline: number; // while disconnected: when it gives up (0: no deadline)
-  expires: number; // monotonic ms (performance.now()) when it ends unanswered; Infinity: never
+  expires: number; // the sweep (Client.ticks) at which it ends unanswered; Infinity: never
 }
 
 interface PendingRequest {
   kind: RequestKind<Reply>;
   resolve: (r: Reply) => void;
   reject: (e: OutrunError) => void;
-  expires: number; // monotonic ms when it rejects unanswered
+  expires: number; // the sweep (Client.ticks) at which it rejects unanswered
   gen: number;
 }
 
@@ -291,6 +291,13 @@ export class Client extends EventEmitter<ClientEvents> {
   // One periodic sweep over what waits for the daemon (evaluations in flight or queued, requests)
   // instead of a timer per call; runs only while something waits, and never keeps the process alive.
   private sweepTimer: NodeJS.Timeout | null = null;
+  // Sweeps so far: the clock of the deadlines, so an evaluation costs an addition, not a clock
+  // read. A deadline of T ms is `ticks + ceil(T / sweepMs) + 1`: it ends between T and T + 2
+  // sweeps after the call (later if the event loop was blocked).
+  private ticks = 0;
+  private readonly sweepMs: number;
+  private readonly evaluateTicks: number;
+  private readonly replyTicks: number;
   private lastError: Error | null = null;
 
   private nextEval = 1;
@@ -322,6 +329,11 @@ export class Client extends EventEmitter<ClientEvents> {
       disconnectedQueueLimit: options.disconnectedQueueLimit ?? 10000,
     };
     for (const k of REQUEST_KINDS) this.replyTable.set(k.reply, k);
+    // A tenth of the shorter limit, 10 ms to 1 s.
+    const e = this.opts.evaluateTimeoutMs > 0 ? this.opts.evaluateTimeoutMs : Number.POSITIVE_INFINITY;
+    this.sweepMs = Math.max(10, Math.min(1000, Math.floor(Math.min(this.opts.replyTimeoutMs, e) / 10) || 10));
+    this.evaluateTicks = Math.ceil(e / this.sweepMs) + 1; // Infinity when off
+    this.replyTicks = Math.ceil(this.opts.replyTimeoutMs / this.sweepMs) + 1;
   }
 
   /** True while a connection is up and ready for evaluations. */
@@ -916,8 +928,7 @@ export class Client extends EventEmitter<ClientEvents> {
       const why = e instanceof InvalidInput ? e.message : `reading the inputs threw: ${(e as Error)?.message ?? String(e)}`;
       return resolve(result('invalid_argument', why, script._shard));
     }
-    const t = this.opts.evaluateTimeoutMs;
-    const p: PendingEval = { script, inputs: wi, resolve, deadline: 0, expires: t > 0 ? performance.now() + t : Infinity };
+    const p: PendingEval = { script, inputs: wi, resolve, deadline: 0, expires: this.ticks + this.evaluateTicks };
     if (!this.sweepTimer) this.armSweep();
     if (this.state === 'ready') {
       this.queue.push(p);
@@ -948,7 +959,7 @@ export class Client extends EventEmitter<ClientEvents> {
       } catch (e) {
         return reject(e);
       }
-      this.requests.set(id, { kind, resolve, reject, expires: performance.now() + this.opts.replyTimeoutMs, gen: this.gen });
+      this.requests.set(id, { kind, resolve, reject, expires: this.ticks + this.replyTicks, gen: this.gen });
       if (!this.sweepTimer) this.armSweep();
       this.outgoing.push(frame);
       this.scheduleFlush();
@@ -958,18 +969,15 @@ export class Client extends EventEmitter<ClientEvents> {
   /**
    * Starts the sweep that ends what the daemon does not answer in time: every evaluation within
    * evaluateTimeoutMs of its call, every request within replyTimeoutMs. One interval for all of
-   * them (a tenth of the shorter limit, 10 ms to 1 s), unref'd, stopped once nothing waits.
+   * them (every sweepMs), unref'd, stopped once nothing waits.
    */
   private armSweep(): void {
-    const e = this.opts.evaluateTimeoutMs;
-    const shortest = Math.min(this.opts.replyTimeoutMs, e > 0 ? e : Number.POSITIVE_INFINITY);
-    const period = Math.max(10, Math.min(1000, Math.floor(shortest / 10) || 10));
-    this.sweepTimer = setInterval(() => this.sweep(), period);
+    this.sweepTimer = setInterval(() => this.sweep(), this.sweepMs);
     this.sweepTimer.unref();
   }
 
   private sweep(): void {
-    const now = performance.now();
+    const now = ++this.ticks;
     // Evaluations are sent in the order they were called and requests are numbered in order, so
     // each list is in order of deadline: stop at the first one still in time.
     let late: PendingEval[] | null = null;
