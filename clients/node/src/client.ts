@@ -7,6 +7,7 @@ import * as path from 'node:path';
 import * as flatbuffers from 'flatbuffers';
 import { LENGTH_PREFIX_SIZE, MAX_FRAME_SIZE, MAX_KEY_BYTES, MAX_SOURCE_BYTES, MAX_TAG_ID_BYTES, MAX_TAG_IDS, PROTOCOL_VERSION } from './constants';
 import { FrameReader } from './frame-reader';
+import { parseDocument } from './json';
 import { MalformedFrame } from './checked-buffer';
 import { OutrunError, StatusName, statusName } from './status';
 import { DecodeBudget, InvalidInput, InvalidValue, Inputs, OutputValue, toWireInputs, WireInputs } from './values';
@@ -36,8 +37,17 @@ export interface Request {
 export interface ConnectOptions {
   /** Shown in the daemon's logs. Default `@outrun/client`. */
   name?: string;
-  /** How long the hello, register and control calls wait for their reply. Default 10000 ms. */
+  /**
+   * How long the hello and every call that is not an evaluation (register, the control and
+   * tags calls) wait for their reply before they reject `unavailable`. Default 10000 ms.
+   */
   replyTimeoutMs?: number;
+  /**
+   * How long an evaluation waits for its result, counted from the evaluate() call (time queued
+   * behind `max_inflight` or for a reconnection included), before it ends `unavailable` ("outrund
+   * did not answer ..."); a result that comes later is dropped. 0: no limit. Default 60000 ms.
+   */
+  evaluateTimeoutMs?: number;
   /** Reconnect in the background when the connection is lost. Default true. */
   reconnect?: boolean;
   /** First reconnection delay; doubles per failed attempt up to `reconnectMaxDelayMs`. Default 50 ms. */
@@ -232,7 +242,7 @@ const TAG_VALUES: RequestKind<TagValuesData> = {
   reply: w.Body.TagValues,
   read(f) {
     const r = wire.body(f, w.TagValues);
-    const values = tags.decodeTagValues(r.valuesLength(), (i, o) => r.values(i, o));
+    const values = tags.decodeTagValues(r.valuesLength(), (i, o) => r.values(i, o), r.bb);
     return { requestId: Number(r.requestId()), status: r.status(), error: r.error() ?? '', values };
   },
 };
@@ -249,13 +259,14 @@ interface PendingEval {
   inputs: WireInputs;
   resolve: (r: Result) => void;
   deadline: number; // while disconnected: when it gives up (0: no deadline)
+  expires: number; // the sweep (Client.ticks) at which it ends unanswered; Infinity: never
 }
 
 interface PendingRequest {
   kind: RequestKind<Reply>;
   resolve: (r: Reply) => void;
   reject: (e: OutrunError) => void;
-  timer: NodeJS.Timeout;
+  expires: number; // the sweep (Client.ticks) at which it rejects unanswered
   gen: number;
 }
 
@@ -277,6 +288,16 @@ export class Client extends EventEmitter<ClientEvents> {
   private attempts = 0;
   private reconnectTimer: NodeJS.Timeout | null = null;
   private expiryTimer: NodeJS.Timeout | null = null;
+  // One periodic sweep over what waits for the daemon (evaluations in flight or queued, requests)
+  // instead of a timer per call; runs only while something waits, and never keeps the process alive.
+  private sweepTimer: NodeJS.Timeout | null = null;
+  // Sweeps so far: the clock of the deadlines, so an evaluation costs an addition, not a clock
+  // read. A deadline of T ms is `ticks + ceil(T / sweepMs) + 1`: it ends between T and T + 2
+  // sweeps after the call (later if the event loop was blocked).
+  private ticks = 0;
+  private readonly sweepMs: number;
+  private readonly evaluateTicks: number;
+  private readonly replyTicks: number;
   private lastError: Error | null = null;
 
   private nextEval = 1;
@@ -300,6 +321,7 @@ export class Client extends EventEmitter<ClientEvents> {
     this.opts = {
       name: options.name ?? '@outrun/client',
       replyTimeoutMs: options.replyTimeoutMs ?? 10000,
+      evaluateTimeoutMs: options.evaluateTimeoutMs ?? 60000,
       reconnect: options.reconnect ?? true,
       reconnectInitialDelayMs: options.reconnectInitialDelayMs ?? 50,
       reconnectMaxDelayMs: options.reconnectMaxDelayMs ?? 5000,
@@ -307,6 +329,11 @@ export class Client extends EventEmitter<ClientEvents> {
       disconnectedQueueLimit: options.disconnectedQueueLimit ?? 10000,
     };
     for (const k of REQUEST_KINDS) this.replyTable.set(k.reply, k);
+    // A tenth of the shorter limit, 10 ms to 1 s.
+    const e = this.opts.evaluateTimeoutMs > 0 ? this.opts.evaluateTimeoutMs : Number.POSITIVE_INFINITY;
+    this.sweepMs = Math.max(10, Math.min(1000, Math.floor(Math.min(this.opts.replyTimeoutMs, e) / 10) || 10));
+    this.evaluateTicks = Math.ceil(e / this.sweepMs) + 1; // Infinity when off
+    this.replyTicks = Math.ceil(this.opts.replyTimeoutMs / this.sweepMs) + 1;
   }
 
   /** True while a connection is up and ready for evaluations. */
@@ -537,11 +564,7 @@ export class Client extends EventEmitter<ClientEvents> {
   }
 
   private parseJson(text: string, what: string): any {
-    try {
-      return JSON.parse(text);
-    } catch {
-      throw new OutrunError('runtime_error', `outrund sent a ${what} reply that is not JSON`);
-    }
+    return parseDocument(text, what);
   }
 
   /**
@@ -553,7 +576,8 @@ export class Client extends EventEmitter<ClientEvents> {
     this.state = 'closed';
     if (this.reconnectTimer) clearTimeout(this.reconnectTimer);
     if (this.expiryTimer) clearInterval(this.expiryTimer);
-    this.reconnectTimer = this.expiryTimer = null;
+    if (this.sweepTimer) clearInterval(this.sweepTimer);
+    this.reconnectTimer = this.expiryTimer = this.sweepTimer = null;
     this.failEverything('cancelled', 'the client was closed');
     const s = this.socket;
     this.socket = null;
@@ -585,6 +609,7 @@ export class Client extends EventEmitter<ClientEvents> {
     const helloTimer = setTimeout(() => {
       if (gen === this.gen) this.drop(gen, new OutrunError('unavailable', `no hello from outrund at ${this.socketPath}`));
     }, this.opts.replyTimeoutMs);
+    helloTimer.unref(); // the socket keeps the process alive while it connects
     sock.on('connect', () => {
       if (gen === this.gen) sock.write(wire.clientHello(this.opts.name));
     });
@@ -731,7 +756,6 @@ export class Client extends EventEmitter<ClientEvents> {
     for (const p of inflight) p.resolve(result('unavailable', why.message, p.script._shard));
     for (const [id, r] of this.requests) {
       if (r.gen > gen) continue;
-      clearTimeout(r.timer);
       this.requests.delete(id);
       r.reject(new OutrunError('unavailable', why.message));
     }
@@ -791,10 +815,7 @@ export class Client extends EventEmitter<ClientEvents> {
     this.inflight.clear();
     for (const p of this.queue) p.resolve(result(status, why, p.script._shard));
     this.queue = [];
-    for (const r of this.requests.values()) {
-      clearTimeout(r.timer);
-      r.reject(new OutrunError(status, why));
-    }
+    for (const r of this.requests.values()) r.reject(new OutrunError(status, why));
     this.requests.clear();
     for (const wt of this.readyWaiters) {
       if (wt.timer) clearTimeout(wt.timer);
@@ -815,6 +836,7 @@ export class Client extends EventEmitter<ClientEvents> {
         this.readyWaiters = this.readyWaiters.filter((x) => x !== wt);
         reject(new OutrunError('unavailable', `${this.lastDropReason} (not reconnected within ${this.opts.disconnectedWaitMs} ms)`));
       }, this.opts.disconnectedWaitMs);
+      wt.timer.unref?.();
       this.readyWaiters.push(wt);
     });
   }
@@ -835,7 +857,6 @@ export class Client extends EventEmitter<ClientEvents> {
       const p = this.requests.get(r.requestId);
       if (!p || p.kind !== kind) return; // timed out meanwhile: late replies are dropped
       this.requests.delete(r.requestId);
-      clearTimeout(p.timer);
       p.resolve(r);
       return;
     }
@@ -843,7 +864,7 @@ export class Client extends EventEmitter<ClientEvents> {
       const name = w.Body[f.type];
       if (f.type === w.Body.TagChanges) {
         const tc = wire.body(f, w.TagChanges);
-        const changes = tags.decodeTagValues(tc.changesLength(), (i, o) => tc.changes(i, o));
+        const changes = tags.decodeTagValues(tc.changesLength(), (i, o) => tc.changes(i, o), tc.bb);
         queueMicrotask(() => this.deliverChanges(changes));
       }
       queueMicrotask(() => this.emit('push', name, f));
@@ -907,7 +928,8 @@ export class Client extends EventEmitter<ClientEvents> {
       const why = e instanceof InvalidInput ? e.message : `reading the inputs threw: ${(e as Error)?.message ?? String(e)}`;
       return resolve(result('invalid_argument', why, script._shard));
     }
-    const p: PendingEval = { script, inputs: wi, resolve, deadline: 0 };
+    const p: PendingEval = { script, inputs: wi, resolve, deadline: 0, expires: this.ticks + this.evaluateTicks };
+    if (!this.sweepTimer) this.armSweep();
     if (this.state === 'ready') {
       this.queue.push(p);
       this.scheduleFlush();
@@ -937,13 +959,55 @@ export class Client extends EventEmitter<ClientEvents> {
       } catch (e) {
         return reject(e);
       }
-      const timer = setTimeout(() => {
-        if (this.requests.delete(id)) reject(new OutrunError('unavailable', 'outrund did not answer in time'));
-      }, this.opts.replyTimeoutMs);
-      this.requests.set(id, { kind, resolve, reject, timer, gen: this.gen });
+      this.requests.set(id, { kind, resolve, reject, expires: this.ticks + this.replyTicks, gen: this.gen });
+      if (!this.sweepTimer) this.armSweep();
       this.outgoing.push(frame);
       this.scheduleFlush();
     });
+  }
+
+  /**
+   * Starts the sweep that ends what the daemon does not answer in time: every evaluation within
+   * evaluateTimeoutMs of its call, every request within replyTimeoutMs. One interval for all of
+   * them (every sweepMs), unref'd, stopped once nothing waits.
+   */
+  private armSweep(): void {
+    this.sweepTimer = setInterval(() => this.sweep(), this.sweepMs);
+    this.sweepTimer.unref();
+  }
+
+  private sweep(): void {
+    const now = ++this.ticks;
+    // Evaluations are sent in the order they were called and requests are numbered in order, so
+    // each list is in order of deadline: stop at the first one still in time.
+    let late: PendingEval[] | null = null;
+    for (const [id, p] of this.inflight) {
+      if (p.expires > now) break;
+      this.inflight.delete(id); // a result that comes later finds no one and is dropped
+      (late ??= []).push(p);
+    }
+    let k = 0;
+    while (k < this.queue.length && this.queue[k].expires <= now) k++;
+    if (k > 0) late = (late ?? []).concat(this.queue.splice(0, k));
+    let lateRequests: PendingRequest[] | null = null;
+    for (const [id, r] of this.requests) {
+      if (r.expires > now) break;
+      this.requests.delete(id); // a late reply is dropped (onFrame)
+      (lateRequests ??= []).push(r);
+    }
+    if (this.inflight.size === 0 && this.queue.length === 0 && this.requests.size === 0 && this.sweepTimer) {
+      clearInterval(this.sweepTimer);
+      this.sweepTimer = null;
+    }
+    if (late) {
+      const why = `outrund did not answer within ${this.opts.evaluateTimeoutMs} ms (evaluateTimeoutMs)`;
+      for (const p of late) p.resolve(result('unavailable', why, p.script._shard));
+      if (this.queue.length) this.scheduleFlush(); // the window has room again
+    }
+    if (lateRequests) {
+      const why = `outrund did not answer within ${this.opts.replyTimeoutMs} ms (replyTimeoutMs)`;
+      for (const r of lateRequests) r.reject(new OutrunError('unavailable', why));
+    }
   }
 
   private async control(cmd: w.ControlCommand, shard: number, after = '', limit = 0): Promise<ControlReplyData> {
@@ -955,11 +1019,7 @@ export class Client extends EventEmitter<ClientEvents> {
 
   private async controlJson(cmd: w.ControlCommand, after = '', limit = 0): Promise<any> {
     const r = await this.control(cmd, 0, after, limit);
-    try {
-      return JSON.parse(r.json);
-    } catch {
-      throw new OutrunError('runtime_error', 'outrund sent a control reply that is not JSON');
-    }
+    return parseDocument(r.json, 'control');
   }
 
   private check(r: Reply): void {

@@ -28,3 +28,11 @@ export const EVALUATE_SPLIT_BYTES = 4 * 1024 * 1024;
 export const MAX_DECODED_NODES = 4_000_000;
 /** String and byte-vector bytes one received frame may decode to, each use counted (4 × MAX_FRAME_SIZE, as kMaxResultsDecodeBytes). */
 export const MAX_DECODED_BYTES = 4 * MAX_FRAME_SIZE;
+/**
+ * What one TagValue entry of a received TagChanges/TagValues frame counts against that frame's
+ * MAX_DECODED_BYTES, besides its strings (counted as read) and its value's nodes: about what a
+ * decoded change costs in JavaScript (the object, two Dates, the value). So a frame decodes to at
+ * most 131,072 changes, however many entries point at one TagValue; outrund splits TagChanges
+ * at about 4 MiB (under 120,000 of the smallest entries) and answers at most 4096 per ReadTags.
+ */
+export const DECODED_TAG_ENTRY_BYTES = 512;

@@ -12,5 +12,6 @@ export type { InputValue, OutputValue, Inputs } from './values';
 export { FrameReader, FrameError } from './frame-reader';
 export type { FrameErrorKind } from './frame-reader';
 export * as constants from './constants';
+export { MAX_JSON_DEPTH, MAX_JSON_CONTAINERS } from './json';
 /** Low-level frame encoding/decoding (tests, tools, fake servers). */
 export * as wire from './wire';

@@ -3,7 +3,7 @@
 import * as flatbuffers from 'flatbuffers';
 import * as w from './generated/outrun_generated';
 import { CheckedByteBuffer, MalformedFrame } from './checked-buffer';
-import { MAX_FRAME_SIZE, MAX_SOURCE_UPDATES, MAX_TAG_ID_BYTES, MAX_VALUE_DEPTH } from './constants';
+import { DECODED_TAG_ENTRY_BYTES, MAX_DECODED_BYTES, MAX_FRAME_SIZE, MAX_SOURCE_UPDATES, MAX_TAG_ID_BYTES, MAX_VALUE_DEPTH } from './constants';
 import { statusCodeName, toStatusCode } from './opcua-status';
 import { DecodeBudget, InputValue, InvalidInput, InvalidValue, toWire, WireBudget, WireValue } from './values';
 
@@ -250,8 +250,17 @@ function decodeOne(tv: w.TagValue, budget: DecodeBudget): TagChange {
   return out;
 }
 
-/** Decodes a [TagValue] vector; throws MalformedFrame for a frame that cannot be read. */
-export function decodeTagValues(n: number, at: (i: number, obj: w.TagValue) => w.TagValue | null): TagChange[] {
+/**
+ * Decodes a [TagValue] vector of the frame read through `bb`; throws MalformedFrame for a frame
+ * that cannot be read. Each entry counts DECODED_TAG_ENTRY_BYTES against the frame's decode budget
+ * (with its strings and values, a shared TagValue counted at each use), all of them before the
+ * first is decoded: a frame whose entries alone would pass MAX_DECODED_BYTES is refused at once.
+ */
+export function decodeTagValues(n: number, at: (i: number, obj: w.TagValue) => w.TagValue | null, bb: flatbuffers.ByteBuffer | null): TagChange[] {
+  if (!(bb instanceof CheckedByteBuffer)) throw new MalformedFrame('tag values outside a checked frame');
+  if (n * DECODED_TAG_ENTRY_BYTES > MAX_DECODED_BYTES)
+    throw new MalformedFrame(`frame of ${n} tag values decodes to more than ${MAX_DECODED_BYTES} bytes (${DECODED_TAG_ENTRY_BYTES} per entry, a shared one counted at each use)`);
+  bb.charge(n * DECODED_TAG_ENTRY_BYTES);
   const budget = new DecodeBudget();
   const out: TagChange[] = new Array(n);
   const obj = new w.TagValue();

@@ -5,7 +5,7 @@ import net from 'node:net';
 import { once } from 'node:events';
 import { connect, OutrunError, wire } from '../dist/index.js';
 import { tempSocket } from './helpers.mjs';
-import { inputOf, intResults, readFrames, registered, serverHello, sharedStringResults } from './fake.mjs';
+import { controlReply, inputOf, intResults, readFrames, registered, serverHello, sharedStringResults, sharedTagValues, tagChanges, tagsReply } from './fake.mjs';
 
 const { w } = wire;
 
@@ -250,3 +250,265 @@ test('a request larger than a frame is refused invalid_argument without a byte s
   await c.close();
   await srv.close();
 });
+
+// ---- a hostile daemon: every call settles; what a frame decodes to is bounded ----
+
+/** The request id of a client frame that carries one (Register, Control, tags requests). */
+function requestIdOf(f) {
+  const cls = { [w.Body.Register]: w.Register, [w.Body.Control]: w.Control, [w.Body.DefineTags]: w.DefineTags,
+    [w.Body.RemoveTags]: w.RemoveTags, [w.Body.ListTags]: w.ListTags, [w.Body.SourceUpdates]: w.SourceUpdates,
+    [w.Body.Subscribe]: w.Subscribe, [w.Body.ReadTags]: w.ReadTags }[f.type];
+  return cls ? wire.body(f, cls).requestId() : null;
+}
+
+test('a daemon that answers hello and Register but ignores Evaluate: evaluations end unavailable at evaluateTimeoutMs; a late result is dropped', async () => {
+  const ignored = [];
+  let answer = false;
+  let sockRef;
+  const srv = await fakeServer((sock) => {
+    sockRef = sock;
+    readFrames(sock, (f) => {
+      if (f.type === w.Body.ClientHello) sock.write(serverHello({ maxInflight: 2 }));
+      else if (f.type === w.Body.Register) sock.write(registered(wire.body(f, w.Register).requestId(), 3));
+      else if (f.type === w.Body.Evaluate) {
+        const ev = wire.body(f, w.Evaluate);
+        for (let i = 0; i < ev.itemsLength(); i++) {
+          const id = Number(ev.items(i).id());
+          if (answer) sock.write(intResults([[id, 7]]));
+          else ignored.push(id);
+        }
+      }
+    });
+  });
+  const c = await connect(srv.path, { reconnect: false, evaluateTimeoutMs: 300 });
+  const s = await c.register('k', 'return 1');
+  const t0 = Date.now();
+  // 5 evaluations, 2 in flight (max_inflight) and 3 queued behind them: all settle.
+  const results = await Promise.all([c.evaluate(s, { a: 1 }), ...Array.from({ length: 4 }, () => c.evaluate(s, {}))]);
+  const took = Date.now() - t0;
+  for (const r of results) {
+    assert.equal(r.status, 'unavailable');
+    assert.match(r.error, /did not answer within 300 ms \(evaluateTimeoutMs\)/);
+  }
+  assert.ok(took >= 290 && took < 3000, `settled after ${took} ms`);
+  assert.equal(c.inflightCount, 0);
+  assert.ok(ignored.length >= 2, 'the daemon got them');
+  // The results come now, late: dropped, nothing settles twice, the connection goes on.
+  sockRef.write(Buffer.concat(ignored.map((id) => intResults([[id, 99]]))));
+  await new Promise((r) => setTimeout(r, 50));
+  assert.equal(c.connected, true);
+  answer = true;
+  assert.deepEqual(await c.evaluate(s, {}), { status: 'ok', value: 7, error: '', shard: 0 });
+  // Nothing waits: the sweep stops, and it never held the process.
+  await new Promise((r) => setTimeout(r, 100));
+  assert.equal(c.sweepTimer, null, 'the sweep stops once nothing waits');
+  await c.close();
+  await srv.close();
+});
+
+test('a daemon that ignores every request: each call rejects unavailable at replyTimeoutMs; late replies are dropped', async () => {
+  const pending = [];
+  let sockRef;
+  const srv = await fakeServer((sock) => {
+    sockRef = sock;
+    readFrames(sock, (f) => {
+      if (f.type === w.Body.ClientHello) sock.write(serverHello());
+      else {
+        const id = requestIdOf(f);
+        if (id !== null) pending.push([f.type, id]);
+      }
+    });
+  });
+  const c = await connect(srv.path, { reconnect: false, replyTimeoutMs: 250 });
+  assert.equal(c.sweepTimer, null, 'nothing waits: no timer');
+  const t0 = Date.now();
+  const calls = {
+    register: c.register('k', 'return 1'),
+    stats: c.stats(),
+    shards: c.shards(),
+    scripts: c.scripts(),
+    killShard: c.killShard(0),
+    defineTags: c.defineTags('[tags.A]\nscript = "return 1"\n'),
+    removeTags: c.removeTags(['A']),
+    listTags: c.listTags(),
+    updateSources: c.updateSources([{ tag: 'S', value: 1 }]),
+    subscribe: c.subscribe([], () => {}),
+    readTags: c.readTags(['A']),
+  };
+  await new Promise((r) => setTimeout(r, 20));
+  assert.equal(c.sweepTimer.hasRef(), false, 'the sweep does not keep the process alive');
+  const settled = Object.entries(calls).map(([name, p]) => [name, p.then(() => assert.fail(`${name} resolved`), (e) => e)]);
+  for (const [name, p] of settled) {
+    await assert.rejects(p.then((e) => Promise.reject(e)), (e) => {
+      assert.ok(e instanceof OutrunError, name);
+      assert.equal(e.status, 'unavailable', name);
+      assert.match(e.message, /did not answer within 250 ms \(replyTimeoutMs\)/, name);
+      return true;
+    });
+  }
+  const took = Date.now() - t0;
+  assert.ok(took < 3000, `settled after ${took} ms`);
+  assert.equal(pending.length, Object.keys(calls).length);
+  // Late replies of every kind: dropped.
+  sockRef.write(Buffer.concat(pending.map(([type, id]) =>
+    type === w.Body.Register ? registered(id, 1) : type === w.Body.Control ? controlReply(id, '{}') : type === w.Body.ReadTags ? sharedTagValues(id, 1) : tagsReply(id, '{}'))));
+  await new Promise((r) => setTimeout(r, 50));
+  assert.equal(c.connected, true);
+  await c.close();
+  await srv.close();
+});
+
+for (const how of ['closes', 'is killed mid-frame']) {
+  test(`a daemon that ${how}: every call in flight settles at once`, async () => {
+    let sockRef;
+    let seen = 0;
+    const srv = await fakeServer((sock) => {
+      sockRef = sock;
+      readFrames(sock, (f) => {
+        if (f.type === w.Body.ClientHello) sock.write(serverHello());
+        else if (f.type === w.Body.Register && seen++ === 0) sock.write(registered(wire.body(f, w.Register).requestId(), 3));
+      });
+    });
+    const c = await connect(srv.path, { reconnect: false, replyTimeoutMs: 60000, evaluateTimeoutMs: 60000 });
+    const s = await c.register('k', 'return 1');
+    const evals = [c.evaluate(s, {}), c.evaluateBatch([{ script: s }, { script: s, inputs: { x: 1 } }])];
+    const calls = [c.register('k2', 'return 2'), c.stats(), c.scriptsPage(), c.listTags(), c.readTags(['A']),
+      c.updateSources([{ tag: 'S', value: 1 }]), c.subscribe(['A'], () => {}), c.defineTags('x'), c.removeTags(['A'])]
+      .map((p) => p.then(() => null, (e) => e));
+    await new Promise((r) => setTimeout(r, 50));
+    const t0 = Date.now();
+    if (how === 'closes') sockRef.end();
+    else sockRef.destroy(Buffer.from([0x40, 0, 0])); // half a length prefix, then gone
+    if (how !== 'closes') sockRef.destroy();
+    const [one, batch] = await Promise.all(evals);
+    for (const r of [one, ...batch]) assert.equal(r.status, 'unavailable');
+    for (const e of await Promise.all(calls)) assert.equal(e?.status, 'unavailable');
+    assert.ok(Date.now() - t0 < 1000);
+    assert.equal(c.inflightCount, 0);
+    await c.close();
+    await srv.close();
+  });
+}
+
+test('close() ends every call still waiting, and later calls, cancelled', async () => {
+  const srv = await fakeServer((sock) => {
+    readFrames(sock, (f) => {
+      if (f.type === w.Body.ClientHello) sock.write(serverHello());
+      else if (f.type === w.Body.Register) sock.write(registered(wire.body(f, w.Register).requestId(), 3));
+    });
+  });
+  const c = await connect(srv.path, { reconnect: false });
+  const s = await c.register('k', 'return 1');
+  const ev = c.evaluate(s, {});
+  const calls = [c.stats(), c.listTags(), c.readTags(['A'])].map((p) => p.then(() => null, (e) => e));
+  await new Promise((r) => setTimeout(r, 20));
+  await c.close();
+  assert.equal((await ev).status, 'cancelled');
+  for (const e of await Promise.all(calls)) assert.equal(e?.status, 'cancelled');
+  await assert.rejects(c.listTags(), { status: 'cancelled' });
+  assert.equal(c.sweepTimer, null);
+  await srv.close();
+});
+
+/** A daemon that answers hello and Register, subscribes, then sends `frames` (a function of the socket). */
+async function pushingDaemon(onSubscribed) {
+  return fakeServer((sock) => {
+    readFrames(sock, (f) => {
+      if (f.type === w.Body.ClientHello) sock.write(serverHello());
+      else if (f.type === w.Body.Subscribe) {
+        sock.write(tagsReply(wire.body(f, w.Subscribe).requestId()));
+        onSubscribed(sock);
+      } else if (f.type === w.Body.ReadTags) onSubscribed(sock, wire.body(f, w.ReadTags).requestId());
+    });
+  });
+}
+
+test('a TagChanges frame of 3.5 million entries pointing at one TagValue is refused at once, not decoded', async () => {
+  const frame = tagChanges(3_500_000); // 14 MB
+  assert.ok(frame.length > 13e6 && frame.length < 16 << 20);
+  let stalls = 0;
+  let last = performance.now();
+  const ticker = setInterval(() => {
+    const now = performance.now();
+    stalls = Math.max(stalls, now - last);
+    last = now;
+  }, 5);
+  const srv = await pushingDaemon((sock) => sock.write(frame));
+  const c = await connect(srv.path, { reconnect: false });
+  const got = [];
+  const heap0 = process.memoryUsage().heapUsed;
+  let peak = heap0;
+  const sampler = setInterval(() => (peak = Math.max(peak, process.memoryUsage().heapUsed)), 2);
+  const disconnected = once(c, 'disconnected');
+  await c.subscribe([], (changes) => got.push(changes.length));
+  const [err] = await disconnected;
+  clearInterval(ticker);
+  clearInterval(sampler);
+  peak = Math.max(peak, process.memoryUsage().heapUsed);
+  assert.match(err.message, /bad frame: frame of 3500000 tag values decodes to more than 67108864 bytes \(512 per entry/);
+  assert.deepEqual(got, [], 'nothing delivered');
+  assert.ok(peak - heap0 < 200e6, `heap grew ${((peak - heap0) / 1e6).toFixed(0)} MB`);
+  assert.ok(stalls < 1500, `event loop blocked ${stalls.toFixed(0)} ms`);
+  await c.close();
+  await srv.close();
+});
+
+test('TagChanges: entries that fit the budget one by one but not together are refused; an honest frame of 50,000 passes', async () => {
+  // 130,000 entries × 512 fit 64 MiB, but with their 11-byte tag ids they do not: refused while decoding.
+  let n = 0;
+  const frames = [tagChanges(50_000, { shared: false }), tagChanges(130_000)];
+  const srv = await pushingDaemon((sock) => sock.write(frames[n++]));
+  const c = await connect(srv.path, { reconnect: false });
+  const got = [];
+  const disconnected = once(c, 'disconnected');
+  await c.subscribe([], (changes) => {
+    got.push(changes.length);
+    if (got.length === 1) c.subscribe(['X'], () => {}).catch(() => {}); // asks for the second frame
+  });
+  const [err] = await Promise.race([disconnected, new Promise((_, no) => setTimeout(() => no(new Error(`not refused; delivered ${got}`)), 20000))]);
+  assert.match(err.message, /decodes to more than 67108864 bytes/);
+  assert.deepEqual(got, [50_000]);
+  await c.close();
+  await srv.close();
+});
+
+test('TagValues (a ReadTags reply) of a million shared entries: refused, the connection closes, the call rejects', async () => {
+  const srv = await pushingDaemon((sock, id) => {
+    if (id !== undefined) sock.write(sharedTagValues(id, 1_000_000));
+  });
+  const c = await connect(srv.path, { reconnect: false });
+  await assert.rejects(c.readTags(['Tank1.Level']), { status: 'unavailable', message: /decodes to more than 67108864 bytes/ });
+  assert.equal(c.connected, false);
+  await c.close();
+  await srv.close();
+});
+
+for (const [name, json, why] of [
+  // (16 MiB less room for the frame around the text)
+  ['16 MB of nested arrays', () => '['.repeat((8 << 20) - 512) + ']'.repeat((8 << 20) - 512), /nests deeper than 64 levels/],
+  ['16 MB of empty objects', () => '[' + '{},'.repeat(((16 << 20) - 1024) / 3 - 2) + '{}]', /holds more than 1000000 objects and arrays/],
+]) {
+  test(`a reply of ${name} is refused with a clear error, not parsed; the connection goes on`, async () => {
+    const text = json();
+    const srv = await fakeServer((sock) => {
+      readFrames(sock, (f) => {
+        if (f.type === w.Body.ClientHello) sock.write(serverHello());
+        else if (f.type === w.Body.ListTags) sock.write(tagsReply(wire.body(f, w.ListTags).requestId(), text));
+        else if (f.type === w.Body.Control) sock.write(controlReply(wire.body(f, w.Control).requestId(), text));
+      });
+    });
+    const c = await connect(srv.path, { reconnect: false });
+    global.gc?.();
+    const heap0 = process.memoryUsage().heapUsed;
+    const t0 = performance.now();
+    await assert.rejects(c.listTags(), (e) => e instanceof OutrunError && e.status === 'runtime_error' && why.test(e.message) && /ListTags reply/.test(e.message));
+    await assert.rejects(c.stats(), (e) => e.status === 'runtime_error' && why.test(e.message) && /control reply/.test(e.message));
+    const ms = performance.now() - t0;
+    const grew = process.memoryUsage().heapUsed - heap0;
+    assert.ok(grew < 150e6, `heap grew ${(grew / 1e6).toFixed(0)} MB`);
+    assert.ok(ms < 20000, `${ms.toFixed(0)} ms`); // parsing them took 25-65 s here
+    assert.equal(c.connected, true);
+    await c.close();
+    await srv.close();
+  });
+}

@@ -97,3 +97,64 @@ export function readFrames(sock, onFrame) {
     for (const bytes of reader.push(chunk)) onFrame(wire.openFrame(bytes));
   });
 }
+
+/** One TagValue {tag, DataValue{Double value, Good, both times}} into builder `b`. */
+function tagEntry(b, tag, { value = 1.5, diagnostics = '' } = {}) {
+  const t = b.createString(tag);
+  const d = diagnostics ? b.createString(diagnostics) : 0;
+  w.Value.startValue(b);
+  w.Value.addKind(b, w.ValueKind.Double);
+  w.Value.addDoubleValue(b, value);
+  const v = w.Value.endValue(b);
+  w.DataValue.startDataValue(b);
+  w.DataValue.addValue(b, v);
+  w.DataValue.addStatus(b, 0);
+  w.DataValue.addSourceTime(b, 133500000000000000n);
+  w.DataValue.addServerTime(b, 133500000000000000n);
+  if (d) w.DataValue.addDiagnostics(b, d);
+  const dv = w.DataValue.endDataValue(b);
+  w.TagValue.startTagValue(b);
+  w.TagValue.addTag(b, t);
+  w.TagValue.addValue(b, dv);
+  return w.TagValue.endTagValue(b);
+}
+
+/**
+ * TagChanges{changes} with `count` entries. `shared`: every entry points at one TagValue (a
+ * frame of about 4 × count bytes that decodes to count changes); otherwise each its own, as
+ * outrund encodes them (tag ids `T<i>`).
+ */
+export function tagChanges(count, { shared = true, diagnostics = '' } = {}) {
+  const b = new flatbuffers.Builder(shared ? 4 * count + 1024 : 80 * count + 1024);
+  let offs;
+  if (shared) {
+    const one = tagEntry(b, 'Tank1.Level', { diagnostics });
+    offs = new Array(count).fill(one);
+  } else {
+    offs = Array.from({ length: count }, (_, i) => tagEntry(b, `T${i}`, { value: i, diagnostics }));
+  }
+  const vec = w.TagChanges.createChangesVector(b, offs);
+  return finish(b, w.Body.TagChanges, w.TagChanges.createTagChanges(b, vec));
+}
+
+/** TagValues{request_id, Ok, values} answering ReadTags, `count` entries sharing one TagValue. */
+export function sharedTagValues(requestId, count) {
+  const b = new flatbuffers.Builder(4 * count + 1024);
+  const one = tagEntry(b, 'Tank1.Level');
+  const vec = w.TagValues.createValuesVector(b, new Array(count).fill(one));
+  return finish(b, w.Body.TagValues, w.TagValues.createTagValues(b, BigInt(requestId), w.Status.Ok, 0, vec));
+}
+
+/** TagsReply{request_id, Ok, json} */
+export function tagsReply(requestId, json = '{}') {
+  const b = new flatbuffers.Builder(json.length + 256);
+  const j = b.createString(json);
+  return finish(b, w.Body.TagsReply, w.TagsReply.createTagsReply(b, BigInt(requestId), w.Status.Ok, 0, j));
+}
+
+/** ControlReply{request_id, Ok, json} */
+export function controlReply(requestId, json = '{}') {
+  const b = new flatbuffers.Builder(json.length + 256);
+  const j = b.createString(json);
+  return finish(b, w.Body.ControlReply, w.ControlReply.createControlReply(b, BigInt(requestId), w.Status.Ok, 0, j));
+}
