@@ -21,13 +21,20 @@ const here = dirname(fileURLToPath(import.meta.url));
 export const ROOT = resolve(here, '../..');
 export const NAMESPACE_URI = 'urn:outrun:tags';
 const BadWaitingForInitialData = 0x80320000;
+const UncertainNoCommunicationLastUsableValue = 0x408f0000;
+const BadNoCommunication = 0x80310000;
 
 // ---- outrund ----
 
-/** Starts an outrund of our own; resolves once its socket answers. */
-export async function startOutrund({ outrund, tags, config, extraArgs = [] } = {}) {
-  const dir = mkdtempSync(join(tmpdir(), 'outrun-opcua-'));
+/**
+ * Starts an outrund of our own; resolves once its socket answers. `dir`: the folder of its
+ * socket (a restart reuses it, so that clients reconnect to the same path; then the caller
+ * removes it); `log(line)`: where outrund's own log lines go (default: stderr, prefixed).
+ */
+export async function startOutrund({ outrund, tags, config, extraArgs = [], dir: given, log } = {}) {
+  const dir = given ?? mkdtempSync(join(tmpdir(), 'outrun-opcua-'));
   const socket = join(dir, 'outrund.sock');
+  const logLine = log ?? ((l) => process.stderr.write(`${l}\n`));
   const bin = outrund || process.env.OUTRUN_OUTRUND || join(ROOT, 'build/bin/outrund');
   const args = ['--socket', socket];
   if (config) args.push('--config', config);
@@ -35,10 +42,19 @@ export async function startOutrund({ outrund, tags, config, extraArgs = [] } = {
   args.push(...extraArgs);
   const child = spawn(bin, args, { stdio: ['ignore', 'ignore', 'pipe'] });
   let stderr = '';
+  let partial = '';
   child.stderr.on('data', (d) => {
     stderr += d;
     if (stderr.length > 65536) stderr = stderr.slice(-32768);
-    if (process.env.OUTRUN_OPCUA_DEBUG) process.stderr.write(d);
+    // outrund's own log (reload results, kills, errors) reaches the server's log, line by line.
+    partial += d;
+    let nl;
+    while ((nl = partial.indexOf('\n')) >= 0) {
+      const line = partial.slice(0, nl);
+      partial = partial.slice(nl + 1);
+      if (line) logLine(`outrund[${child.pid}]: ${line}`);
+    }
+    if (partial.length > 65536) partial = '';
   });
   let exited = null;
   // Whatever way this process ends, its outrund goes with it.
@@ -80,7 +96,7 @@ export async function startOutrund({ outrund, tags, config, extraArgs = [] } = {
         await new Promise((r) => (exited ? r() : child.once('exit', r)));
         clearTimeout(t);
       }
-      rmSync(dir, { recursive: true, force: true });
+      if (!given) rmSync(dir, { recursive: true, force: true });
     },
   };
 }
@@ -231,16 +247,26 @@ export async function startServer(opts = {}) {
   const tagsFile = resolve(opts.tags ?? join(ROOT, 'examples/tags/tank.toml'));
   const started = [];
   let daemon = null;
+  let daemonDir = null;
   let socket = opts.socket;
   const log = opts.log ?? ((...a) => process.stderr.write(`opcua-server: ${a.join(' ')}\n`));
+  // Our own outrund is supervised: restarted with backoff when it exits (sup.stopping: not).
+  const sup = { stopping: false, restarts: 0, backoffMs: 100, timer: null, stable: null };
+  const ownDaemon = () => startOutrund({ outrund: opts.outrund, tags: tagsFile, config: opts.config, dir: daemonDir, log: (l) => log(l) });
   try {
     if (!socket && !opts.client) {
-      daemon = await startOutrund({ outrund: opts.outrund, tags: tagsFile, config: opts.config });
-      started.push(daemon);
+      daemonDir = mkdtempSync(join(tmpdir(), 'outrun-opcua-'));
+      started.push({ stop: async () => rmSync(daemonDir, { recursive: true, force: true }) });
+      daemon = await ownDaemon();
       socket = daemon.socket;
     }
-    const client = opts.client ?? await outrun.connect(socket, { name: 'outrun-opcua-server', disconnectedWaitMs: 5000 });
-    if (opts.socket && opts.tags) await client.defineTags(readFileSync(tagsFile, 'utf8'), { replaceAll: true });
+    // Reconnects by itself (at most reconnectMaxDelayMs apart); calls made while it is away fail
+    // after disconnectedWaitMs -- but source writes are refused at once (below).
+    const client = opts.client ?? await outrun.connect(socket, { name: 'outrun-opcua-server', disconnectedWaitMs: 500, reconnectMaxDelayMs: 500 });
+    const defineOwnTags = async () => {
+      if (opts.socket && opts.tags) await client.defineTags(readFileSync(tagsFile, 'utf8'), { replaceAll: true });
+    };
+    await defineOwnTags();
 
     const server = new OPCUAServer({
       port,
@@ -281,6 +307,14 @@ export async function startServer(opts = {}) {
       timers: [],
       changes: 0,
       onChange: null, // hook (benchmark)
+      // outrund's health (Diagnostics.outrund): lost = {since, why} while it is unreachable.
+      lost: null,
+      lostTimer: null,
+      connectedSince: new Date(),
+      reconnects: 0,
+      lastLoss: '',
+      noCommunicationMs: opts.noCommunicationMs ?? 10000,
+      log,
     };
 
     const list = await client.listTags();
@@ -325,13 +359,16 @@ export async function startServer(opts = {}) {
 
     addDiagnostics(state, diagFolder);
 
-    // Virtual tags: the current values, then every change.
+    // Virtual tags: the current values, then every change. A value equal to the one shown (after
+    // a reconnection, the re-read and the subscription can bring the same one) is not set again.
     const apply = (changes) => {
       for (const ch of changes) {
         const v = state.virtual.get(ch.tag);
         if (!v) continue;
         v.last = ch;
         state.changes++;
+        if (v.shown && sameChange(v.shown, ch)) continue;
+        v.shown = ch;
         setDataValue(v.variable, toDataValue(v.type, ch));
       }
       if (state.onChange) state.onChange(changes);
@@ -344,6 +381,43 @@ export async function startServer(opts = {}) {
       apply(cur.filter((c) => c.serverTime !== null || c.status !== BadWaitingForInitialData));
     }
 
+    // outrund lost: every virtual tag says so at once (UncertainNoCommunicationLastUsableValue with
+    // its last value, then BadNoCommunication after noCommunicationMs); back: the sources are sent
+    // again, the tags re-read, and subscribers see Good values again.
+    client.on('disconnected', (why) => onLost(state, String(why?.message ?? why ?? 'disconnected')));
+    client.on('connected', () => {
+      onRestored(state, defineOwnTags).catch((e) => log(`after reconnecting to outrund: ${e?.message ?? e}`));
+    });
+    if (daemon) {
+      const watch = (d) => {
+        d.child.on('exit', (code, sig) => {
+          if (sup.stopping) return;
+          clearTimeout(sup.stable);
+          onLost(state, `outrund (pid ${d.pid}) exited (${code ?? sig})`);
+          log(`outrund (pid ${d.pid}) exited (${code ?? sig}); restarting it in ${sup.backoffMs} ms`);
+          sup.timer = setTimeout(restart, sup.backoffMs);
+          sup.backoffMs = Math.min(sup.backoffMs * 2, 5000);
+        });
+      };
+      const restart = async () => {
+        sup.timer = null;
+        if (sup.stopping) return;
+        try {
+          const d = await ownDaemon();
+          if (sup.stopping) return void (await d.stop());
+          daemon = state.daemon = d;
+          sup.restarts++;
+          log(`outrund restarted (pid ${d.pid}, restart ${sup.restarts})`);
+          watch(d);
+          sup.stable = setTimeout(() => (sup.backoffMs = 100), 10000); // up 10 s: backoff reset
+        } catch (e) {
+          log(`outrund did not restart: ${e?.message ?? e}; again in ${sup.backoffMs} ms`);
+          sup.timer = setTimeout(restart, sup.backoffMs);
+          sup.backoffMs = Math.min(sup.backoffMs * 2, 5000);
+        }
+      };
+      watch(daemon);
+    }
     state.timers.push(setInterval(() => refreshDiagnostics(state).catch(() => {}), 1000));
     if (opts.simulate) startSimulation(state, sourceIds);
 
@@ -356,6 +430,10 @@ export async function startServer(opts = {}) {
     /** The write path of a source (OPC UA writes, simulation, benchmark driver). */
     state.writeSource = (id, value, status = 0, sourceTime = new Date()) => writeSource(state, id, value, status, sourceTime);
     state.stop = async () => {
+      sup.stopping = true;
+      clearTimeout(sup.timer);
+      clearTimeout(sup.stable);
+      clearTimeout(state.lostTimer);
       for (const t of state.timers) clearInterval(t);
       try {
         await server.shutdown(0);
@@ -363,13 +441,85 @@ export async function startServer(opts = {}) {
       try {
         await client.close();
       } catch {}
+      if (daemon) await daemon.stop();
       for (const s of started.reverse()) await s.stop();
     };
     return state;
   } catch (e) {
+    sup.stopping = true;
+    if (daemon) await daemon.stop().catch(() => {});
     for (const s of started.reverse()) await s.stop().catch(() => {});
     throw e;
   }
+}
+
+// ---- outrund lost and back ----
+
+function sameChange(a, b) {
+  const t = (d) => (d instanceof Date ? d.getTime() : d ?? null);
+  if (a.status !== b.status || t(a.sourceTime) !== t(b.sourceTime)) return false;
+  const key = (v) => JSON.stringify(v, (_, x) => (typeof x === 'bigint' ? `${x}n` : x));
+  return a.value === b.value || key(a.value) === key(b.value);
+}
+
+/** Shows a virtual tag's DataValue while outrund is unreachable (not recorded as outrun's). */
+function showLost(v, code, keepValue) {
+  const last = v.last;
+  const ch = {
+    tag: '',
+    value: keepValue && last ? last.value : null,
+    status: code,
+    sourceTime: keepValue && last ? last.sourceTime : null,
+    serverTime: new Date(),
+    diagnostics: '',
+  };
+  v.shown = ch;
+  setDataValue(v.variable, toDataValue(v.type, ch));
+}
+
+/** outrund is unreachable: every virtual tag says so (design: README "OPC UA server"). */
+export function onLost(state, why) {
+  if (state.lost) return;
+  state.lost = { since: new Date(), why };
+  state.lastLoss = why;
+  state.log(`outrund unreachable (${why}): virtual tags are UncertainNoCommunicationLastUsableValue, then BadNoCommunication after ${state.noCommunicationMs} ms`);
+  for (const v of state.virtual.values()) {
+    const usable = v.last && v.last.value !== null && v.last.value !== undefined && v.last.status >>> 30 < 2;
+    showLost(v, usable ? UncertainNoCommunicationLastUsableValue : BadNoCommunication, usable);
+  }
+  clearTimeout(state.lostTimer);
+  state.lostTimer = setTimeout(() => {
+    if (!state.lost) return;
+    for (const v of state.virtual.values()) showLost(v, BadNoCommunication, false);
+  }, state.noCommunicationMs);
+  state.lostTimer.unref?.();
+  updateHealth(state);
+}
+
+/** outrund answers again: define (external daemon), re-send the sources, re-read the tags. */
+async function onRestored(state, defineOwnTags) {
+  if (!state.lost) return;
+  const lost = state.lost;
+  await defineOwnTags();
+  const updates = [];
+  for (const [id, e] of state.sources) if (e.sent) updates.push({ tag: id, ...e.sent });
+  for (let i = 0; i < updates.length; i += 1000) await state.client.updateSources(updates.slice(i, i + 1000));
+  state.lost = null;
+  clearTimeout(state.lostTimer);
+  state.reconnects++;
+  state.connectedSince = new Date();
+  state.log(`outrund reachable again after ${Date.now() - lost.since.getTime()} ms: ${updates.length} source values sent again`);
+  updateHealth(state);
+  // The waves of the re-sent sources push their changes; what is computed already is read here
+  // (a tag still waiting for its inputs is left to its push, then read again below).
+  const ids = [...state.virtual.keys()];
+  const cur = ids.length ? await state.client.readTags(ids) : [];
+  state.apply(cur.filter((c) => c.status !== BadWaitingForInitialData));
+  setTimeout(async () => {
+    if (state.lost || !ids.length) return;
+    const again = await state.client.readTags(ids).catch(() => []);
+    state.apply(again);
+  }, 500).unref?.();
 }
 
 function addSource(state, folder, id, hook) {
@@ -389,6 +539,8 @@ function addSource(state, folder, id, hook) {
         const status = dataValue.statusCode ? dataValue.statusCode.value >>> 0 : 0;
         const st = dataValue.sourceTimestamp ?? new Date();
         if (hook) hook(id);
+        // outrund unreachable: refused at once, nothing changed (not after a timeout).
+        if (state.lost || !state.client.connected) return callback(null, StatusCodes.BadNoCommunication);
         writeSource(state, id, fromVariant(v), status, st).then(
           () => callback(null, StatusCodes.Good),
           (e) => callback(null, e && e.status === 'invalid_argument' ? StatusCodes.BadTypeMismatch : StatusCodes.BadCommunicationError),
@@ -404,6 +556,7 @@ async function writeSource(state, id, value, status, sourceTime) {
   const st = sourceTime instanceof Date ? sourceTime : new Date();
   await state.client.updateSources([{ tag: id, value, status, sourceTime: st }], st);
   if (entry) {
+    entry.sent = { value, status, sourceTime: st }; // sent again after outrund comes back
     const raw = value instanceof outrun.Double ? value.value : value;
     const dt = typeof raw === 'number' || raw instanceof outrun.Double ? DataType.Double : typeof raw === 'boolean' ? DataType.Boolean : typeof raw === 'string' ? DataType.String : DataType.Double;
     entry.last = new DataValue({
@@ -459,8 +612,9 @@ function addVirtual(state, folder, def) {
 
 function addDiagnostics(state, folder) {
   const ns = state.ns;
+  // Server-owned nodes are read-only to OPC UA clients.
   const mk = (parent, name, nodeId, dataType, initial) => {
-    const v = ns.addVariable({ componentOf: parent, browseName: name, nodeId, dataType, minimumSamplingInterval: 1000 });
+    const v = ns.addVariable({ componentOf: parent, browseName: name, nodeId, dataType, minimumSamplingInterval: 1000, accessLevel: 'CurrentRead', userAccessLevel: 'CurrentRead' });
     v.setValueFromSource({ dataType: DataType[dataType], value: initial });
     return v;
   };
@@ -470,7 +624,11 @@ function addDiagnostics(state, folder) {
     shards: mk(daemon, 'Shards', 's=Diagnostics.outrund.Shards', 'Int32', 0),
     stats: mk(daemon, 'StatsJson', 's=Diagnostics.outrund.StatsJson', 'String', ''),
     changes: mk(daemon, 'TagChangesReceived', 's=Diagnostics.outrund.TagChangesReceived', 'Double', 0),
+    connectedSince: mk(daemon, 'ConnectedSince', 's=Diagnostics.outrund.ConnectedSince', 'DateTime', state.connectedSince),
+    reconnects: mk(daemon, 'Reconnects', 's=Diagnostics.outrund.Reconnects', 'UInt32', 0),
+    lastLoss: mk(daemon, 'LastLoss', 's=Diagnostics.outrund.LastLoss', 'String', ''),
   };
+  updateHealth(state);
   state.diagFolder = folder;
   state.mkDiag = mk;
   for (const id of state.virtual.keys()) addTagDiagnostics(state, id);
@@ -487,11 +645,22 @@ function addTagDiagnostics(state, id) {
   });
 }
 
+/** Diagnostics.outrund: connected, since when, reconnections, the last loss's reason. */
+function updateHealth(state) {
+  const h = state.health;
+  if (!h) return;
+  const up = !state.lost && state.client.connected;
+  h.connected.setValueFromSource({ dataType: DataType.Boolean, value: up });
+  h.connectedSince.setValueFromSource({ dataType: DataType.DateTime, value: up ? state.connectedSince : null });
+  h.reconnects.setValueFromSource({ dataType: DataType.UInt32, value: state.reconnects });
+  h.lastLoss.setValueFromSource({ dataType: DataType.String, value: state.lastLoss });
+}
+
 async function refreshDiagnostics(state) {
   const h = state.health;
-  h.connected.setValueFromSource({ dataType: DataType.Boolean, value: state.client.connected });
+  updateHealth(state);
   h.changes.setValueFromSource({ dataType: DataType.Double, value: state.changes });
-  if (!state.client.connected) return;
+  if (!state.client.connected || state.lost) return;
   const [list, stats] = await Promise.all([state.client.listTags(), state.client.stats().catch(() => null)]);
   if (stats) {
     h.stats.setValueFromSource({ dataType: DataType.String, value: JSON.stringify(stats) });

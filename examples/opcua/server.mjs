@@ -18,6 +18,9 @@ const { values } = parseArgs({
     config: { type: 'string' },
     outrund: { type: 'string' },
     simulate: { type: 'boolean', default: false },
+    // While outrund is unreachable, virtual tags show UncertainNoCommunicationLastUsableValue for
+    // this long, then BadNoCommunication.
+    'no-communication-ms': { type: 'string', default: '10000' },
   },
 });
 
@@ -44,6 +47,7 @@ try {
     config: values.config,
     outrund: values.outrund,
     simulate: values.simulate,
+    noCommunicationMs: Number(values['no-communication-ms']),
   });
   if (stopping) await state.stop();
   else {
