@@ -14,6 +14,7 @@ import {
   StatusCode,
   StatusCodes,
   coerceNodeId,
+  ModelChangeStructureDataType,
 } from 'node-opcua';
 import outrun from '@outrun/client';
 
@@ -453,6 +454,74 @@ export async function startServer(opts = {}) {
   }
 }
 
+// ---- the address space follows the tags ----
+
+const Verb = { NodeAdded: 1, NodeDeleted: 2, ReferenceAdded: 4, ReferenceDeleted: 8, DataTypeChanged: 16 };
+
+/** Makes the Tags folder match `defs` (ListTags' tags); returns the ids of new/retyped tags. */
+export function syncAddressSpace(state, defs) {
+  const as = state.server.engine.addressSpace;
+  const virtualIds = new Set(defs.map((d) => d.id));
+  const wantedSources = new Set();
+  for (const d of defs) for (const t of inputTags(d)) if (!virtualIds.has(t)) wantedSources.add(t);
+  const changes = [];
+  const change = (node, verb) => changes.push(new ModelChangeStructureDataType({ affected: node.nodeId, affectedType: node.typeDefinition ?? null, verb }));
+  const remove = (variable) => {
+    // Subscribers of a removed node hear it first: BadNodeIdUnknown, no value.
+    setDataValue(variable, new DataValue({ value: new Variant({ dataType: DataType.Null }), statusCode: StatusCodes.BadNodeIdUnknown, serverTimestamp: new Date() }));
+    change(variable, Verb.NodeDeleted);
+    as.deleteNode(variable);
+  };
+  const retype = [];
+  for (const [id, v] of state.virtual) {
+    const d = defs.find((x) => x.id === id);
+    if (!d) {
+      remove(v.variable);
+      state.virtual.delete(id);
+      const diag = as.findNode(`ns=${state.nsIndex};s=Diagnostics.${id}`);
+      if (diag) as.deleteNode(diag);
+      state.diag.delete(id);
+    } else if ((d.type ?? 'Double') !== v.type.name) {
+      retype.push(d);
+    }
+  }
+  for (const [id, e] of state.sources)
+    if (!wantedSources.has(id)) {
+      remove(e.variable);
+      state.sources.delete(id);
+    }
+  const added = [];
+  for (const d of retype) {
+    const v = state.virtual.get(d.id);
+    setDataValue(v.variable, new DataValue({ value: new Variant({ dataType: DataType.Null }), statusCode: StatusCodes.BadNodeIdUnknown, serverTimestamp: new Date() }));
+    as.deleteNode(v.variable);
+    state.virtual.delete(d.id);
+    addVirtual(state, state.tagsFolder, d);
+    change(state.virtual.get(d.id).variable, Verb.DataTypeChanged);
+    added.push(d.id);
+  }
+  for (const src of wantedSources)
+    if (!state.sources.has(src)) {
+      addSource(state, state.tagsFolder, src);
+      change(state.sources.get(src).variable, Verb.NodeAdded);
+    }
+  for (const d of defs) {
+    if (state.virtual.has(d.id)) continue;
+    addVirtual(state, state.tagsFolder, d);
+    if (state.mkDiag) addTagDiagnostics(state, d.id);
+    change(state.virtual.get(d.id).variable, Verb.NodeAdded);
+    added.push(d.id);
+  }
+  if (changes.length) {
+    change(state.tagsFolder, changes.some((c) => c.verb === Verb.NodeDeleted) ? Verb.ReferenceDeleted | Verb.ReferenceAdded : Verb.ReferenceAdded);
+    as.modelChangeTransaction(() => {
+      for (const c of changes) as._collectModelChange(null, c);
+    });
+    state.log(`address space: ${changes.length - 1} node(s) added, removed or retyped after a reload`);
+  }
+  return added;
+}
+
 // ---- outrund lost and back ----
 
 function sameChange(a, b) {
@@ -666,15 +735,10 @@ async function refreshDiagnostics(state) {
     h.stats.setValueFromSource({ dataType: DataType.String, value: JSON.stringify(stats) });
     h.shards.setValueFromSource({ dataType: DataType.Int32, value: state.client.serverInfo.shards });
   }
-  // A reload (SIGHUP, defineTags) may have added tags: give them variables (and their sources).
-  const added = [];
-  for (const t of list.tags ?? []) {
-    if (state.virtual.has(t.id)) continue;
-    for (const src of inputTags(t)) if (!state.sources.has(src) && !state.virtual.has(src) && !(list.tags ?? []).some((x) => x.id === src)) addSource(state, state.tagsFolder, src);
-    addVirtual(state, state.tagsFolder, t);
-    addTagDiagnostics(state, t.id);
-    added.push(t.id);
-  }
+  // A reload (SIGHUP, defineTags) changes the address space to match: new tags (and their
+  // sources) get variables, removed ones lose theirs, a tag whose DataType changed is made again
+  // with the new one; one GeneralModelChangeEvent says what changed (Part 3 9.32, Part 5 6.4.32).
+  const added = syncAddressSpace(state, list.tags ?? []);
   if (added.length) state.apply(await state.client.readTags(added));
   for (const t of list.tags ?? []) {
     const d = state.diag.get(t.id);
