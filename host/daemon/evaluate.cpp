@@ -33,13 +33,14 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_pt
     Result refused;
     refused.status = Status::ok;
     // Protocol 3's 64-bit handle, else the 32-bit one of protocols 1 and 2 (the first
-    // kLegacyHandleGens generations of an id). Either names one record, ever: an older
-    // generation than the id's entry is a record that was freed (server.h ScriptEntry).
+    // kLegacyHandleGens generations of an id; handle64 0 is not written, and its 32-bit form is
+    // 0 too). Either names one record, ever: an older generation than the id's entry is a
+    // record that was freed (server.h ScriptEntry).
     const uint64_t handle = e->handle64() ? e->handle64() : e->script_id();
     const uint32_t idx = static_cast<uint32_t>(handle & kHandleIdMask);
     const uint64_t gen = handle >> kHandleIdBits;
     const ScriptEntry* entry = idx < scripts_.size() ? scripts_[idx].get() : nullptr;
-    if (!entry || gen == 0 || gen > entry->gen) {
+    if (!entry || gen > entry->gen) {
       refused = Result{
           Status::invalid_argument, {}, "unknown script handle " + std::to_string(handle), -1};
     } else if (gen < entry->gen) {

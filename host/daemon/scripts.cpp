@@ -74,8 +74,7 @@ void Server::handle_register(const std::shared_ptr<Conn>& c, const protocol::Reg
         }
       ids.clear();
       auto entry = std::make_shared<ScriptEntry>();
-      entry->gen = slot ? (slot->gen + 1) & ((uint64_t{1} << kHandleGenBits) - 1) : 1;
-      if (entry->gen == 0) entry->gen = 1;
+      entry->gen = slot ? (slot->gen + 1) & ((uint64_t{1} << kHandleGenBits) - 1) : 0;
       entry->key = script.key();
       entry->script = script;
       entry->uid = c->uid;
@@ -86,10 +85,11 @@ void Server::handle_register(const std::shared_ptr<Conn>& c, const protocol::Reg
       ids.push_back(id);
     }
     handle = handle_of(*slot);
-    legacy = legacy_handle_of(*slot);
-    if (c->protocol < 3 && legacy == 0)
+    // Protocols 1 and 2 only: a protocol 3 client uses handle64 (none is written for it).
+    if (c->protocol < 3) legacy = legacy_handle_of(*slot);
+    if (c->protocol < 3 && slot->gen >= kLegacyHandleGens)
       e = Error{ErrorCode::invalid_argument,
-                "this script's handle needs 64 bits (its record id was reused " +
+                "this script's handle needs 64 bits (its record id was reused more than " +
                     std::to_string(kLegacyHandleGens - 1) +
                     " times): speak protocol 3 to outrund (design/protocol.md \"Handles\")"};
   }

@@ -65,7 +65,7 @@ inline constexpr int kStatusCount = 11;  // outrun::Status values
 struct ScriptEntry {
   Script script;  // empty once unregistered or replaced (the entry stays for its message)
   std::string key;
-  uint64_t gen = 1;       // 1 .. 2^kHandleGenBits - 1 (never 0: a handle64 is never 0)
+  uint64_t gen = 0;       // < 2^kHandleGenBits
   bool replaced = false;  // dropped because its key got another source (not unregistered)
   // The uid whose Register made the record: it owns the key (D-tenancy: only it or an admin may
   // replace or unregister it). Charged to its registry quota while the entry holds the script:
@@ -242,9 +242,9 @@ class Server {
   // Drops the daemon's handle of an entry (unregister) and its quota charge.
   void drop_entry(ScriptEntry& e) REQUIRES(loop_thread);
   static uint64_t handle_of(const ScriptEntry& e) { return e.gen << kHandleIdBits | e.script.id(); }
-  // The 32-bit handle of protocol 1 and 2, or 0 when the generation has none.
+  // The 32-bit handle of protocols 1 and 2 (valid while e.gen < kLegacyHandleGens).
   static uint32_t legacy_handle_of(const ScriptEntry& e) {
-    return e.gen < kLegacyHandleGens ? static_cast<uint32_t>(handle_of(e)) : 0;
+    return static_cast<uint32_t>(handle_of(e));
   }
   // Why `c` (its uid, not an admin) may not replace or unregister `key`, which `owner` registered
   // (`what`: "replace", "unregister"); none when it may.

@@ -499,8 +499,10 @@ void Client::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
     }
     const detail::InputBufferOffset buffer =
         bytes.empty() ? detail::InputBufferOffset() : protocol::add_input_list(f, bytes);
-    items.push_back(protocol::build_evaluation(f, id, 0, 0, {}, nullptr, buffer,
-                                               requests[i].script.record()->serial));
+    // The 64-bit handle, and its low 32 bits as script_id (design/protocol.md "Handles").
+    const uint64_t handle = requests[i].script.record()->serial;
+    items.push_back(protocol::build_evaluation(f, id, static_cast<uint32_t>(handle), 0, {}, nullptr,
+                                               buffer, handle));
     return true;
   };
   auto flush = [&] {

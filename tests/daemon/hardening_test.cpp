@@ -142,7 +142,8 @@ struct RawClient {
     REQUIRE(fr->body_type() == wire::Body::Registered);
     REQUIRE(fr->body_as_Registered()->status() == wire::Status::Ok);
     if (shard) *shard = fr->body_as_Registered()->shard();
-    return fr->body_as_Registered()->handle();
+    // Its low 32 bits as script_id: the 32-bit form, valid while its id was reused < 1,024 times.
+    return static_cast<uint32_t>(fr->body_as_Registered()->handle64());
   }
 };
 

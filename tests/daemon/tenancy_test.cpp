@@ -112,11 +112,13 @@ struct Raw {
     std::string error;
     int64_t value = 0;
   };
-  // One evaluation of `handle64` (protocol 3) or, when it is 0, of the 32-bit `script_id`.
+  // One evaluation of `handle64` (protocol 3; its low 32 bits as script_id, as outrun::Client
+  // sends it) or, when it is 0, of the 32-bit `script_id`.
   Res eval(uint64_t handle64, uint32_t script_id = 0) {
     flatbuffers::FlatBufferBuilder f;
-    const auto ev =
-        outrun::protocol::build_evaluation(f, rid++, script_id, 0, {}, nullptr, {}, handle64);
+    const auto ev = outrun::protocol::build_evaluation(
+        f, rid++, handle64 ? static_cast<uint32_t>(handle64) : script_id, 0, {}, nullptr, {},
+        handle64);
     send(outrun::protocol::finish_evaluate(f, std::span(&ev, 1)));
     const wire::Frame* fr = next();
     REQUIRE(fr->body_type() == wire::Body::Results);
@@ -303,13 +305,17 @@ TEST_CASE(
 
 TEST_CASE("outrund tenancy: a stale handle is refused however often its record id is reused") {
   Daemon d;
-  Raw victim(d.socket), attacker(d.socket);
+  Raw victim(d.socket), attacker(d.socket), old(d.socket, 2);
   const Raw::Reg v = victim.reg("victim.k", "return 1111");
   REQUIRE(v.status == wire::Status::Ok);
-  REQUIRE(v.handle64 != 0);
-  REQUIRE(v.handle == static_cast<uint32_t>(v.handle64));  // a 32-bit form while it has one
+  CHECK(v.handle == 0);  // protocol 3: no 32-bit handle
   CHECK(victim.eval(v.handle64).value == 1111);
-  CHECK(victim.eval(0, v.handle).value == 1111);  // protocol 1 and 2's script_id
+  // The same script for a protocol 2 client: its 32-bit form.
+  const Raw::Reg lv = old.reg("victim.k", "return 1111");
+  REQUIRE(lv.status == wire::Status::Ok);
+  REQUIRE(lv.handle64 == v.handle64);
+  REQUIRE(lv.handle == static_cast<uint32_t>(v.handle64));
+  CHECK(old.eval(0, lv.handle).value == 1111);
   REQUIRE(victim.unreg("victim.k").first == wire::Status::Ok);
   const uint64_t id_mask = (uint64_t{1} << 22) - 1;
   // Register/unregister cycles until the victim's record id was given to the attacker's script
@@ -328,7 +334,7 @@ TEST_CASE("outrund tenancy: a stale handle is refused however often its record i
       INFO("reuse " << reuses << ": " << r.error);
       REQUIRE(r.status == wire::Status::InvalidArgument);
       REQUIRE(r.error.find("handle no longer registered") != std::string::npos);
-      const Raw::Res legacy = victim.eval(0, v.handle);
+      const Raw::Res legacy = old.eval(0, lv.handle);
       INFO("32-bit handle: " << legacy.error);
       REQUIRE(legacy.status == wire::Status::InvalidArgument);
     }
@@ -339,7 +345,6 @@ TEST_CASE("outrund tenancy: a stale handle is refused however often its record i
                  << " s");
   CHECK(reuses >= 1100);
   // A protocol 2 client cannot be given a handle past the 32-bit form's 1,023 generations.
-  Raw old(d.socket, 2);
   const Raw::Reg o = old.reg("attacker.k", "return 666");
   if ((o.handle64 & id_mask) == (v.handle64 & id_mask)) {
     CHECK(o.status == wire::Status::InvalidArgument);
