@@ -169,7 +169,7 @@ class FrameConn {
     return true;
   }
 
-  bool register_script(const std::string& key, const std::string& source, uint32_t* handle,
+  bool register_script(const std::string& key, const std::string& source, uint64_t* handle,
                        std::string* why) {
     flatbuffers::FlatBufferBuilder fbb;
     protocol::DaemonMessage m;
@@ -182,7 +182,7 @@ class FrameConn {
       *why = "Register refused" + (r ? ": " + r->error : std::string());
       return false;
     }
-    *handle = r->handle;
+    *handle = r->handle64;
     return true;
   }
 
@@ -194,7 +194,7 @@ class FrameConn {
 // Evaluate { one Evaluation: id, the handle, inputs a = input_of(id), b = a + 1 }, appended to
 // `out` (fbb is cleared: the frame is copied out).
 void append_evaluate(std::vector<uint8_t>& out, flatbuffers::FlatBufferBuilder& fbb, int64_t id,
-                     uint32_t handle) {
+                     uint64_t handle) {
   // The inputs: in a builder of their own (an InputList) or in the frame's.
   static thread_local flatbuffers::FlatBufferBuilder list(256);
   flatbuffers::FlatBufferBuilder& ib = g_nested_inputs ? list : fbb;
@@ -213,9 +213,11 @@ void append_evaluate(std::vector<uint8_t>& out, flatbuffers::FlatBufferBuilder& 
   if (g_nested_inputs) {
     ib.Finish(wire::CreateInputList(ib, inputs));
     const auto buffer = protocol::add_input_list(fbb, {ib.GetBufferPointer(), ib.GetSize()});
-    ev = protocol::build_evaluation(fbb, static_cast<uint64_t>(id), handle, 0, {}, nullptr, buffer);
+    ev = protocol::build_evaluation(fbb, static_cast<uint64_t>(id), static_cast<uint32_t>(handle),
+                                    0, {}, nullptr, buffer, handle);
   } else {
-    ev = protocol::build_evaluation(fbb, static_cast<uint64_t>(id), handle, 0, inputs, nullptr);
+    ev = protocol::build_evaluation(fbb, static_cast<uint64_t>(id), static_cast<uint32_t>(handle),
+                                    0, inputs, nullptr, {}, handle);
   }
   const std::span<const uint8_t> frame = protocol::finish_evaluate(fbb, std::span(&ev, 1));
   out.insert(out.end(), frame.begin(), frame.end());
@@ -329,7 +331,7 @@ std::unique_ptr<DaemonServer> DaemonServer::start(const Launch& launch, std::str
   flatbuffers::FlatBufferBuilder fbb;
   std::vector<uint8_t> buf;
   for (int k = 0; k < launch.keys; ++k) {
-    uint32_t handle = 0;
+    uint64_t handle = 0;
     if (!c.register_script("perf.avg." + std::to_string(k), launch.script, &handle, why))
       return nullptr;
     s->handles_.push_back(handle);
@@ -366,7 +368,7 @@ DaemonSingleFig daemon_single_client(const DaemonServer& server, int iterations)
     f.wrong = 1;
     return f;
   }
-  const std::vector<uint32_t>& handles = server.handles();
+  const std::vector<uint64_t>& handles = server.handles();
   const std::vector<int> daemon = {server.pid()}, workers = server.worker_pids();
   LatencyHistogram h;
   flatbuffers::FlatBufferBuilder fbb;
@@ -410,7 +412,7 @@ DaemonPipelinedFig daemon_pipelined(const DaemonServer& server, int clients, int
     std::vector<bool> seen;   // of the batch in flight, by id - batch_start
     bool sending = true;
   };
-  const std::vector<uint32_t>& handles = server.handles();
+  const std::vector<uint64_t>& handles = server.handles();
   std::vector<Conn> conns(static_cast<std::size_t>(clients));
   const int ep = epoll_create1(EPOLL_CLOEXEC);
   for (std::size_t k = 0; k < conns.size(); ++k) {

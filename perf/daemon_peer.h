@@ -36,14 +36,14 @@ class DaemonServer {
   // Its worker processes: the children of outrund, read from /proc now.
   std::vector<int> worker_pids() const;
   const std::string& socket_path() const { return socket_; }
-  // The handles of the script's keys (Registered.handle), in key order.
-  const std::vector<uint32_t>& handles() const { return handles_; }
+  // The handles of the script's keys (Registered.handle64), in key order.
+  const std::vector<uint64_t>& handles() const { return handles_; }
 
  private:
   DaemonServer() = default;
   int pid_ = 0;
   std::string dir_, socket_;
-  std::vector<uint32_t> handles_;
+  std::vector<uint64_t> handles_;
 };
 
 // What outrund spent over a measured window, per evaluation: outrund's own threads and,

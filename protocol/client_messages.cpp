@@ -200,8 +200,8 @@ std::span<const uint8_t> encode_server_hello(flatbuffers::FlatBufferBuilder& fbb
 
 std::span<const uint8_t> encode_registered(flatbuffers::FlatBufferBuilder& fbb, uint64_t request_id,
                                            wire::Status status, std::string_view error,
-                                           uint32_t handle, std::span<const uint8_t> sha256,
-                                           int32_t shard) {
+                                           uint64_t handle64, uint32_t handle,
+                                           std::span<const uint8_t> sha256, int32_t shard) {
   const bool ok = status == wire::Status::Ok;
   flatbuffers::Offset<flatbuffers::String> err;
   flatbuffers::Offset<flatbuffers::Vector<uint8_t>> sha;
@@ -216,6 +216,7 @@ std::span<const uint8_t> encode_registered(flatbuffers::FlatBufferBuilder& fbb, 
     b.add_error(err);
   } else {
     b.add_handle(handle);
+    b.add_handle64(handle64);
     b.add_sha256(sha);
     b.add_shard(shard);
   }
@@ -299,6 +300,7 @@ bool decode_daemon_frame(const wire::Frame* frame, DaemonMessage* out, std::stri
       m.request_id = r->request_id();
       m.status = reply_status(r->status(), r->error(), &m.error);
       m.handle = r->handle();
+      m.handle64 = r->handle64();
       m.shard = r->shard();
       if (r->sha256() && r->sha256()->size() == 32) {
         m.sha256.emplace();

@@ -52,7 +52,8 @@ bool check_worker_status(wire::Status status, std::string* why) {
 flatbuffers::Offset<wire::Evaluation> build_evaluation(
     flatbuffers::FlatBufferBuilder& fbb, uint64_t id, uint32_t script_id, uint64_t timeout_us,
     flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::Input>>> inputs,
-    const ScriptSource* source, flatbuffers::Offset<flatbuffers::Vector<uint8_t>> inputs_buffer) {
+    const ScriptSource* source, flatbuffers::Offset<flatbuffers::Vector<uint8_t>> inputs_buffer,
+    uint64_t handle64) {
   flatbuffers::Offset<flatbuffers::Vector<uint8_t>> sha, bytecode;
   flatbuffers::Offset<flatbuffers::String> src, name;
   if (source) {
@@ -70,6 +71,7 @@ flatbuffers::Offset<wire::Evaluation> build_evaluation(
   eb.add_timeout_us(timeout_us);
   eb.add_inputs(inputs);
   eb.add_inputs_buffer(inputs_buffer);
+  eb.add_handle64(handle64);  // 0 (the worker's frames): not written
   if (source) {
     eb.add_sha256(sha);
     eb.add_source(src);

@@ -75,8 +75,10 @@ struct Conn : std::enable_shared_from_this<Conn> {
   uid_t uid GUARDED_BY(loop_thread) = 0;
   gid_t gid GUARDED_BY(loop_thread) = 0;
   pid_t pid GUARDED_BY(loop_thread) = 0;
-  // May send KillShard/RestartShard (daemon.admin_uids, admin_gids).
+  // May send KillShard/RestartShard, replace or unregister another uid's key
+  // (daemon.admin_uids, admin_gids).
   bool admin GUARDED_BY(loop_thread) = false;
+  uint16_t protocol GUARDED_BY(loop_thread) = 0;  // the version of its ClientHello
   std::chrono::steady_clock::time_point accepted GUARDED_BY(loop_thread);
   std::string name GUARDED_BY(loop_thread);
 

@@ -191,6 +191,7 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
       return false;
     }
     c->hello = true;
+    c->protocol = h->protocol_version;
     pending_.erase(c->id);
     c->name = std::string(h->client_name.substr(0, 64));
     f.Clear();

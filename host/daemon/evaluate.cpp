@@ -32,16 +32,31 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_pt
     const std::size_t decode_before = decode_budget, copy_before = copy_budget;
     Result refused;
     refused.status = Status::ok;
-    const uint32_t idx = e->script_id() & kHandleIdMask;
+    // Protocol 3's 64-bit handle, else the 32-bit one of protocols 1 and 2 (the first
+    // kLegacyHandleGens generations of an id; handle64 0 is not written, and its 32-bit form is
+    // 0 too). Either names one record, ever: an older generation than the id's entry is a
+    // record that was freed (server.h ScriptEntry).
+    const uint64_t handle = e->handle64() ? e->handle64() : e->script_id();
+    const uint32_t idx = static_cast<uint32_t>(handle & kHandleIdMask);
+    const uint64_t gen = handle >> kHandleIdBits;
     const ScriptEntry* entry = idx < scripts_.size() ? scripts_[idx].get() : nullptr;
-    if (!entry || entry->gen != e->script_id() >> kHandleIdBits) {
+    if (!entry || gen > entry->gen) {
+      refused = Result{
+          Status::invalid_argument, {}, "unknown script handle " + std::to_string(handle), -1};
+    } else if (gen < entry->gen) {
       refused = Result{Status::invalid_argument,
                        {},
-                       "unknown script handle " + std::to_string(e->script_id()),
+                       "script handle " + std::to_string(handle) +
+                           ": handle no longer registered (its script was unregistered or "
+                           "replaced and its record freed; register it again)",
                        -1};
     } else if (!entry->script.valid()) {
-      refused =
-          Result{Status::invalid_argument, {}, "script '" + entry->key + "' was unregistered", -1};
+      refused = Result{
+          Status::invalid_argument,
+          {},
+          "script '" + entry->key + "' was " +
+              (entry->replaced ? "replaced by another source; register it again" : "unregistered"),
+          -1};
     } else if (draining_) {
       refused = Result{Status::unavailable, {}, "outrund is stopping", -1};
     } else if (c->inflight.load(std::memory_order_relaxed) + admitted >=

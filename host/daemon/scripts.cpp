@@ -1,5 +1,8 @@
 // The script table's frames: Register (a handle per record, charged to the peer uid's registry
-// quota: design/daemon.md "Registry quotas") and Unregister (every handle of the key goes).
+// quota: design/daemon.md "Registry quotas") and Unregister (every handle of the key goes). A
+// key belongs to the uid that registered its record: only it or an admin may replace or
+// unregister it (design/daemon.md "Who owns a key"); keys of the internal namespace are
+// nobody's to name.
 #include <spdlog/spdlog.h>
 
 #include <span>
@@ -12,31 +15,66 @@
 
 namespace outrun::daemon {
 
+namespace {
+// The internal namespace (runner.h kInternalKeyPrefix: the tags engine's scripts) is not a
+// client's to name.
+Error check_client_key(std::string_view key) {
+  if (is_internal_key(key))
+    return {ErrorCode::invalid_argument,
+            "script keys starting with a NUL byte are reserved (outrund's tags)"};
+  return {};
+}
+}  // namespace
+
+Error Server::check_owner(const Conn& c, std::string_view key, uint32_t owner,
+                          const char* what) const {
+  if (c.admin || c.uid == owner) return {};
+  spdlog::warn("client {} (pid {} uid {}): {} '{}' refused: registered by uid {}", c.id, c.pid,
+               c.uid, what, key.substr(0, 256), owner);
+  return {ErrorCode::invalid_argument,
+          "permission denied: uid " + std::to_string(c.uid) + " may not " + what + " '" +
+              std::string(key) + "', registered by uid " + std::to_string(owner) +
+              " (only that uid or an admin may: daemon.admin_uids, admin_gids)"};
+}
+
 void Server::handle_register(const std::shared_ptr<Conn>& c, const protocol::RegisterMsg& r) {
   flatbuffers::FlatBufferBuilder& f = t_fbb;
   Script script;
   Error e;
-  // A new record is charged to the peer's uid (D-quota); `admit` runs only for a new one.
+  // A new record is charged to the peer's uid (D-quota); `admit` runs only for a new one: a new
+  // key, or another source under a key, which only the key's owner or an admin may (D-tenancy).
   std::size_t charge = 0;
   auto admit = [&](std::size_t bytes) {
     loop_thread.assert_here();  // called by register_script below, on this thread
+    if (auto it = key_entries_.find(*r.key); it != key_entries_.end() && !it->second.empty())
+      if (Error o = check_owner(*c, *r.key, scripts_[it->second.back()]->uid, "replace")) return o;
     Error q = quota_.admit(c->uid, bytes);
     if (!q) charge = bytes;
     return q;
   };
   if (!r.key || !r.source)
     e = Error{ErrorCode::invalid_argument, "register needs a key and a source"};
-  else
+  else if (!(e = check_client_key(*r.key)))
     e = host_->register_script(*r.key, *r.source, &script, admit);
-  uint32_t handle = 0;
+  uint64_t handle = 0;
+  uint32_t legacy = 0;
   if (!e) {
     const uint32_t id = script.id();
     if (scripts_.size() <= id) scripts_.resize(id + 1);
     auto& slot = scripts_[id];
     if (!slot || !(slot->script == script)) {
-      // A new record (an index whose entry is a tombstone, or a new one).
+      // A new record (an index whose entry is a tombstone, or a new one). The key's earlier
+      // record, if any, was replaced: its handle goes and its charge is released, whoever
+      // replaced it (D-tenancy: a record no handle reaches is charged to nobody).
+      auto& ids = key_entries_[script.key()];
+      for (uint32_t old : ids)
+        if (scripts_[old] && scripts_[old]->script.valid()) {
+          scripts_[old]->replaced = true;
+          drop_entry(*scripts_[old]);
+        }
+      ids.clear();
       auto entry = std::make_shared<ScriptEntry>();
-      entry->gen = slot ? (slot->gen + 1) & ((1u << (32 - kHandleIdBits)) - 1) : 0;
+      entry->gen = slot ? (slot->gen + 1) & ((uint64_t{1} << kHandleGenBits) - 1) : 0;
       entry->key = script.key();
       entry->script = script;
       entry->uid = c->uid;
@@ -44,9 +82,16 @@ void Server::handle_register(const std::shared_ptr<Conn>& c, const protocol::Reg
       if (charge) quota_.charge(c->uid, charge);
       slot = std::move(entry);
       ++live_scripts_;
-      key_entries_[script.key()].push_back(id);
+      ids.push_back(id);
     }
     handle = handle_of(*slot);
+    // Protocols 1 and 2 only: a protocol 3 client uses handle64 (none is written for it).
+    if (c->protocol < 3) legacy = legacy_handle_of(*slot);
+    if (c->protocol < 3 && slot->gen >= kLegacyHandleGens)
+      e = Error{ErrorCode::invalid_argument,
+                "this script's handle needs 64 bits (its record id was reused more than " +
+                    std::to_string(kLegacyHandleGens - 1) +
+                    " times): speak protocol 3 to outrund (design/protocol.md \"Handles\")"};
   }
   f.Clear();
   std::span<const uint8_t> sha;
@@ -56,20 +101,24 @@ void Server::handle_register(const std::shared_ptr<Conn>& c, const protocol::Reg
     shard = static_cast<int>(script.shard());
   }
   c->writer.write(protocol::encode_registered(f, r.request_id, detail::wire_status(e.code),
-                                              e.message, handle, sha, shard));
+                                              e.message, handle, legacy, sha, shard));
 }
 
 void Server::handle_unregister(const std::shared_ptr<Conn>& c, const protocol::UnregisterMsg& u) {
   flatbuffers::FlatBufferBuilder& f = t_fbb;
   Error e;
+  auto it = u.key ? key_entries_.find(*u.key) : key_entries_.end();
   if (!u.key) {
     e = Error{ErrorCode::invalid_argument, "unregister needs a key"};
+  } else if ((e = check_client_key(*u.key))) {
+  } else if (it != key_entries_.end() && !it->second.empty() &&
+             (e = check_owner(*c, *u.key, scripts_[it->second.back()]->uid, "unregister"))) {
   } else {
     e = host_->unregister_script(*u.key);
     if (!e) {
-      // Every handle of the key this daemon gave out goes: the current one and those it
-      // replaced. Their records are freed once their evaluations in flight end.
-      if (auto it = key_entries_.find(*u.key); it != key_entries_.end()) {
+      // Every handle of the key this daemon gave out goes. Its record is freed once its
+      // evaluations in flight end.
+      if (it != key_entries_.end()) {
         for (uint32_t id : it->second)
           if (scripts_[id]) drop_entry(*scripts_[id]);
         key_entries_.erase(it);

@@ -42,7 +42,7 @@ namespace {
 struct Reply {
   Error error;  // from the reply's wire status by detail::error_from_wire
   std::string json;
-  uint32_t handle = 0;
+  uint64_t handle = 0;  // Registered.handle64
   int shard = -1;
   std::array<uint8_t, 32> sha{};
   std::vector<tags::Change> values;
@@ -84,8 +84,8 @@ struct Client::Impl {
   // Scripts by daemon handle, and each key's latest handle. The records are this client's own
   // (no registry): freed with the last handle.
   Mutex smu;
-  std::unordered_map<uint32_t, Script> by_handle GUARDED_BY(smu);
-  std::unordered_map<std::string, uint32_t> by_key GUARDED_BY(smu);
+  std::unordered_map<uint64_t, Script> by_handle GUARDED_BY(smu);
+  std::unordered_map<std::string, uint64_t> by_key GUARDED_BY(smu);
 
   // Tags subscription callback (reader thread).
   Mutex submu;
@@ -201,7 +201,7 @@ struct Client::Impl {
     } else if (auto* reg = std::get_if<protocol::RegisteredMsg>(&m)) {
       Reply rep;
       rep.error = detail::error_from_wire(reg->status, std::move(reg->error));
-      rep.handle = reg->handle;
+      rep.handle = reg->handle64;
       rep.shard = reg->shard;
       if (reg->sha256) rep.sha = *reg->sha256;
       complete(reg->request_id, std::move(rep));
@@ -404,6 +404,9 @@ bool Client::connected() const {
 
 Error Client::register_script(std::string_view key, std::string_view source, Script* out) {
   *out = Script();
+  // A key of the internal namespace (a tags engine over this client) is this client's own key
+  // in the daemon, which refuses the namespace's byte (runner.h kInternalKeyPrefix).
+  key = chunk_name_of(key);
   if (key.empty() || key.size() > kMaxKeySize)
     return Error{ErrorCode::invalid_argument,
                  "script key must be 1.." + std::to_string(kMaxKeySize) + " bytes"};
@@ -422,7 +425,8 @@ Error Client::register_script(std::string_view key, std::string_view source, Scr
   }
   auto* rec = new detail::ScriptRecord();
   rec->owner = impl_.get();
-  rec->id = r.handle;
+  rec->id = static_cast<uint32_t>(r.handle);
+  rec->serial = r.handle;  // the daemon's handle (script_record.h)
   rec->shard = static_cast<uint32_t>(std::max(0, r.shard));
   rec->key = std::string(key);
   rec->source = std::string(source);
@@ -446,6 +450,7 @@ Error Client::register_script(std::string_view key, std::string_view source, Scr
 }
 
 Error Client::unregister_script(std::string_view key) {
+  key = chunk_name_of(key);  // as register_script
   if (key.empty() || key.size() > kMaxKeySize)
     return Error{ErrorCode::invalid_argument,
                  "script key must be 1.." + std::to_string(kMaxKeySize) + " bytes"};
@@ -494,8 +499,10 @@ void Client::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
     }
     const detail::InputBufferOffset buffer =
         bytes.empty() ? detail::InputBufferOffset() : protocol::add_input_list(f, bytes);
-    items.push_back(
-        protocol::build_evaluation(f, id, requests[i].script.record()->id, 0, {}, nullptr, buffer));
+    // The 64-bit handle, and its low 32 bits as script_id (design/protocol.md "Handles").
+    const uint64_t handle = requests[i].script.record()->serial;
+    items.push_back(protocol::build_evaluation(f, id, static_cast<uint32_t>(handle), 0, {}, nullptr,
+                                               buffer, handle));
     return true;
   };
   auto flush = [&] {

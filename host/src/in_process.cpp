@@ -113,7 +113,7 @@ Result InProcess::run(const Script& script, const Inputs& inputs) {
   if (!r || r->owner != impl_.get())
     return {Status::invalid_argument, {}, "script handle is not from this runner", -1};
   if (r->unregistered.load(std::memory_order_relaxed)) [[unlikely]]
-    return {Status::invalid_argument, {}, "script '" + r->key + "' was unregistered", -1};
+    return {Status::invalid_argument, {}, "script '" + r->chunk_name + "' was unregistered", -1};
   auto* e = static_cast<Engine*>(r->engine);
   MutexLock lock(e->mu);
   if (!e->tried) {

@@ -39,7 +39,9 @@ struct ScriptRecord {
   uint32_t id = 0;              // dense, per runner; reused after the record is freed
   uint32_t key_id = 0;          // dense, per key (re-registering a key keeps it): single flight
   uint32_t shard = 0;           // stable hash of the key mod shards, computed once
-  uint64_t serial = 0;          // per runner, never reused: (id, serial) names one record
+  // Per runner, never reused: (id, serial) names one record. outrun::Client: outrund's 64-bit
+  // handle of the script (Registered.handle64).
+  uint64_t serial = 0;
   std::string key;
   std::string source;
   std::array<uint8_t, 32> sha256{};      // of `source`, computed once at registration

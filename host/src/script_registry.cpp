@@ -112,7 +112,7 @@ Error ScriptRegistry::add(std::string_view key, std::string_view source, Script*
       r->key = std::string(key);
       r->source = std::string(source);
       r->sha256 = digest;
-      r->chunk_name = std::string(key);
+      r->chunk_name = std::string(chunk_name_of(key));
       r->bytes = bytes;
       if (it != by_key_.end()) {
         r->key_id = it->second.record()->key_id;

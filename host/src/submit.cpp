@@ -26,11 +26,11 @@ bool must_resume(Shard& sh) REQUIRES(sh.mu) {
 }
 
 std::string busy_message(const detail::ScriptRecord* r) {
-  return "an evaluation of '" + r->key + "' is already in flight (single flight: refuse)";
+  return "an evaluation of '" + r->chunk_name + "' is already in flight (single flight: refuse)";
 }
 
 std::string unregistered_message(const detail::ScriptRecord* r) {
-  return "script '" + r->key + "' was unregistered";
+  return "script '" + r->chunk_name + "' was unregistered";
 }
 
 }  // namespace
@@ -169,11 +169,12 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
   if (writer) writer->write_pending();
   if (resume) wake();
   if (!replaced.empty())
-    deliver_now(sh, std::move(replaced),
-                Result{Status::busy,
-                       {},
-                       "replaced by a newer evaluation of '" + r->key + "' (coalesce-latest)",
-                       sh.index});
+    deliver_now(
+        sh, std::move(replaced),
+        Result{Status::busy,
+               {},
+               "replaced by a newer evaluation of '" + r->chunk_name + "' (coalesce-latest)",
+               sh.index});
 }
 
 void Host::Impl::resume_if_paused(Shard& sh) {

@@ -1410,7 +1410,8 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, const ApplyOptions& 
   for (auto& it : items) {
     if (it.unchanged || !it.broken.empty() || it.script.valid()) continue;
     const std::string wrapped = detail::wrap_script(it.def->script);
-    if (auto err = m.runner.register_script("tag:" + it.def->id, wrapped, &it.script)) {
+    if (auto err = m.runner.register_script(kInternalKeyPrefix + ("tag:" + it.def->id), wrapped,
+                                            &it.script)) {
       it.broken = "tag '" + it.def->id + "': " + err.message;
       it.code = err.code;
       res.errors.push_back({it.def->id, it.def->location, it.broken, it.code});
@@ -1525,7 +1526,7 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, const ApplyOptions& 
         n.is_virtual = true;
         n.def = d;
         ++n.version;
-        n.key = "tag:" + d.id;
+        n.key = kInternalKeyPrefix + ("tag:" + d.id);
         ++n.timer_seq;  // a periodic timer of the old definition is dropped
         n.pending_root = false;
         if (!it.broken.empty()) {

@@ -96,7 +96,7 @@ struct FakeDaemon {
         if (std::holds_alternative<protocol::ClientHelloMsg>(m)) {
           send(protocol::encode_server_hello(f, "fake", 1, 100));
         } else if (const auto* r = std::get_if<protocol::RegisterMsg>(&m)) {
-          send(protocol::encode_registered(f, r->request_id, wire::Status::Ok, {}, 7,
+          send(protocol::encode_registered(f, r->request_id, wire::Status::Ok, {}, 7, 7,
                                            std::array<uint8_t, 32>{}, 0));
         } else if (const auto* ev = std::get_if<protocol::EvaluateMsg>(&m)) {
           if (!ev->items) continue;

@@ -142,7 +142,8 @@ struct RawClient {
     REQUIRE(fr->body_type() == wire::Body::Registered);
     REQUIRE(fr->body_as_Registered()->status() == wire::Status::Ok);
     if (shard) *shard = fr->body_as_Registered()->shard();
-    return fr->body_as_Registered()->handle();
+    // Its low 32 bits as script_id: the 32-bit form, valid while its id was reused < 1,024 times.
+    return static_cast<uint32_t>(fr->body_as_Registered()->handle64());
   }
 };
 
@@ -883,18 +884,19 @@ TEST_CASE("outrund: registry quota per uid: one uid cannot take the whole regist
     outrun::Script s;
     for (int i = 0; i < 3; ++i)
       if (c->register_script("nobody." + std::to_string(i), big, &s)) _exit(92 + i);
-    // Replacing root's key: the new record is nobody's; root's old one stays charged to root.
-    if (c->register_script("root.0", "return 2", &s)) _exit(95);
+    // Replacing root's key is refused (design/daemon.md "Who owns a key").
+    if (c->register_script("root.0", "return 2", &s).code != outrun::ErrorCode::invalid_argument)
+      _exit(95);
     const outrun::Error e = c->register_script("nobody.3", big, &s);
     if (e.code != outrun::ErrorCode::unavailable) _exit(96);
-    if (e.message.find("uid 65534 holds 4 scripts") == std::string::npos) _exit(97);
+    if (e.message.find("uid 65534 holds 3 scripts") == std::string::npos) _exit(97);
     _exit(0);
   }
   int status = 0;
   waitpid(pid, &status, 0);
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
-  CHECK(usage("65534")["scripts"] == 4);
+  CHECK(usage("65534")["scripts"] == 3);
   CHECK(usage("0")["scripts"] == 3);
   CHECK(d.stats()["registry"]["bytes"].get<std::size_t>() > 6 * big_cost);  // both hold theirs
 
@@ -906,7 +908,6 @@ TEST_CASE("outrund: registry quota per uid: one uid cannot take the whole regist
   CHECK(usage("0")["bytes"] == 2 * big_cost);
   REQUIRE(!c->register_script("root.3", big, &s));
   CHECK(c->evaluate(s, {}).get().value == outrun::Value(int64_t{1}));
-  // Unregistering root.0 frees both records of the key: root's and nobody's replacement.
   REQUIRE(!c->unregister_script("root.0"));
   CHECK(usage("0")["scripts"] == 2);
   CHECK(usage("65534")["scripts"] == 3);

@@ -150,9 +150,9 @@ TEST_CASE("outrund: protocol 1 sends plain inputs, protocol 2 encoded ones: the 
     CHECK(v1.version == 1);
     CHECK(v2.version == 2);
     CHECK(v1.refused.empty());
-    for (uint16_t bad : {uint16_t{0}, uint16_t{3}}) {
+    for (uint16_t bad : {uint16_t{0}, uint16_t{4}}) {
       Conn c(d.socket, bad);
-      CHECK(c.refused.find("speaks 1 to 2") != std::string::npos);
+      CHECK(c.refused.find("speaks 1 to 3") != std::string::npos);
     }
   }
   SUBCASE("results") {

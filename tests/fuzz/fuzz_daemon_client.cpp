@@ -224,7 +224,7 @@ bool cursor_ok(std::string_view s) {
 
 struct Evaluation {
   uint64_t id;
-  uint32_t handle;
+  uint64_t handle;  // handle64, or script_id when it is 0 (design/protocol.md "Handles")
   std::size_t requests_before;  // Register/Control requests earlier in the stream
   bool inputs_ok;               // every input a value the host accepts, not too many
 };
@@ -385,7 +385,8 @@ bool expect(std::span<const uint8_t> stream, Expectation* x) {
           // spent, refuses every later evaluation of the frame that has an input value).
           ok = ok && host_cost <= detail::kMaxInputBytes && frame_cost <= protocol::kMaxFrameSize &&
                copy_cost <= protocol::kMaxFrameSize;
-          x->evaluations.push_back({e->id(), e->script_id(), x->requests.size(), ok});
+          x->evaluations.push_back(
+              {e->id(), e->handle64() ? e->handle64() : e->script_id(), x->requests.size(), ok});
         }
         break;
       }
@@ -545,20 +546,25 @@ Frames converse(daemon::Server& s, std::span<const uint8_t> stream, const Expect
   return frames;
 }
 
+// Set by check_answers when the daemon must start afresh before the next input: a key known here
+// (a fixed one too) got a new record, whose registration dropped the old handle, or an id was
+// reused often (a protocol 1 or 2 client gets no handle past 1,023 reuses of an id).
+bool g_restart = false;
+
 // Checks the daemon's answers against the expectation. Returns the handles of the registrations
 // the daemon accepted (for the start-up registrations).
-std::vector<uint32_t> check_answers(const Frames& frames, std::size_t cut, const Expectation& x) {
+std::vector<uint64_t> check_answers(const Frames& frames, std::size_t cut, const Expectation& x) {
   // A frame cut at the end: only when the daemon dropped its queue at a violation.
   if (cut > 0) FUZZ_CHECK(x.violation);
   std::size_t next_request = 0;
   std::map<uint64_t, std::size_t> pending;  // evaluation id -> answers still due
   for (const auto& e : x.evaluations) ++pending[e.id];
   std::size_t answered = 0;
-  std::map<std::string, std::pair<std::string, uint32_t>> last;  // key -> its last registration
-  std::vector<uint32_t> registered;
-  std::vector<std::vector<uint32_t>> known(1);  // known[k]: valid handles after k requests
+  std::map<std::string, std::pair<std::string, uint64_t>> last;  // key -> its last registration
+  std::vector<uint64_t> registered;
+  std::vector<std::vector<uint64_t>> known(1);  // known[k]: valid handles after k requests
   for (uint32_t h = 0; h < kFixedCount; ++h) known[0].push_back(h);
-  std::map<uint32_t, std::string> handle_key;  // the key of each handle known here
+  std::map<uint64_t, std::string> handle_key;  // the key of each handle known here
   for (uint32_t h = 0; h < kFixedCount; ++h) handle_key[h] = kFixed[h].key;
 
   for (std::size_t i = 0; i < frames.size(); ++i) {
@@ -591,7 +597,8 @@ std::vector<uint32_t> check_answers(const Frames& frames, std::size_t cut, const
         FUZZ_CHECK(r->request_id() == q.request_id);
         known.push_back(known.back());
         const bool valid = q.has_key && q.has_source && !q.key.empty() &&
-                           q.key.size() <= kMaxKeySize && q.source.size() <= kMaxSourceSize;
+                           q.key.size() <= kMaxKeySize && q.source.size() <= kMaxSourceSize &&
+                           !is_internal_key(q.key);  // the tags' namespace (runner.h)
         if (!valid) {
           FUZZ_CHECK(r->status() == wire::Status::InvalidArgument);
           FUZZ_CHECK(r->error() != nullptr && r->error()->size() > 0);
@@ -601,7 +608,10 @@ std::vector<uint32_t> check_answers(const Frames& frames, std::size_t cut, const
         FUZZ_CHECK(r->error() == nullptr);
         // Record ids stay below what a daemon that is recycled at kRecycleScripts entries holds;
         // the high bits are the generation of a reused id (design/daemon.md).
-        FUZZ_CHECK((r->handle() & daemon::kHandleIdMask) < kRecycleScripts + 2 * kMaxRegisters);
+        FUZZ_CHECK((r->handle64() & daemon::kHandleIdMask) < kRecycleScripts + 2 * kMaxRegisters);
+        // Protocols 1 and 2 get its 32-bit form, protocol 3 none (design/protocol.md "Handles").
+        FUZZ_CHECK(r->handle() ==
+                   (x.version < 3 ? static_cast<uint32_t>(r->handle64()) : uint32_t{0}));
         FUZZ_CHECK(r->shard() >= 0 && r->shard() < kShards);
         std::array<uint8_t, 32> sha;
         SHA256(reinterpret_cast<const unsigned char*>(q.source.data()), q.source.size(),
@@ -613,14 +623,25 @@ std::vector<uint32_t> check_answers(const Frames& frames, std::size_t cut, const
         // registrations count: earlier clients may have replaced any key, the fixed ones too.
         if (const auto it = last.find(q.key); it != last.end()) {
           if (it->second.first == q.source)
-            FUZZ_CHECK(r->handle() == it->second.second);
+            FUZZ_CHECK(r->handle64() == it->second.second);
           else
-            FUZZ_CHECK(r->handle() != it->second.second);
+            FUZZ_CHECK(r->handle64() != it->second.second);
         }
-        last[q.key] = {q.source, r->handle()};
-        handle_key[r->handle()] = q.key;
-        known.back().push_back(r->handle());
-        registered.push_back(r->handle());
+        // A new record for the key drops the key's other handles (design/daemon.md D-tenancy).
+        auto& k = known.back();
+        const std::size_t before = k.size();
+        if (std::find(k.begin(), k.end(), r->handle64()) == k.end())
+          k.erase(std::remove_if(k.begin(), k.end(),
+                                 [&](uint64_t h) {
+                                   auto it = handle_key.find(h);
+                                   return it != handle_key.end() && it->second == q.key;
+                                 }),
+                  k.end());
+        if (k.size() != before || (r->handle64() >> daemon::kHandleIdBits) >= 512) g_restart = true;
+        last[q.key] = {q.source, r->handle64()};
+        handle_key[r->handle64()] = q.key;
+        k.push_back(r->handle64());
+        registered.push_back(r->handle64());
         break;
       }
       case wire::Body::Unregistered: {
@@ -640,7 +661,7 @@ std::vector<uint32_t> check_answers(const Frames& frames, std::size_t cut, const
         // Every handle of the key is gone; registering it again gives a fresh record.
         auto& k = known.back();
         k.erase(std::remove_if(k.begin(), k.end(),
-                               [&](uint32_t h) {
+                               [&](uint64_t h) {
                                  auto it = handle_key.find(h);
                                  return it != handle_key.end() && it->second == q.key;
                                }),
@@ -764,7 +785,7 @@ void start_daemon() {
   FUZZ_CHECK(expect(stream, &x) && !x.violation);
   std::size_t cut = 0;
   const Frames frames = converse(*d.server, stream, x, &cut);
-  const std::vector<uint32_t> handles = check_answers(frames, cut, x);
+  const std::vector<uint64_t> handles = check_answers(frames, cut, x);
   FUZZ_CHECK(handles.size() == kFixedCount);
   for (uint32_t i = 0; i < kFixedCount; ++i) FUZZ_CHECK(handles[i] == i);
 }
@@ -803,7 +824,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const Frames frames = converse(*g_daemon->server, stream, x, &cut);
   check_answers(frames, cut, x);
   // Unregistered keys (the fixed ones too) would break the next input's expectations.
-  if (x.unregisters || ServerTestAccess::scripts(*g_daemon->server) > kRecycleScripts) {
+  if (x.unregisters || g_restart ||
+      ServerTestAccess::scripts(*g_daemon->server) > kRecycleScripts) {
+    g_restart = false;
     stop_daemon();
     start_daemon();
   }

@@ -52,7 +52,7 @@ std::vector<std::vector<uint8_t>> one_of_each() {
   f.Clear();
   keep(encode_register(f, 1, "k", "return 1"));
   f.Clear();
-  keep(encode_registered(f, 1, wire::Status::Ok, {}, 7, std::array<uint8_t, 32>{}, 0));
+  keep(encode_registered(f, 1, wire::Status::Ok, {}, 7, 7, std::array<uint8_t, 32>{}, 0));
   f.Clear();
   keep(encode_control(f, 1, wire::ControlCommand::Stats, 0));
   f.Clear();
@@ -309,7 +309,7 @@ TEST_CASE("protocol codecs: a status a client does not know ends its answer runt
     std::vector<std::vector<uint8_t>> replies;
     auto keep = [&](std::span<const uint8_t> b) { replies.emplace_back(b.begin(), b.end()); };
     f.Clear();
-    keep(encode_registered(f, 5, s, "e", 1, std::array<uint8_t, 32>{}, 0));
+    keep(encode_registered(f, 5, s, "e", 1, 1, std::array<uint8_t, 32>{}, 0));
     f.Clear();
     keep(encode_unregistered(f, 5, s, "e"));
     f.Clear();
@@ -391,22 +391,24 @@ TEST_CASE("protocol codecs: the client socket's messages decode to what was enco
     f.Clear();
     std::array<uint8_t, 32> sha{};
     sha[31] = 9;
-    Received ok(encode_registered(f, 9, wire::Status::Ok, {}, 77, sha, 2));
+    Received ok(encode_registered(f, 9, wire::Status::Ok, {}, uint64_t{1} << 40 | 77, 77, sha, 2));
     REQUIRE(decode_daemon_frame(ok.frame, &dm, &why));
     const auto& got = std::get<RegisteredMsg>(dm);
     CHECK(got.request_id == 9);
     CHECK(got.status == wire::Status::Ok);
     CHECK(got.handle == 77);
+    CHECK(got.handle64 == (uint64_t{1} << 40 | 77));
     CHECK(got.shard == 2);
     REQUIRE(got.sha256);
     CHECK(*got.sha256 == sha);
     f.Clear();
-    Received err(encode_registered(f, 10, wire::Status::Unavailable, "full", 77, sha, 2));
+    Received err(encode_registered(f, 10, wire::Status::Unavailable, "full", 77, 77, sha, 2));
     REQUIRE(decode_daemon_frame(err.frame, &dm, &why));
     const auto& bad = std::get<RegisteredMsg>(dm);
     CHECK(bad.status == wire::Status::Unavailable);
     CHECK(bad.error == "full");
     CHECK(bad.handle == 0);  // nothing else is written
+    CHECK(bad.handle64 == 0);
     CHECK(!bad.sha256);
   }
   SUBCASE("Unregister, Control, ControlReply, Unregistered") {

@@ -246,6 +246,20 @@ using BatchCallback = std::function<void(std::size_t index, Result result)>;
 // Limits on what a caller may send, checked before anything is queued.
 inline constexpr std::size_t kMaxKeySize = 256;
 inline constexpr std::size_t kMaxSourceSize = 1u << 20;  // 1 MiB of Lua source
+
+// A key that starts with this byte (NUL) is in the runner's internal namespace: the tags engine's
+// scripts ("\0tag:ID", tags::Engine). outrund refuses such keys from its clients, so no client
+// can name, replace or unregister them (design/daemon.md "Who owns a key"); outrun::Client sends
+// them without the byte (a client's engine's scripts are that client's keys in the daemon). The
+// script's chunk name, which error messages show ("tag:ID:3: ..."), leaves the byte out.
+inline constexpr char kInternalKeyPrefix = '\0';
+inline bool is_internal_key(std::string_view key) {
+  return !key.empty() && key.front() == kInternalKeyPrefix;
+}
+// How errors name a key's script: the key without kInternalKeyPrefix.
+inline std::string_view chunk_name_of(std::string_view key) {
+  return is_internal_key(key) ? key.substr(1) : key;
+}
 inline constexpr std::size_t kMaxInputs = 4096;
 
 class Runner {

@@ -118,11 +118,12 @@ std::span<const uint8_t> encode_server_hello(flatbuffers::FlatBufferBuilder& fbb
                                              std::string_view server_version, int32_t shards,
                                              uint32_t max_inflight, std::string_view error = {},
                                              uint16_t protocol_version = kProtocolVersion);
-// Ok: `handle`, `sha256` (32 bytes) and `shard`; otherwise `error` and nothing else.
+// Ok: `handle64`, `handle` (the 32-bit form for protocol 1 and 2 clients; 0: not written),
+// `sha256` (32 bytes) and `shard`; otherwise `error` and nothing else.
 std::span<const uint8_t> encode_registered(flatbuffers::FlatBufferBuilder& fbb, uint64_t request_id,
                                            wire::Status status, std::string_view error,
-                                           uint32_t handle, std::span<const uint8_t> sha256,
-                                           int32_t shard);
+                                           uint64_t handle64, uint32_t handle,
+                                           std::span<const uint8_t> sha256, int32_t shard);
 std::span<const uint8_t> encode_unregistered(flatbuffers::FlatBufferBuilder& fbb,
                                              uint64_t request_id, wire::Status status,
                                              std::string_view error);
@@ -152,7 +153,8 @@ struct RegisteredMsg {
   uint64_t request_id = 0;
   wire::Status status = wire::Status::Ok;
   std::string error;
-  uint32_t handle = 0;
+  uint32_t handle = 0;    // protocol 1 and 2
+  uint64_t handle64 = 0;  // protocol 3
   int32_t shard = 0;
   std::optional<std::array<uint8_t, 32>> sha256;  // absent, or not 32 bytes: nullopt
 };

@@ -26,9 +26,10 @@
 namespace outrun::protocol {
 
 // Bumped when a peer could misread a frame. Sent in Hello; a mismatch is a protocol violation.
-// 2: `Evaluation.inputs_buffer`. outrund also accepts clients from kMinClientProtocolVersion on
-// and answers each in its own version (design/protocol.md "Versions").
-inline constexpr uint16_t kProtocolVersion = 2;
+// 2: `Evaluation.inputs_buffer`. 3: 64-bit client handles (`Registered.handle64`,
+// `Evaluation.handle64`). outrund also accepts clients from kMinClientProtocolVersion on and
+// answers each in its own version (design/protocol.md "Versions").
+inline constexpr uint16_t kProtocolVersion = 3;
 inline constexpr uint16_t kMinClientProtocolVersion = 1;
 
 // Largest FlatBuffer (the part after the length) a peer may send: 16 MiB. A larger length is a

@@ -68,12 +68,13 @@ struct ScriptSource {
 
 // One Evaluation. `inputs` was built before (null: none), or `inputs_buffer` (an InputList
 // FlatBuffer, made by add_input_list); `source` only when the worker may lack the script.
-// `timeout_us` 0 is not written (a client's evaluations carry none).
+// `timeout_us` 0 is not written (a client's evaluations carry none). `handle64` (a protocol 3
+// client's handle to outrund, `script_id` then 0) 0 is not written.
 flatbuffers::Offset<wire::Evaluation> build_evaluation(
     flatbuffers::FlatBufferBuilder& fbb, uint64_t id, uint32_t script_id, uint64_t timeout_us,
     flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::Input>>> inputs,
-    const ScriptSource* source,
-    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> inputs_buffer = 0);
+    const ScriptSource* source, flatbuffers::Offset<flatbuffers::Vector<uint8_t>> inputs_buffer = 0,
+    uint64_t handle64 = 0);
 // Copies an InputList FlatBuffer's bytes into `fbb` for Evaluation.inputs_buffer, 8-byte aligned
 // in the frame (its 8-byte scalars are read in place).
 flatbuffers::Offset<flatbuffers::Vector<uint8_t>> add_input_list(
