@@ -94,9 +94,11 @@ std::span<const uint8_t> encode_remove_tags(flatbuffers::FlatBufferBuilder& fbb,
                       wire::CreateRemoveTags(fbb, request_id, v).Union());
 }
 
-std::span<const uint8_t> encode_list_tags(flatbuffers::FlatBufferBuilder& fbb,
-                                          uint64_t request_id) {
-  return finish_frame(fbb, wire::Body::ListTags, wire::CreateListTags(fbb, request_id).Union());
+std::span<const uint8_t> encode_list_tags(flatbuffers::FlatBufferBuilder& fbb, uint64_t request_id,
+                                          std::string_view after, uint32_t limit) {
+  const auto a = after.empty() ? 0 : fbb.CreateString(after.data(), after.size());
+  return finish_frame(fbb, wire::Body::ListTags,
+                      wire::CreateListTags(fbb, request_id, a, limit).Union());
 }
 
 std::span<const uint8_t> encode_source_updates(flatbuffers::FlatBufferBuilder& fbb,
@@ -156,9 +158,14 @@ bool decode_client_frame(const wire::Frame* frame, ClientMessage* out, std::stri
       *out = RemoveTagsMsg{r->request_id(), r->ids()};
       return true;
     }
-    case wire::Body::ListTags:
-      *out = ListTagsMsg{frame->body_as_ListTags()->request_id()};
+    case wire::Body::ListTags: {
+      const auto* l = frame->body_as_ListTags();
+      *out = ListTagsMsg{l->request_id(),
+                         l->after() ? std::string_view(l->after()->c_str(), l->after()->size())
+                                    : std::string_view(),
+                         l->limit()};
       return true;
+    }
     case wire::Body::SourceUpdates: {
       const auto* u = frame->body_as_SourceUpdates();
       *out = SourceUpdatesMsg{u->request_id(), u->time(), u->updates()};

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <sstream>
+#include <utility>
 
 namespace outrun::daemon {
 
@@ -140,6 +141,36 @@ bool read_daemon(const toml::table& t, DaemonConfig* c, Reader& r) {
     } else if (key == "max_subscriber_bytes") {
       if ((ok = r.integer(n, key, 4096, int64_t{1} << 32, &v)))
         c->max_subscriber_bytes = static_cast<std::size_t>(v);
+    } else if (key == "max_tags") {
+      if ((ok = r.integer(n, key, 1, int64_t{1} << 20, &v)))
+        c->max_tags = static_cast<std::size_t>(v);
+    } else if (key == "max_tags_per_define") {
+      if ((ok = r.integer(n, key, 1, int64_t{1} << 20, &v)))
+        c->max_tags_per_define = static_cast<std::size_t>(v);
+    } else if (key == "max_tag_sources") {
+      if ((ok = r.integer(n, key, 1, int64_t{1} << 24, &v)))
+        c->max_tag_sources = static_cast<std::size_t>(v);
+    } else if (key == "max_tag_source_bytes") {
+      if ((ok = r.integer(n, key, 4096, int64_t{1} << 40, &v)))
+        c->max_tag_source_bytes = static_cast<std::size_t>(v);
+    } else if (key == "max_tag_source_value_bytes") {
+      if ((ok = r.integer(n, key, 64, int64_t{16} << 20, &v)))
+        c->max_tag_source_value_bytes = static_cast<std::size_t>(v);
+    } else if (key == "max_tag_sources_per_uid") {
+      if ((ok = r.integer(n, key, 0, int64_t{1} << 24, &v)))
+        c->max_tag_sources_per_uid = static_cast<std::size_t>(v);
+    } else if (key == "max_tag_source_bytes_per_uid") {
+      if ((ok = r.integer(n, key, 4096, int64_t{1} << 40, &v)))
+        c->max_tag_source_bytes_per_uid = static_cast<std::size_t>(v);
+    } else if (key == "max_subscribed_ids") {
+      if ((ok = r.integer(n, key, 1, int64_t{1} << 24, &v)))
+        c->max_subscribed_ids = static_cast<std::size_t>(v);
+    } else if (key == "max_tag_reads_per_client") {
+      if ((ok = r.integer(n, key, 1, 64, &v)))
+        c->max_tag_reads_per_client = static_cast<std::size_t>(v);
+    } else if (key == "max_read_evaluations") {
+      if ((ok = r.integer(n, key, 1, 4096, &v)))
+        c->max_read_evaluations = static_cast<std::size_t>(v);
     } else if (key == "max_client_queued_bytes") {
       if ((ok = r.integer(n, key, 4096, int64_t{1} << 40, &v)))
         c->max_client_queued_bytes = static_cast<std::size_t>(v);
@@ -336,6 +367,17 @@ std::string to_toml(const DaemonConfig& c) {
                 {"tags_strict", c.tags_strict},
                 {"max_subscriber_bytes", static_cast<int64_t>(c.max_subscriber_bytes)},
                 {"max_client_queued_bytes", static_cast<int64_t>(c.max_client_queued_bytes)}};
+  for (const auto& [k, v] : {std::pair<const char*, std::size_t>{"max_tags", c.max_tags},
+                             {"max_tags_per_define", c.max_tags_per_define},
+                             {"max_tag_sources", c.max_tag_sources},
+                             {"max_tag_source_bytes", c.max_tag_source_bytes},
+                             {"max_tag_source_value_bytes", c.max_tag_source_value_bytes},
+                             {"max_tag_sources_per_uid", c.max_tag_sources_per_uid},
+                             {"max_tag_source_bytes_per_uid", c.max_tag_source_bytes_per_uid},
+                             {"max_subscribed_ids", c.max_subscribed_ids},
+                             {"max_tag_reads_per_client", c.max_tag_reads_per_client},
+                             {"max_read_evaluations", c.max_read_evaluations}})
+    d.insert(k, static_cast<int64_t>(v));
   d.insert("max_registry_bytes_per_uid", static_cast<int64_t>(c.max_registry_bytes_per_uid));
   d.insert("max_registry_scripts_per_uid", static_cast<int64_t>(c.max_registry_scripts_per_uid));
   const HostOptions& h = c.host;

@@ -42,6 +42,24 @@ struct DaemonConfig {
   // A tags subscriber whose connection has more than this queued keeps only the latest value of
   // each tag until it drains (design/daemon.md "Subscribers").
   std::size_t max_subscriber_bytes = 4u << 20;
+  // Tags bounds (design/daemon.md "Tags bounds"). Virtual tags in the engine (DefineTags and the
+  // tags file), and definitions in one DefineTags.
+  std::size_t max_tags = 100'000;
+  std::size_t max_tags_per_define = 20'000;
+  // Source tags: how many, what they hold together (ids, values, updates waiting), one value.
+  // Only an admin creates one with SourceUpdates (others update those that exist); per uid: the
+  // sources it created that no tag uses, and what the sources it wrote last hold.
+  std::size_t max_tag_sources = 100'000;
+  std::size_t max_tag_source_bytes = std::size_t{256} << 20;
+  std::size_t max_tag_source_value_bytes = std::size_t{1} << 20;
+  std::size_t max_tag_sources_per_uid = 10'000;
+  std::size_t max_tag_source_bytes_per_uid = std::size_t{64} << 20;
+  // Subscribe: ids one connection may hold (whether they name a tag yet or not).
+  std::size_t max_subscribed_ids = 16'384;
+  // ReadTags waiting for on_read evaluations: per connection queued, and on_read tags one
+  // ReadTags may evaluate.
+  std::size_t max_tag_reads_per_client = 4;
+  std::size_t max_read_evaluations = 64;
   // Answers queued to a client that does not read them: past this, the daemon stops reading
   // the client and feeding its queued evaluations to the Host until they drain below half;
   // past kHardLimitFactor times this, the client is disconnected (design/daemon.md "Scheduler").

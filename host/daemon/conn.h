@@ -88,6 +88,9 @@ struct Conn : std::enable_shared_from_this<Conn> {
 
   // Tags subscription (design/daemon.md "Subscribers"), guarded by Server::sub_mu_.
   bool gone = false;  // closed: never subscribed again
+  // It sent SourceUpdates that may have created source tags: at close, those no tag uses go
+  // (Engine::forget_sources). Loop thread.
+  bool made_sources = false;
   bool sub_all = false;
   std::unordered_set<std::string> sub_ids;
   bool sub_overflow = false;  // over max_subscriber_bytes: only the latest value per tag is kept

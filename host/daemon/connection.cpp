@@ -131,6 +131,8 @@ void Server::close_conn(Conn* c, const char* why) {
     subscribers_.erase(c);
     c->sub_latest.clear();
   }
+  // The source tags it created that no tag uses go with it (design/daemon.md "Tags bounds").
+  if (c->made_sources && tags_) tags_->forget_sources(c->id);
   spdlog::debug("client {} closed: {} ({} in flight dropped)", c->id, why, c->inflight.load());
   pending_.erase(c->id);
   auto it = conns_.find(c);

@@ -236,13 +236,21 @@ int Server::run() {
       MutexLock lock(tq_mu_);
       tq_stop_ = true;
     }
+    tags_stopping_.store(true, std::memory_order_release);
     tq_cv_.notify_all();
+    { MutexLock lock(rq_mu_); }  // the read thread is waiting, or sees tags_stopping_
+    rq_cv_.notify_all();
     if (tags_thread_.joinable()) tags_thread_.join();
+    if (tags_read_thread_.joinable()) tags_read_thread_.join();
     tags_.reset();  // before the Host it runs on
   };
   {
     tags::TagsOptions to;
     to.on_change = [this](const std::vector<tags::Change>& ch) { on_tag_changes(ch); };
+    to.max_tags = cfg_.max_tags;
+    to.max_sources = cfg_.max_tag_sources;
+    to.max_source_bytes = cfg_.max_tag_source_bytes;
+    to.max_source_value_bytes = cfg_.max_tag_source_value_bytes;
     if (Error e = tags::Engine::create(*host_, std::move(to), &tags_)) {
       spdlog::critical("cannot start the tags engine: {}", e.message);
       destroy_host();
@@ -257,6 +265,7 @@ int Server::run() {
       return 2;
     }
     tags_thread_ = std::thread([this] { tags_thread_main(); });
+    tags_read_thread_ = std::thread([this] { tags_read_thread_main(); });
   }
   std::string err;
   if (!open_socket(&err)) {
@@ -378,8 +387,8 @@ void Server::on_signal(uv_signal_t* h, int sig) {
     spdlog::info("SIGHUP: reopening logs");
     s->reopen_logs();
     // The reload waits for running waves and compiles in the workers: not on the loop.
-    if (!s->cfg_.tags_file.empty() && !s->post_tags_job([s] { s->reload_tags(); }))
-      spdlog::warn("SIGHUP: tags reload not started: the tags thread is busy");
+    // Ahead of every queued definition, never refused (design/daemon.md "Tags").
+    if (!s->cfg_.tags_file.empty()) s->request_reload();
     return;
   }
   s->begin_drain();

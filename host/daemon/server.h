@@ -222,11 +222,20 @@ class Server {
   // when the queue is full.
   bool post_tags_job(std::function<void()> job) EXCLUDES(tq_mu_);
   void tags_thread_main() EXCLUDES(tq_mu_);
+  // SIGHUP: the reload runs next on the tags thread, before any queued definition (several
+  // SIGHUPs before it starts are one reload).
+  void request_reload() EXCLUDES(tq_mu_);
+  // A ReadTags that waits for on_read evaluations, on the tags read thread: per connection in
+  // turn, at most max_tag_reads_per_client queued per connection. False: refused (Busy).
+  bool post_read_job(uint64_t conn, std::function<void()> job) EXCLUDES(rq_mu_);
+  void tags_read_thread_main() EXCLUDES(rq_mu_);
   void reload_tags();
   // Reads cfg_.tags_file and applies it (replace_all; tags_strict), logging every error with
   // its FILE:LINE:COL. False when nothing was applied (the file could not be read, or strict).
   bool apply_tags_file(const char* when);
-  std::string tags_list_json() const;
+  // One ListTags page (design/protocol.md "Paged ListTags"): after the cursor `after` ("" the
+  // first page), at most `limit` tags (0: the default).
+  Error tags_list_json(std::string_view after, uint32_t limit, std::string* out) const;
   void close_conn(Conn* c, const char* why) REQUIRES(loop_thread);
   void update_poll(Conn* c) REQUIRES(loop_thread);
   void begin_drain() REQUIRES(loop_thread);
@@ -350,6 +359,16 @@ class Server {
   CondVar tq_cv_;  // a job, or tq_stop_
   std::deque<std::function<void()>> tq_ GUARDED_BY(tq_mu_);
   bool tq_stop_ GUARDED_BY(tq_mu_) = false;
+  bool reload_requested_ GUARDED_BY(tq_mu_) = false;
+  std::atomic<bool> tags_stopping_{false};  // jobs stop between ids once set
+  // The reads that wait for on_read evaluations: their own thread (never in front of a reload
+  // or a definition), each connection's queue in turn.
+  std::thread tags_read_thread_;
+  Mutex rq_mu_;
+  CondVar rq_cv_;
+  std::map<uint64_t, std::deque<std::function<void()>>> rq_ GUARDED_BY(rq_mu_);
+  std::deque<uint64_t> rq_ring_ GUARDED_BY(rq_mu_);  // connections with reads queued, in turn
+  std::size_t rq_count_ GUARDED_BY(rq_mu_) = 0;
 };
 
 }  // namespace outrun::daemon

@@ -3,8 +3,11 @@
 // Subscribe, ReadTags.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -30,7 +33,18 @@ std::string dump_json(const nlohmann::ordered_json& j) {
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
-constexpr std::size_t kMaxSubscribedIds = 1u << 20;
+// ListTags pages (design/protocol.md "Paged ListTags"): at most this many tags, and about this
+// many bytes of document (one tag at least).
+constexpr uint32_t kListTagsDefaultLimit = 10'000;
+constexpr uint32_t kListTagsMaxLimit = 10'000;
+constexpr std::size_t kListTagsPageBytes = 4u << 20;
+// What a reply's values may take (the frame's limit, less room for its tables).
+constexpr std::size_t kMaxReplyValues = protocol::kMaxFrameSize - (64u << 10);
+
+// What one read value costs in a TagValues frame, near enough to stop before the frame is full.
+std::size_t reply_cost(const std::string& id, const tags::DataValue& v) {
+  return 64 + id.size() + tags::value_size(v.value) + v.diagnostics.size();
+}
 
 void refuse_admin(Conn& c, uint64_t rid, const char* what) REQUIRES(loop_thread) {
   spdlog::warn("client {} (pid {} uid {}): {} refused: not an admin", c.id, c.pid, c.uid, what);
@@ -42,6 +56,11 @@ void refuse_admin(Conn& c, uint64_t rid, const char* what) REQUIRES(loop_thread)
                    {});
 }
 
+// parse_tags's error for a text over its max_tags.
+bool fe_over_bound(const std::string& e) {
+  return e.find("[[tag]] tables, more than") != std::string::npos;
+}
+
 void busy(Conn& c, uint64_t rid) {
   // Busy, as outrund has always answered it (an outrun::Client reads it as unavailable).
   flatbuffers::FlatBufferBuilder f(256);
@@ -51,11 +70,15 @@ void busy(Conn& c, uint64_t rid) {
 
 }  // namespace
 
-std::string Server::tags_list_json() const {
+Error Server::tags_list_json(std::string_view after, uint32_t limit, std::string* out) const {
+  if (limit == 0) limit = kListTagsDefaultLimit;
+  limit = std::min(limit, kListTagsMaxLimit);
+  std::vector<tags::TagInfo> page;
+  bool more = false;
+  if (Error e = tags_->page(after, limit, kListTagsPageBytes, &page, &more)) return e;
   nlohmann::ordered_json arr = nlohmann::ordered_json::array();
-  for (const std::string& id : tags_->ids()) {
-    tags::TagInfo info;
-    if (tags_->info(id, &info)) continue;  // removed meanwhile
+  for (tags::TagInfo& info : page) {
+    const std::string& id = info.definition.id;
     nlohmann::ordered_json d = tags::file::definition_to_json(info.definition);
     nlohmann::ordered_json j;
     j["id"] = id;
@@ -80,7 +103,11 @@ std::string Server::tags_list_json() const {
     j["version"] = info.version;
     arr.push_back(std::move(j));
   }
-  return dump_json(nlohmann::ordered_json{{"tags", arr}});
+  nlohmann::ordered_json doc{{"tags", std::move(arr)}, {"total", tags_->size()}};
+  doc["next"] = more && !page.empty() ? nlohmann::ordered_json(page.back().definition.id)
+                                      : nlohmann::ordered_json(nullptr);
+  *out = dump_json(doc);
+  return {};
 }
 
 void Server::handle_define_tags(const std::shared_ptr<Conn>& c, const protocol::DefineTagsMsg& d) {
@@ -99,10 +126,23 @@ void Server::handle_define_tags(const std::shared_ptr<Conn>& c, const protocol::
   auto job = [this, c, rid, text = std::string(*d.toml), replace = d.replace_all] {
     std::vector<tags::TagDefinition> defs;
     std::vector<std::string> file_errors;
-    if (!tags::file::parse_tags(text, "", "", &defs, &file_errors)) {
+    if (!tags::file::parse_tags(text, "", "", &defs, &file_errors, cfg_.max_tags_per_define)) {
       std::string why;
       for (const auto& fe : file_errors) why += (why.empty() ? "" : "\n") + fe;
+      if (file_errors.size() == 1 && fe_over_bound(file_errors[0]))
+        why += " (max_tags_per_define, " + std::to_string(cfg_.max_tags_per_define) +
+               "); send them in several requests";
       write_tags_reply(c->writer, rid, Error{ErrorCode::invalid_argument, why}, {});
+      return;
+    }
+    if (defs.size() > cfg_.max_tags_per_define) {
+      write_tags_reply(
+          c->writer, rid,
+          Error{ErrorCode::invalid_argument, "DefineTags carries " + std::to_string(defs.size()) +
+                                                 " definitions, more than max_tags_per_define (" +
+                                                 std::to_string(cfg_.max_tags_per_define) +
+                                                 "); send them in several requests"},
+          {});
       return;
     }
     tags::ApplyOptions o;
@@ -176,14 +216,15 @@ void Server::handle_remove_tags(const std::shared_ptr<Conn>& c, const protocol::
 
 void Server::handle_list_tags(const std::shared_ptr<Conn>& c, const protocol::ListTagsMsg& l) {
   const uint64_t rid = l.request_id;
-  std::string json = tags_list_json();
-  Error e;
+  std::string json;
+  Error e = tags_list_json(l.after, l.limit, &json);
   if (constexpr std::size_t kMaxDocument = protocol::kMaxFrameSize - 4096;
-      json.size() > kMaxDocument) {
-    e = Error{ErrorCode::unavailable, "the tags document is " + std::to_string(json.size()) +
-                                          " bytes, more than a reply frame holds"};
-    json.clear();
+      !e && json.size() > kMaxDocument) {  // one tag whose value alone is larger than a frame
+    e = Error{ErrorCode::unavailable, "the tags page is " + std::to_string(json.size()) +
+                                          " bytes, more than a reply frame holds; ask for "
+                                          "fewer tags (ListTags.limit)"};
   }
+  if (e) json.clear();
   write_tags_reply(c->writer, rid, e, json);
 }
 
@@ -218,7 +259,14 @@ void Server::handle_source_updates(const std::shared_ptr<Conn>& c,
     if (u.time != 0)
       for (auto& up : updates)
         if (up.value.source_time == DateTime{}) up.value.source_time = DateTime{u.time};
-    e = tags_->update(updates);
+    tags::UpdateOptions o;
+    o.owner = c->id;
+    o.uid = c->uid;
+    o.may_create = c->admin;  // others update the sources that exist (design/daemon.md)
+    o.max_uid_sources = cfg_.max_tag_sources_per_uid;
+    o.max_uid_bytes = cfg_.max_tag_source_bytes_per_uid;
+    if (c->admin) c->made_sources = true;
+    e = tags_->update(updates, o);
   }
   if (rid != 0 || e) write_tags_reply(c->writer, rid, e, {});
 }
@@ -231,6 +279,9 @@ void Server::handle_subscribe(const std::shared_ptr<Conn>& c, const protocol::Su
   if (!detail::decode_tag_ids(sb.ids, &ids, &why)) {
     e = Error{ErrorCode::invalid_argument, why};
   } else {
+    // An id may name a tag that does not exist yet (a watcher started before the definitions,
+    // a subscription renewed after a restart), so the bound is per connection: at most
+    // max_subscribed_ids ids (design/daemon.md "Tags bounds").
     MutexLock lock(sub_mu_);
     if (sb.cancel) {
       if (ids.empty()) {
@@ -244,9 +295,10 @@ void Server::handle_subscribe(const std::shared_ptr<Conn>& c, const protocol::Su
         c->sub_latest.clear();
         c->sub_overflow = false;
       }
-    } else if (c->sub_ids.size() + ids.size() > kMaxSubscribedIds) {
-      e = Error{ErrorCode::invalid_argument, "more than " + std::to_string(kMaxSubscribedIds) +
-                                                 " subscribed ids on one connection"};
+    } else if (c->sub_ids.size() + ids.size() > cfg_.max_subscribed_ids) {
+      e = Error{ErrorCode::invalid_argument, "more than max_subscribed_ids (" +
+                                                 std::to_string(cfg_.max_subscribed_ids) +
+                                                 ") subscribed ids on one connection"};
     } else {
       if (ids.empty())
         c->sub_all = true;
@@ -258,10 +310,21 @@ void Server::handle_subscribe(const std::shared_ptr<Conn>& c, const protocol::Su
   write_tags_reply(c->writer, rid, e, {});
 }
 
+namespace {
+Error too_large(std::size_t bytes, std::size_t done, std::size_t of) {
+  return Error{ErrorCode::invalid_argument,
+               "the values of this ReadTags pass what a reply frame holds (" +
+                   std::to_string(bytes) + " bytes after " + std::to_string(done) + " of " +
+                   std::to_string(of) + " ids, more than " + std::to_string(kMaxReplyValues) +
+                   "); read fewer ids at a time"};
+}
+}  // namespace
+
 // A read that would evaluate an on_read tag first (its value older than its max_age) waits for
-// that evaluation on the tags thread: the loop thread, where the frame arrived, reads that
+// that evaluation on the tags read thread: the loop thread, where the frame arrived, reads that
 // evaluation's result and serves everyone else, and must never wait (design/daemon.md "One
-// loop"). Every other read is answered here, in order with the connection's other frames.
+// loop"). Every other read is answered here, in order with the connection's other frames. The
+// reply's size is counted while the values are read, and the read stops at a frame's worth.
 void Server::handle_read_tags(const std::shared_ptr<Conn>& c, const protocol::ReadTagsMsg& r) {
   std::string why;
   std::vector<std::string> ids;
@@ -271,15 +334,20 @@ void Server::handle_read_tags(const std::shared_ptr<Conn>& c, const protocol::Re
     auto& f = t_changes_fbb;
     f.Clear();
     std::vector<flatbuffers::Offset<wire::TagValue>> offs;
+    bool full = false;
     if (!e)
-      for (std::size_t i = 0; i < read.size(); ++i)
+      for (std::size_t i = 0; i < read.size() && !full; ++i) {
         offs.push_back(detail::encode_tag_entry(f, read[i], values[i]));
+        full = f.GetSize() > protocol::kMaxFrameSize;
+      }
     auto frame_bytes =
-        protocol::encode_tag_values(f, rid, detail::wire_status(e.code), e.message, offs);
-    if (frame_bytes.size() > protocol::kMaxFrameSize) {
+        full ? std::span<const uint8_t>()
+             : protocol::encode_tag_values(f, rid, detail::wire_status(e.code), e.message, offs);
+    if (full || frame_bytes.size() > protocol::kMaxFrameSize) {
       f.Clear();
-      frame_bytes = protocol::encode_tag_values(f, rid, wire::Status::Unavailable,
-                                                "the values are more than a frame holds", {});
+      frame_bytes = protocol::encode_tag_values(
+          f, rid, wire::Status::InvalidArgument,
+          "the values are more than a frame holds; read fewer ids at a time", {});
     }
     c->writer.write(frame_bytes);
   };
@@ -288,31 +356,69 @@ void Server::handle_read_tags(const std::shared_ptr<Conn>& c, const protocol::Re
     return;
   }
   // Answered here unless a tag would be evaluated first (Engine::read_now), all on the tags
-  // thread then, where read() may wait.
+  // read thread then, where read() may wait.
   std::vector<tags::DataValue> values(ids.size());
   bool would_wait = false;
   Error e;
-  for (std::size_t i = 0; i < ids.size() && !e && !would_wait; ++i)
+  std::size_t bytes = 0;
+  for (std::size_t i = 0; i < ids.size() && !e && !would_wait; ++i) {
     e = tags_->read_now(ids[i], &values[i], &would_wait);
+    if (!e && !would_wait && (bytes += reply_cost(ids[i], values[i])) > kMaxReplyValues)
+      e = too_large(bytes, i + 1, ids.size());
+  }
   if (!would_wait) {
     reply(e, ids, values);
     return;
   }
+  // The on_read tags it would evaluate (each distinct id once): at most max_read_evaluations.
+  {
+    std::unordered_set<std::string_view> distinct;
+    for (const auto& id : ids) {
+      if (!tags_->read_would_wait(id)) continue;
+      distinct.insert(id);
+      if (distinct.size() > cfg_.max_read_evaluations) {
+        reply(Error{ErrorCode::invalid_argument,
+                    "this ReadTags would evaluate more than max_read_evaluations (" +
+                        std::to_string(cfg_.max_read_evaluations) +
+                        ") on_read tags; read fewer at a time"},
+              {}, {});
+        return;
+      }
+    }
+  }
+  values.assign(ids.size(), tags::DataValue());
   // The drain waits for it (on_drain_timer), as for an evaluation in flight.
   tags_reads_.fetch_add(1, std::memory_order_relaxed);
   auto job = [this, reply, ids = std::move(ids), values = std::move(values)]() mutable {
     Error err;
-    for (std::size_t i = 0; i < ids.size() && !err; ++i) err = tags_->read(ids[i], &values[i]);
+    std::size_t total = 0;
+    // Each distinct id is read once: a repeated on_read id is not evaluated again.
+    std::unordered_map<std::string_view, std::size_t> first;
+    for (std::size_t i = 0; i < ids.size() && !err; ++i) {
+      if (tags_stopping_.load(std::memory_order_acquire)) {
+        err = Error{ErrorCode::unavailable, "outrund is stopping"};
+        break;
+      }
+      if (auto [it, fresh] = first.emplace(ids[i], i); !fresh)
+        values[i] = values[it->second];
+      else
+        err = tags_->read(ids[i], &values[i]);
+      if (!err && (total += reply_cost(ids[i], values[i])) > kMaxReplyValues)
+        err = too_large(total, i + 1, ids.size());
+    }
     reply(err, ids, values);
     tags_reads_.fetch_sub(1, std::memory_order_release);
   };
-  if (post_tags_job(std::move(job))) return;
+  if (post_read_job(c->id, std::move(job))) return;
   tags_reads_.fetch_sub(1, std::memory_order_relaxed);
   // TagValues, the body a ReadTags is always answered with (protocol.md), saying Busy.
   auto& f = t_changes_fbb;
   f.Clear();
   c->writer.write(protocol::encode_tag_values(
-      f, rid, wire::Status::Busy, "too many tag reads and definitions waiting; try again", {}));
+      f, rid, wire::Status::Busy,
+      "too many tag reads waiting for on_read evaluations (this connection's "
+      "max_tag_reads_per_client, or the daemon's); try again",
+      {}));
 }
 
 }  // namespace outrun::daemon

@@ -25,15 +25,75 @@ bool Server::post_tags_job(std::function<void()> job) {
   return true;
 }
 
+void Server::request_reload() {
+  {
+    MutexLock lock(tq_mu_);
+    reload_requested_ = true;
+  }
+  tq_cv_.notify_one();
+}
+
 void Server::tags_thread_main() {
   for (;;) {
     std::function<void()> job;
     {
       MutexLock lock(tq_mu_);
-      tq_cv_.wait(tq_mu_, [&]() REQUIRES(tq_mu_) { return tq_stop_ || !tq_.empty(); });
-      if (tq_stop_) return;  // what is left is for connections that are closed by now
-      job = std::move(tq_.front());
-      tq_.pop_front();
+      tq_cv_.wait(tq_mu_,
+                  [&]() REQUIRES(tq_mu_) { return tq_stop_ || reload_requested_ || !tq_.empty(); });
+      if (tq_stop_) return;     // what is left is for connections that are closed by now
+      if (reload_requested_) {  // a reload goes first, whatever clients queued
+        reload_requested_ = false;
+        job = [this] { reload_tags(); };
+      } else {
+        job = std::move(tq_.front());
+        tq_.pop_front();
+      }
+    }
+    job();
+  }
+}
+
+bool Server::post_read_job(uint64_t conn, std::function<void()> job) {
+  {
+    MutexLock lock(rq_mu_);
+    if (tags_stopping_.load(std::memory_order_acquire) || rq_count_ >= kMaxTagsJobs) return false;
+    auto& q = rq_[conn];
+    if (q.size() >= cfg_.max_tag_reads_per_client) {
+      if (q.empty()) rq_.erase(conn);
+      return false;
+    }
+    if (q.empty()) rq_ring_.push_back(conn);
+    q.push_back(std::move(job));
+    ++rq_count_;
+  }
+  rq_cv_.notify_one();
+  return true;
+}
+
+void Server::tags_read_thread_main() {
+  for (;;) {
+    std::function<void()> job;
+    {
+      MutexLock lock(rq_mu_);
+      rq_cv_.wait(rq_mu_, [&]() REQUIRES(rq_mu_) {
+        return tags_stopping_.load(std::memory_order_acquire) || !rq_ring_.empty();
+      });
+      if (tags_stopping_.load(std::memory_order_acquire)) {
+        // The jobs left answer nothing: their connections are closed by now. Each held the
+        // drain open (tags_reads_); nothing waits for that count any more.
+        return;
+      }
+      // The connection at the front runs one read and goes to the back if it has more.
+      const uint64_t conn = rq_ring_.front();
+      rq_ring_.pop_front();
+      auto it = rq_.find(conn);
+      job = std::move(it->second.front());
+      it->second.pop_front();
+      --rq_count_;
+      if (it->second.empty())
+        rq_.erase(it);
+      else
+        rq_ring_.push_back(conn);
     }
     job();
   }

@@ -58,6 +58,12 @@ std::size_t value_bytes(const Value& v) {
   return n;
 }
 
+// The uid charged for the sources a definition made (not a writer's).
+constexpr uint32_t kDefinitionsUid = 0xFFFFFFFFu;
+// Compile checks of one apply in flight at once: a large definition does not put thousands of
+// evaluations in front of everyone else's in the workers' queues.
+constexpr std::size_t kMaxChecksInFlight = 64;
+
 const Value* map_get(const Value& m, std::string_view key) {
   if (auto* map = std::get_if<Map>(&m.v))
     for (const auto& e : *map)
@@ -171,6 +177,10 @@ bool same_value(const Value& a, const Value& b) {
   return a == b;
 }
 
+std::size_t value_size(const Value& v) {
+  return value_bytes(v);
+}
+
 bool DataValue::same_as(const DataValue& o) const {
   return status == o.status && source_time == o.source_time && same_value(value, o.value);
 }
@@ -200,6 +210,15 @@ struct Node {
   DataValue pending;
   bool queue_updates = false;  // a dependent has every_update (set by rebuild)
   std::deque<DataValue> queue;
+  std::size_t queue_bytes = 0;  // value_size of the queue's values
+  // Bounds (design/tags.md "Bounds"): the writer that created it (0: none), its uid, whether a
+  // definition made it (then it goes when no tag uses it any more), the uid charged with what it
+  // holds (its last writer) and how much.
+  uint64_t owner = 0;
+  uint32_t owner_uid = 0;
+  bool from_definition = false;
+  uint32_t charged_uid = kDefinitionsUid;
+  std::size_t charged = 0;
 
   // Virtual tag.
   TagDefinition def;
@@ -286,6 +305,13 @@ struct Engine::Impl {
   std::vector<uint32_t> topo_order GUARDED_BY(mu);  // virtual tags
   std::vector<Component> comps GUARDED_BY(mu);
   std::size_t sources GUARDED_BY(mu) = 0;
+  std::size_t source_bytes GUARDED_BY(mu) = 0;  // what the sources hold (charged)
+  std::unordered_map<uint32_t, SourceUsage> usage GUARDED_BY(mu);  // by uid
+  // Tags ready to be processed and components ready for their next wave: one loop works them off
+  // (drain), so a chain of any length costs no stack (finish -> process -> finish ...).
+  std::deque<uint32_t> ready_tags GUARDED_BY(mu);
+  std::vector<int> ready_comps GUARDED_BY(mu);
+  bool draining GUARDED_BY(mu) = false;
   uint64_t next_wave GUARDED_BY(mu) = 1;
   int paused GUARDED_BY(mu) = 0;
   std::size_t in_flight GUARDED_BY(mu) = 0;
@@ -343,8 +369,42 @@ struct Engine::Impl {
     return idx;
   }
 
+  // ---- source accounting ----
+
+  std::size_t held_bytes(const Node& n) const {
+    return n.id.size() + value_bytes(n.value.value) +
+           (n.has_pending ? value_bytes(n.pending.value) : 0) + n.queue_bytes;
+  }
+  void uncharge(Node& n) REQUIRES(mu) {
+    if (n.charged == 0) return;
+    source_bytes -= n.charged;
+    auto it = usage.find(n.charged_uid);
+    it->second.bytes -= n.charged;
+    if (it->second.bytes == 0 && it->second.sources == 0) usage.erase(it);
+    n.charged = 0;
+  }
+  // What a source holds now, charged to `uid` (a virtual tag holds nothing here).
+  void recharge(Node& n, uint32_t uid) REQUIRES(mu) {
+    uncharge(n);
+    n.charged_uid = uid;
+    if (!n.alive || n.is_virtual) return;
+    n.charged = held_bytes(n);
+    source_bytes += n.charged;
+    usage[uid].bytes += n.charged;
+  }
+  // The source no longer counts against its creator's max_uid_sources.
+  void disown(Node& n) REQUIRES(mu) {
+    if (n.owner == 0) return;
+    auto it = usage.find(n.owner_uid);
+    --it->second.sources;
+    if (it->second.bytes == 0 && it->second.sources == 0) usage.erase(it);
+    n.owner = 0;
+  }
+
   void free_node(uint32_t idx) REQUIRES(mu) {
     Node& n = *nodes[idx];
+    uncharge(n);
+    disown(n);
     by_id.erase(n.id);
     n.alive = false;
     n.script = Script();
@@ -369,6 +429,21 @@ struct Engine::Impl {
       if (!n.alive || !n.is_virtual) continue;
       tags.push_back(i);
       for (uint32_t in : n.input_nodes) nodes[in]->dependents.push_back(i);
+    }
+    // Sources: one a tag uses is the definitions' (no longer its creator's); one a definition
+    // made that no tag uses any more goes (design/tags.md "Bounds").
+    for (uint32_t i = 0; i < nodes.size(); ++i) {
+      Node& n = *nodes[i];
+      if (!n.alive || n.is_virtual) continue;
+      if (!n.dependents.empty()) {
+        if (n.owner != 0) {  // a writer's source a tag now reads: as if a definition made it
+          disown(n);
+          n.from_definition = true;
+        }
+      } else if (n.from_definition && n.owner == 0) {
+        free_node(i);
+        --sources;
+      }
     }
     // Kahn's algorithm (cycles were refused before).
     std::vector<int> indeg(nodes.size(), 0);
@@ -406,6 +481,8 @@ struct Engine::Impl {
       if (!n.queue_updates && !n.queue.empty()) {  // nobody asks any more: the latest one
         n.pending = std::move(n.queue.back());
         n.queue.clear();
+        n.queue_bytes = 0;
+        recharge(n, n.charged_uid);
       }
     }
     std::unordered_map<uint32_t, int> comp_of_root;
@@ -431,6 +508,7 @@ struct Engine::Impl {
         if (n.component < 0) {  // nothing depends on it any more: apply now
           n.value = std::move(n.pending);
           n.has_pending = false;
+          recharge(n, n.charged_uid);
           continue;
         }
         mark_pending(n.component);
@@ -640,11 +718,13 @@ struct Engine::Impl {
       if (n.queue.empty()) {
         n.has_pending = false;
       } else {  // every_update: the next one waits for the next wave
+        n.queue_bytes -= value_bytes(n.queue.front().value);
         n.pending = std::move(n.queue.front());
         n.queue.pop_front();
         c.pending_sources.push_back(s);
         more = true;
       }
+      recharge(n, n.charged_uid);
     }
     if (more) mark_pending(ci);
     auto mark = [&](Node& t) {
@@ -708,10 +788,29 @@ struct Engine::Impl {
     }
     // process() may end the wave (and start the next, which reuses wave_tags): take a copy of
     // the ready ones first.
-    std::vector<uint32_t> ready;
     for (uint32_t t : wave_tags)
-      if (nodes[t]->wait == 0) ready.push_back(t);
-    for (uint32_t t : ready) process(t, out);
+      if (nodes[t]->wait == 0) ready_tags.push_back(t);
+    drain(out);
+  }
+
+  // Works off the ready tags and components (see ready_tags). Only the outermost call loops.
+  void drain(std::vector<Dispatch>* out) REQUIRES(mu) {
+    if (draining) return;
+    draining = true;
+    while (!ready_tags.empty() || !ready_comps.empty()) {
+      if (!ready_tags.empty()) {
+        const uint32_t t = ready_tags.front();
+        ready_tags.pop_front();
+        process(t, out);
+        continue;
+      }
+      const int ci = ready_comps.back();
+      ready_comps.pop_back();
+      if (ci < static_cast<int>(comps.size()) && comps[ci].pending && !comps[ci].running &&
+          paused == 0)
+        start_wave(ci, out);
+    }
+    draining = false;
   }
 
   void process(uint32_t idx, std::vector<Dispatch>* out) REQUIRES(mu) {
@@ -754,9 +853,10 @@ struct Engine::Impl {
       Node& dn = *nodes[d];
       if (dn.wave != c.wave) continue;
       if (changed) consider_trigger(dn, idx);
-      if (--dn.wait == 0) process(d, out);
+      if (--dn.wait == 0) ready_tags.push_back(d);
     }
     if (--c.remaining == 0) end_wave(t.component, out);
+    drain(out);
   }
 
   void end_wave(int ci, std::vector<Dispatch>* out) REQUIRES(mu) {
@@ -778,7 +878,10 @@ struct Engine::Impl {
       c.changes.clear();
     }
     cv.notify_all();
-    if (c.pending && paused == 0) start_wave(ci, out);
+    if (c.pending && paused == 0) {
+      ready_comps.push_back(ci);
+      drain(out);
+    }
   }
 
   // ---- evaluations ----
@@ -1357,8 +1460,11 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, const ApplyOptions& 
     if (opt.replace_all)
       for (auto& n : m.nodes)
         if (n->alive && n->is_virtual && !item_of.count(n->id)) removed.push_back(n->id);
-    if (total > kMaxTags)
-      return whole(ErrorCode::invalid_argument, "more than " + std::to_string(kMaxTags) + " tags");
+    if (total > std::min(m.opts.max_tags, kMaxTags))
+      return whole(ErrorCode::invalid_argument,
+                   "the definitions would make " + std::to_string(total) +
+                       " virtual tags, more than max_tags (" +
+                       std::to_string(std::min(m.opts.max_tags, kMaxTags)) + ")");
     for (const auto& cyc : Impl::find_cycles(proposed)) {
       // The cycle's tags of this set cannot run (the others were running without it).
       for (const auto& id : cyc.members)
@@ -1458,14 +1564,22 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, const ApplyOptions& 
       }
     }
   }
-  std::vector<std::pair<Item*, Future>> checks;
-  for (auto& it : items) {
-    if (!it.new_script) continue;
-    Map ctx{{"m", Value("c")}};
-    if (it.has_state) ctx.push_back({"st", it.state});
-    checks.emplace_back(&it, m.runner.evaluate(it.script, Inputs{{"__c", Value(std::move(ctx))}}));
-  }
-  for (auto& [it, f] : checks) {
+  // At most kMaxChecksInFlight at once, in order.
+  std::deque<std::pair<Item*, Future>> checks;
+  std::size_t next_check = 0;
+  for (;;) {
+    while (checks.size() < kMaxChecksInFlight && next_check < items.size()) {
+      Item& it = items[next_check++];
+      if (!it.new_script) continue;
+      Map ctx{{"m", Value("c")}};
+      if (it.has_state) ctx.push_back({"st", it.state});
+      checks.emplace_back(&it,
+                          m.runner.evaluate(it.script, Inputs{{"__c", Value(std::move(ctx))}}));
+    }
+    if (checks.empty()) break;
+    Item* it = checks.front().first;
+    Future f = std::move(checks.front().second);
+    checks.pop_front();
     Result r = wait_result(f, m.opts.wait_timeout);
     if (r.status == Status::ok) continue;
     const TagDefinition& d = *it->def;
@@ -1517,6 +1631,10 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, const ApplyOptions& 
             n->value = DataValue();
             n->has_pending = false;
             n->queue.clear();
+            n->queue_bytes = 0;
+            n->from_definition = false;
+            m.uncharge(*n);
+            m.disown(*n);
           }
         } else {
           idx = m.new_node(d.id);
@@ -1573,6 +1691,8 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, const ApplyOptions& 
           } else {
             src = m.new_node(in.tag);
             ++m.sources;
+            m.nodes[src]->from_definition = true;
+            m.recharge(*m.nodes[src], kDefinitionsUid);
           }
           n.input_nodes.push_back(src);
         }
@@ -1597,15 +1717,19 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, const ApplyOptions& 
           m.timer_cv.notify_one();
         }
       }
+      // The inputs of the tags that remain (one pass, not one per removed tag).
+      std::unordered_set<uint32_t> still_used;
+      {
+        std::unordered_set<std::string_view> gone(removed.begin(), removed.end());
+        for (auto& o : m.nodes)
+          if (o->alive && o->is_virtual && !gone.count(o->id))
+            still_used.insert(o->input_nodes.begin(), o->input_nodes.end());
+      }
       for (const auto& id : removed) {
         const uint32_t idx = m.by_id.at(id);
         Node& n = *m.nodes[idx];
         // Still an input of a remaining tag: it stays, as a source.
-        bool used = false;
-        for (auto& o : m.nodes)
-          if (o->alive && o->is_virtual && o->id != id)
-            for (uint32_t in : o->input_nodes)
-              if (in == idx) used = true;
+        const bool used = still_used.count(idx) != 0;
         if (!n.broken) unregister.push_back(n.key);
         if (used) {
           n.is_virtual = false;
@@ -1613,7 +1737,9 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, const ApplyOptions& 
           n.script = Script();
           n.def = TagDefinition();
           n.value = DataValue();
+          n.from_definition = true;
           ++m.sources;
+          m.recharge(n, kDefinitionsUid);
         } else {
           m.free_node(idx);
         }
@@ -1683,12 +1809,34 @@ Error Engine::update(const std::vector<SourceUpdate>& updates) {
 }
 
 Error Engine::update(const std::vector<SourceUpdate>& updates, DateTime time) {
+  return update_at(updates, time, UpdateOptions{});
+}
+
+Error Engine::update(const std::vector<SourceUpdate>& updates, const UpdateOptions& options) {
+  DateTime time;
+  {
+    MutexLock lock(impl_->mu);
+    time = impl_->now();
+  }
+  return update_at(updates, time, options);
+}
+
+Error Engine::update_at(const std::vector<SourceUpdate>& updates, DateTime time,
+                        const UpdateOptions& o) {
   Impl& m = *impl_;
   std::vector<Dispatch> out;
   {
     MutexLock lock(m.mu);
     if (m.closing) return {ErrorCode::unavailable, "the tags engine is closing"};
+    // Everything is checked before anything changes: ids, who may create a source, the counts,
+    // one value's size, and what the sources would hold (total and the writer's uid).
     std::size_t new_sources = 0;
+    // Bytes the update adds (per node: what it will hold minus what it holds, the node's whole
+    // charge moving to this writer's uid); a second update of one id counts in full.
+    std::size_t total_after = m.source_bytes;
+    std::size_t uid_after = 0;
+    if (auto it = m.usage.find(o.uid); it != m.usage.end()) uid_after = it->second.bytes;
+    std::unordered_set<std::string_view> seen;
     for (const auto& u : updates) {
       if (u.tag.empty() || u.tag.size() > kMaxTagIdSize)
         return {ErrorCode::invalid_argument,
@@ -1697,11 +1845,70 @@ Error Engine::update(const std::vector<SourceUpdate>& updates, DateTime time) {
       if (n != nullptr && n->is_virtual)
         return {ErrorCode::invalid_argument,
                 "'" + u.tag + "' is a virtual tag: its value comes from its script"};
-      if (n == nullptr) ++new_sources;
+      const std::size_t vb = value_bytes(u.value.value);
+      if (vb > m.opts.max_source_value_bytes)
+        return {ErrorCode::invalid_argument,
+                "the value of source tag '" + u.tag + "' is " + std::to_string(vb) +
+                    " bytes, more than max_source_value_bytes (" +
+                    std::to_string(m.opts.max_source_value_bytes) + ")"};
+      const bool again = !seen.insert(u.tag).second;
+      if (n == nullptr) {
+        if (!o.may_create)
+          return {ErrorCode::invalid_argument,
+                  "unknown source tag '" + u.tag +
+                      "': this writer may update the sources that exist (inputs of the defined "
+                      "tags, or created by an admin) but not create one"};
+        if (!again) {
+          ++new_sources;
+          total_after += u.tag.size() + vb;
+          uid_after += u.tag.size() + vb;
+        } else {
+          total_after += vb;
+          uid_after += vb;
+        }
+        continue;
+      }
+      std::size_t before = n->charged, after;
+      if (again)
+        after = before + vb;
+      else if (n->component < 0)
+        after = before - value_bytes(n->value.value) + vb;
+      else if (!n->has_pending)
+        after = before + vb;
+      else if (n->queue_updates)
+        after = before + vb;
+      else
+        after = before - value_bytes(n->pending.value) + vb;
+      total_after = total_after - before + after;
+      uid_after = uid_after - (n->charged_uid == o.uid ? before : 0) + after;
     }
     if (m.sources + new_sources > m.opts.max_sources)
       return {ErrorCode::invalid_argument,
               "more than max_sources (" + std::to_string(m.opts.max_sources) + ") source tags"};
+    if (new_sources > 0 && o.owner != 0) {
+      std::size_t mine = 0;
+      if (auto it = m.usage.find(o.uid); it != m.usage.end()) mine = it->second.sources;
+      if (mine + new_sources > o.max_uid_sources)
+        return {ErrorCode::invalid_argument,
+                "uid " + std::to_string(o.uid) + " has created " + std::to_string(mine) +
+                    " source tags no tag uses; " + std::to_string(new_sources) +
+                    " more would pass its max_uid_sources (" + std::to_string(o.max_uid_sources) +
+                    ")"};
+    }
+    if (total_after > m.opts.max_source_bytes && total_after > m.source_bytes)
+      return {ErrorCode::invalid_argument, "the source tags would hold " +
+                                               std::to_string(total_after) +
+                                               " bytes, more than max_source_bytes (" +
+                                               std::to_string(m.opts.max_source_bytes) + ")"};
+    if (uid_after > o.max_uid_bytes) {
+      std::size_t now = 0;
+      if (auto it = m.usage.find(o.uid); it != m.usage.end()) now = it->second.bytes;
+      if (uid_after > now)
+        return {ErrorCode::invalid_argument, "the source tags uid " + std::to_string(o.uid) +
+                                                 " wrote would hold " + std::to_string(uid_after) +
+                                                 " bytes, more than its max_uid_bytes (" +
+                                                 std::to_string(o.max_uid_bytes) + ")"};
+    }
     for (const auto& u : updates) {
       uint32_t idx;
       if (auto it = m.by_id.find(u.tag); it != m.by_id.end()) {
@@ -1709,6 +1916,11 @@ Error Engine::update(const std::vector<SourceUpdate>& updates, DateTime time) {
       } else {
         idx = m.new_node(u.tag);
         ++m.sources;
+        if (o.owner != 0) {
+          m.nodes[idx]->owner = o.owner;
+          m.nodes[idx]->owner_uid = o.uid;
+          ++m.usage[o.uid].sources;
+        }
       }
       Node& n = *m.nodes[idx];
       DataValue dv = u.value;
@@ -1717,6 +1929,7 @@ Error Engine::update(const std::vector<SourceUpdate>& updates, DateTime time) {
       dv.diagnostics.clear();
       if (n.component < 0) {
         n.value = std::move(dv);
+        m.recharge(n, o.uid);
         continue;
       }
       m.mark_pending(n.component);
@@ -1726,15 +1939,18 @@ Error Engine::update(const std::vector<SourceUpdate>& updates, DateTime time) {
         n.pending = std::move(dv);
         n.has_pending = true;
       } else if (n.queue_updates) {  // every_update: queued, the oldest dropped past the bound
+        n.queue_bytes += value_bytes(dv.value);
         n.queue.push_back(std::move(dv));
         if (n.queue.size() > m.opts.max_update_queue) {
           m.lost_update(idx, n.queue.front());
+          n.queue_bytes -= value_bytes(n.queue.front().value);
           n.queue.pop_front();
         }
       } else {  // merged: the latest one wins, and the next output may say so (Overflow)
         m.lost_update(idx, n.pending);
         n.pending = std::move(dv);
       }
+      m.recharge(n, o.uid);
       if (time > c.pending_time) c.pending_time = time;
     }
     m.counters.source_updates += updates.size();
@@ -1785,8 +2001,9 @@ Error Engine::read(std::string_view id, DataValue* out) {
     lock.lock();
     m.cv.wait_for(m.mu, m.opts.wait_timeout, [&]() REQUIRES(m.mu) {
       const Node& t = *m.nodes[idx];
-      return !t.alive || t.generation != gen || t.results > target;
+      return m.closing || !t.alive || t.generation != gen || t.results > target;
     });
+    if (m.closing) return {ErrorCode::unavailable, "the tags engine is closing"};
     n = m.find(id);
     if (n == nullptr)
       return {ErrorCode::invalid_argument, "tag '" + std::string(id) + "' was removed"};
@@ -1872,6 +2089,101 @@ std::vector<std::string> Engine::ids() const {
   r.reserve(m.topo_order.size());
   for (uint32_t i : m.topo_order) r.push_back(m.nodes[i]->id);
   return r;
+}
+
+bool Engine::read_would_wait(std::string_view id) const {
+  MutexLock lock(impl_->mu);
+  const Node* n = impl_->find(id);
+  return n != nullptr && read_evaluates(*n, impl_->now());
+}
+
+bool Engine::contains(std::string_view id) const {
+  MutexLock lock(impl_->mu);
+  return impl_->find(id) != nullptr;
+}
+
+std::size_t Engine::size() const {
+  MutexLock lock(impl_->mu);
+  return impl_->topo_order.size();
+}
+
+Error Engine::page(std::string_view after, std::size_t limit, std::size_t max_bytes,
+                   std::vector<TagInfo>* out, bool* more) const {
+  const Impl& m = *impl_;
+  MutexLock lock(m.mu);
+  out->clear();
+  *more = false;
+  std::size_t start = 0;
+  if (!after.empty()) {
+    const Node* n = m.find(after);
+    if (n == nullptr || !n->is_virtual ||
+        static_cast<std::size_t>(n->topo) >= m.topo_order.size() ||
+        m.topo_order[n->topo] != n->self)
+      return {ErrorCode::invalid_argument,
+              "the cursor '" + std::string(after) + "' is not a virtual tag any more; start again"};
+    start = static_cast<std::size_t>(n->topo) + 1;
+  }
+  std::size_t bytes = 0;
+  std::size_t i = start;
+  for (; i < m.topo_order.size() && out->size() < limit; ++i) {
+    const Node& n = *m.nodes[m.topo_order[i]];
+    std::size_t b = 256 + n.id.size() + value_bytes(n.value.value) + n.value.diagnostics.size() +
+                    n.counters.last_error.size();
+    for (const auto& in : n.def.inputs) b += 64 + in.tag.size() + in.name.size();
+    if (!out->empty() && bytes + b > max_bytes) break;
+    bytes += b;
+    TagInfo info;
+    TagDefinition& d = info.definition;
+    d.id = n.def.id.empty() ? n.id : n.def.id;
+    d.inputs = n.def.inputs;
+    d.type = n.def.type;
+    d.trigger = n.def.trigger;
+    d.timestamps = n.def.timestamps;
+    d.keep_state = n.def.keep_state;
+    d.reset_state = n.def.reset_state;
+    d.max_state_bytes = n.def.max_state_bytes;
+    d.last_usable = n.def.last_usable;
+    d.evaluate_bad_inputs = n.def.evaluate_bad_inputs;
+    d.every_update = n.def.every_update;
+    d.location = n.def.location;
+    d.config_error = n.def.config_error;
+    info.value = n.value;
+    info.counters = n.counters;
+    info.version = n.version;
+    out->push_back(std::move(info));
+  }
+  *more = i < m.topo_order.size();
+  return {};
+}
+
+std::size_t Engine::forget_sources(uint64_t owner) {
+  if (owner == 0) return 0;
+  Impl& m = *impl_;
+  MutexLock lock(m.mu);
+  std::size_t freed = 0;
+  for (uint32_t i = 0; i < m.nodes.size(); ++i) {
+    Node& n = *m.nodes[i];
+    if (!n.alive || n.is_virtual || n.owner != owner) continue;
+    if (!n.dependents.empty()) {  // a tag uses it: the definitions' now
+      m.disown(n);
+      continue;
+    }
+    m.free_node(i);
+    --m.sources;
+    ++freed;
+  }
+  return freed;
+}
+
+SourceUsage Engine::source_usage() const {
+  MutexLock lock(impl_->mu);
+  return SourceUsage{impl_->sources, impl_->source_bytes};
+}
+
+SourceUsage Engine::source_usage(uint32_t uid) const {
+  MutexLock lock(impl_->mu);
+  auto it = impl_->usage.find(uid);
+  return it == impl_->usage.end() ? SourceUsage{} : it->second;
 }
 
 EngineCounters Engine::counters() const {

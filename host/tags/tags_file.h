@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -23,8 +24,11 @@ inline constexpr std::size_t kMaxUpdateLineBytes = 16u << 20;
 // engine installs it as a tag with BadConfigurationError (or refuses the set, strict). An error
 // of the file as a whole (TOML syntax, [defaults], unknown top-level keys, the size) returns false
 // with every such error in *file_errors ("ORIGIN:LINE:COL: message").
+// `max_tags`: more [[tag]] tables than this are an error of the file as a whole, found before any
+// definition is built (outrund's max_tags_per_define).
 bool parse_tags(std::string_view text, const std::string& base_dir, std::string_view origin,
-                std::vector<TagDefinition>* out, std::vector<std::string>* file_errors);
+                std::vector<TagDefinition>* out, std::vector<std::string>* file_errors,
+                std::size_t max_tags = SIZE_MAX);
 bool load_tags_file(const std::string& path, std::vector<TagDefinition>* out,
                     std::vector<std::string>* file_errors);
 // All or nothing: false with the first error ("LINE:COL: message") if anything is wrong,

@@ -324,17 +324,24 @@ TEST_CASE("outrund tags: DefineTags and RemoveTags need an admin uid, updates an
   close(fd);
   const std::string conf = tmpl;
   std::ofstream(conf) << "[daemon]\nadmin_uids = [4242]\n";
-  Daemon d({"--config", conf});
+  const std::string dir = temp_dir();
+  const std::string file = write_file(dir, "t.toml", kTags);
+  Daemon d({"--config", conf, "--tags", file});
   auto c = d.client();
   outrun::Error e = c->define_tags(kTags, false);
   CHECK(e.code == outrun::ErrorCode::invalid_argument);
   CHECK(e.message.find("permission denied") != std::string::npos);
   CHECK(c->remove_tags({"f"}).code == outrun::ErrorCode::invalid_argument);
+  // A source that exists (an input of f and u): updated by anyone; creating one is an admin's.
   CHECK(!c->update_sources({good("a", outrun::Value(1.0))}));
+  CHECK(c->update_sources({good("new", outrun::Value(1.0))}).code ==
+        outrun::ErrorCode::invalid_argument);
   std::string json;
   REQUIRE(!c->list_tags_json(&json));
-  CHECK(nlohmann::json::parse(json)["tags"].empty());
+  CHECK(nlohmann::json::parse(json)["tags"].size() == 2);
   std::remove(conf.c_str());
+  std::remove(file.c_str());
+  rmdir(dir.c_str());
 }
 
 TEST_CASE("outrund tags: --tags FILE at start, SIGHUP reloads it, broken tags are isolated") {
@@ -881,7 +888,8 @@ TEST_CASE("outrund tags: outrun::Client refuses updates and texts larger than a 
   // The same connection goes on, and a value that fits still goes through.
   CHECK(c->connected());
   REQUIRE(!c->update_sources({good("a", outrun::Value(2.0))}));
-  REQUIRE(!c->update_sources({good("big", outrun::Value(std::string(10u << 20, 'b')))}));
+  // (under max_tag_source_value_bytes, 1 MiB: design/daemon.md "Tags bounds")
+  REQUIRE(!c->update_sources({good("big", outrun::Value(std::string(512u << 10, 'b')))}));
   bool four = false;
   for (int i = 0; i < 500 && !four; ++i) {
     std::vector<tags::Change> v;

@@ -74,6 +74,7 @@ struct ServerTestAccess {
     to.on_change = [&s](const std::vector<tags::Change>& ch) { s.on_tag_changes(ch); };
     if (Error e = tags::Engine::create(*s.host_, std::move(to), &s.tags_)) return e;
     s.tags_thread_ = std::thread([&s] { s.tags_thread_main(); });
+    s.tags_read_thread_ = std::thread([&s] { s.tags_read_thread_main(); });
     std::string err;
     if (!s.open_socket(&err)) return Error{ErrorCode::unavailable, err};
     s.loop_ = &s.own_loop_;  // outrund runs on the Host's loop; here its own, on this thread
@@ -115,8 +116,12 @@ struct ServerTestAccess {
       MutexLock lock(s.tq_mu_);
       s.tq_stop_ = true;
     }
+    s.tags_stopping_.store(true);
     s.tq_cv_.notify_all();
+    { MutexLock lock(s.rq_mu_); }
+    s.rq_cv_.notify_all();
     s.tags_thread_.join();
+    s.tags_read_thread_.join();
     s.tags_.reset();
     s.destroy_host();
     FUZZ_CHECK(uv_loop_close(s.loop_) == 0);

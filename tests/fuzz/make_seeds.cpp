@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "outrun/protocol/client_messages.h"
 #include "outrun/protocol/frame.h"
 #include "outrun/protocol/messages.h"
 #include "outrun/protocol/wire_value.h"
@@ -227,6 +228,30 @@ ByteVec list_page(uint64_t request_id, std::string_view after, uint32_t limit) {
   return finish(
       fbb, wire::Body::Control,
       wire::CreateControl(fbb, request_id, wire::ControlCommand::ListScripts, 0, a, limit).Union());
+}
+
+// The tags frames (design/protocol.md "Tags frames"), for the seeds of the attacks bounded in
+// design/daemon.md "Tags bounds".
+template <class Build>
+ByteVec tags_frame(Build&& build) {
+  flatbuffers::FlatBufferBuilder fbb(1024);
+  const auto frame = build(fbb);
+  return ByteVec(frame.begin(), frame.end());
+}
+
+// SourceUpdates of `ids`, each a string value of `value_bytes` bytes, with `status`.
+ByteVec source_updates(uint64_t request_id, const std::vector<std::string>& ids,
+                       std::size_t value_bytes, uint32_t status = 0) {
+  return tags_frame([&](flatbuffers::FlatBufferBuilder& f) {
+    std::vector<flatbuffers::Offset<wire::TagValue>> items;
+    for (const auto& id : ids) {
+      const auto str = f.CreateString(std::string(value_bytes, 'v'));
+      const auto v = wire::CreateValue(f, wire::ValueKind::String, false, 0, 0, str);
+      const auto dv = wire::CreateDataValue(f, v, status);
+      items.push_back(wire::CreateTagValue(f, f.CreateString(id), dv));
+    }
+    return protocol::encode_source_updates(f, request_id, 0, items);
+  });
 }
 
 ByteVec unreg(uint64_t request_id, const char* key) {
@@ -490,6 +515,76 @@ int main(int argc, char** argv) {
     write_seed(T, "bad_version", cat({client_hello(3), control(1, C::Stats)}));
     write_seed(T, "protocol_1",  // answered in version 1, plain inputs
                cat({client_hello(1), evaluate({call(1, 0, ab)}), control(1, C::Stats)}));
+    // The tags frames at the shapes of the attacks design/daemon.md "Tags bounds" bounds, small.
+    {
+      std::string chain;  // c0 <- c1 <- ... <- c399 <- src
+      for (int i = 0; i < 400; ++i)
+        chain += "[[tag]]\nid = \"c" + std::to_string(i) + "\"\ninputs = [{tag = \"" +
+                 (i + 1 < 400 ? "c" + std::to_string(i + 1) : std::string("src")) +
+                 "\", name = \"x\"}]\nscript = \"return inputs.x\"\n";
+      const std::vector<std::string> c0{"c0"}, src{"src"};
+      write_seed(T, "tags_deep_chain",  // a Bad source passed down the chain, then a Good one
+                 cat({client_hello(), tags_frame([&](auto& f) {
+                        return protocol::encode_define_tags(f, 1, chain, false);
+                      }),
+                      source_updates(2, src, 1, 0x808C0000u),
+                      tags_frame([&](auto& f) { return protocol::encode_read_tags(f, 3, c0); }),
+                      source_updates(4, src, 1), tags_frame([&](auto& f) {
+                        return protocol::encode_list_tags(f, 5, "c3", 2);
+                      })}));
+      std::vector<std::string> wide;  // new ids of 200 bytes
+      for (int i = 0; i < 200; ++i) {
+        std::string id = "s" + std::to_string(i);
+        id.resize(200, '_');
+        wide.push_back(id);
+      }
+      write_seed(T, "tags_source_flood",  // many new ids, then one id with ever new large values
+                 cat({client_hello(), source_updates(1, wide, 8),
+                      source_updates(0, {"big1"}, 40000), source_updates(0, {"big2"}, 40000),
+                      source_updates(2, {"big1"}, 20000), control(3, C::Stats)}));
+      std::vector<std::string> unknown;
+      for (int i = 0; i < 1024; ++i) unknown.push_back("nothing." + std::to_string(i));
+      write_seed(
+          T, "tags_subscribe_unknown",  // ids that name no tag, again and again, cancelled
+          cat({client_hello(), tags_frame([&](auto& f) {
+                 return protocol::encode_subscribe(f, 1, unknown, false);
+               }),
+               tags_frame(
+                   [&](auto& f) { return protocol::encode_subscribe(f, 2, unknown, false); }),
+               tags_frame([&](auto& f) { return protocol::encode_subscribe(f, 3, {}, true); })}));
+      const std::vector<std::string> big_many(100, "big");
+      write_seed(T, "tags_read_big",  // one 200 KB source read 100 times: past a frame
+                 cat({client_hello(), source_updates(1, {"big"}, 200000), tags_frame([&](auto& f) {
+                        return protocol::encode_read_tags(f, 2, big_many);
+                      }),
+                      tags_frame([&](auto& f) { return protocol::encode_read_tags(f, 3, src); })}));
+      std::string some;
+      for (int i = 0; i < 30; ++i)
+        some += "[[tag]]\nid = \"t" + std::to_string(i) +
+                "\"\ninputs = [\"s\"]\nscript = " + "\"return inputs.s\"\n";
+      write_seed(
+          T, "tags_list_pages",  // pages by cursor; a cursor that names nothing
+          cat({client_hello(),
+               tags_frame([&](auto& f) { return protocol::encode_define_tags(f, 1, some, false); }),
+               tags_frame([&](auto& f) { return protocol::encode_list_tags(f, 2, "", 10); }),
+               tags_frame([&](auto& f) { return protocol::encode_list_tags(f, 3, "t9", 10); }),
+               tags_frame([&](auto& f) { return protocol::encode_list_tags(f, 4, "nope", 1); }),
+               tags_frame([&](auto& f) { return protocol::encode_list_tags(f, 5, "", 0); })}));
+      const std::vector<std::string> r0_many(256, "r0");
+      ByteVec flood = cat({client_hello(), tags_frame([&](auto& f) {
+                             return protocol::encode_define_tags(
+                                 f, 1,
+                                 "[[tag]]\nid = \"r0\"\ninputs = [\"x\"]\ntrigger = \"on_read\"\n"
+                                 "max_age_ms = 1\nscript = \"return inputs.x\"\n",
+                                 false);
+                           }),
+                           source_updates(2, {"x"}, 4)});
+      for (uint64_t r = 3; r < 19; ++r)
+        flood =
+            cat({flood,
+                 tags_frame([&](auto& f) { return protocol::encode_read_tags(f, r, r0_many); })});
+      write_seed(T, "tags_on_read_flood", flood);  // one on_read tag named 256 times, 16 reads
+    }
     write_seed(T, "encoded_inputs",  // protocol 2's inputs_buffer, beside plain inputs
                cat({client_hello(), evaluate({encoded_call(1, 0, ab), call(2, 0, ab)}),
                     evaluate({encoded_call(3, 1, {{"v", deep32}}), encoded_call(4, 0, {})})}));

@@ -2,9 +2,11 @@
 #include "outrun/tags.h"
 
 #include <doctest/doctest.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <thread>
 
@@ -1214,6 +1216,115 @@ TEST_CASE("tags: the wave's time never goes back") {
   REQUIRE(rig.engine->wait_idle());
   CHECK(rig.read("S").server_time == at(10));
   CHECK(num(rig.read("S").value) == doctest::Approx(at(10).unix_seconds()));
+}
+
+// Runs `f` on a thread with a 512 KiB stack: a recursion whose depth the input controls
+// overflows it long before 8 MiB would (a 100,000-deep chain did, on any stack).
+void on_small_stack(std::function<void()> f) {
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 512u << 10);
+  pthread_t th;
+  auto* fn = new std::function<void()>(std::move(f));
+  REQUIRE(pthread_create(
+              &th, &attr,
+              [](void* p) -> void* {
+                auto* g = static_cast<std::function<void()>*>(p);
+                (*g)();
+                delete g;
+                return nullptr;
+              },
+              fn) == 0);
+  pthread_join(th, nullptr);
+  pthread_attr_destroy(&attr);
+}
+
+TEST_CASE("tags: a wave through a 20,000-deep chain uses no stack per tag") {
+  Rig rig(Kind::in_process);
+  std::vector<tags::TagDefinition> defs;
+  constexpr int kDepth = 20'000;
+  for (int i = 0; i < kDepth; ++i) {
+    auto d = tag("c" + std::to_string(i), "return inputs.x",
+                 {i + 1 < kDepth ? "c" + std::to_string(i + 1) : std::string("src")});
+    d.inputs[0].name = "x";
+    defs.push_back(std::move(d));
+  }
+  Error err;
+  on_small_stack([&] { err = rig.engine->apply(defs, false); });
+  REQUIRE_MESSAGE(!err, err.message);
+  REQUIRE(rig.engine->wait_idle());
+  // A Bad source: no tag is evaluated, each takes its input's code, one after the other.
+  on_small_stack([&] {
+    err = rig.engine->update({src("src", Value(1.0), tags::codes::BadSensorFailure)}, at(1));
+  });
+  REQUIRE_MESSAGE(!err, err.message);
+  REQUIRE(rig.engine->wait_idle());
+  CHECK(rig.read("c0").status == tags::codes::BadSensorFailure);
+  // A Good one: each tag is evaluated in turn (the runner answers inline: InProcess).
+  on_small_stack([&] { err = rig.engine->update({src("src", Value(2.0))}, at(2)); });
+  REQUIRE_MESSAGE(!err, err.message);
+  REQUIRE(rig.engine->wait_idle());
+  CHECK(num(rig.read("c0").value) == 2.0);
+}
+
+TEST_CASE("tags: max_tags bounds the virtual tags") {
+  InProcess runner(InProcessOptions{});
+  tags::TagsOptions to;
+  to.max_tags = 3;
+  std::unique_ptr<tags::Engine> engine;
+  REQUIRE(!tags::Engine::create(runner, to, &engine));
+  REQUIRE(!engine->apply({tag("a", "return 1", {}), tag("b", "return 1", {})}, false));
+  Error e = engine->apply({tag("c", "return 1", {}), tag("d", "return 1", {})}, false);
+  CHECK(e.code == ErrorCode::invalid_argument);
+  CHECK_MESSAGE(e.message.find("max_tags (3)") != std::string::npos, e.message);
+  CHECK(engine->ids().size() == 2);
+}
+
+TEST_CASE("tags: source tags are bounded in bytes, per writer, and freed with their owner") {
+  InProcess runner(InProcessOptions{});
+  tags::TagsOptions to;
+  to.max_source_bytes = 10'000;
+  to.max_source_value_bytes = 4'000;
+  std::unique_ptr<tags::Engine> engine;
+  REQUIRE(!tags::Engine::create(runner, to, &engine));
+  REQUIRE(!engine->apply({tag("t", "return #inputs.s", {"s"})}, false));
+  auto str = [](std::size_t n) { return Value(std::string(n, 'v')); };
+  Error e = engine->update({src("x", str(5'000))});
+  CHECK(e.code == ErrorCode::invalid_argument);
+  CHECK_MESSAGE(e.message.find("max_source_value_bytes (4000)") != std::string::npos, e.message);
+  tags::UpdateOptions o;
+  o.owner = 7;
+  o.uid = 1000;
+  o.max_uid_bytes = 6'000;
+  REQUIRE(!engine->update({src("x1", str(3'000))}, o));
+  e = engine->update({src("x2", str(3'500))}, o);  // the uid's bytes
+  CHECK(e.code == ErrorCode::invalid_argument);
+  CHECK_MESSAGE(e.message.find("max_uid_bytes (6000)") != std::string::npos, e.message);
+  REQUIRE(!engine->update({src("x1", str(3'500))}, o));  // a new value replaces the old one
+  CHECK(engine->source_usage(1000).bytes < 4'000);
+  tags::UpdateOptions p = o;
+  p.owner = 8;
+  p.uid = 1001;
+  p.max_uid_bytes = SIZE_MAX;
+  REQUIRE(!engine->update({src("y1", str(3'500))}, p));
+  e = engine->update({src("y2", str(3'500))}, p);  // the total
+  CHECK(e.code == ErrorCode::invalid_argument);
+  CHECK_MESSAGE(e.message.find("max_source_bytes (10000)") != std::string::npos, e.message);
+  // The owner's sources no tag reads go; the one a tag reads stays (the definitions' now).
+  REQUIRE(!engine->update({src("s", str(10))}, o));
+  CHECK(engine->forget_sources(7) == 1);  // x1
+  CHECK(engine->contains("s"));
+  CHECK_FALSE(engine->contains("x1"));
+  CHECK(engine->source_usage(1000).sources == 0);
+  REQUIRE(!engine->update({src("y2", str(3'500))}, p));  // room again
+  // Not allowed to create: only ids that exist.
+  tags::UpdateOptions q;
+  q.may_create = false;
+  CHECK(engine->update({src("new", Value(1.0))}, q).code == ErrorCode::invalid_argument);
+  REQUIRE(!engine->update({src("s", Value(std::string("abc")))}, q));
+  // A source a definition made goes when no tag reads it any more.
+  REQUIRE(!engine->apply({tag("t", "return 1", {})}, tags::ApplyOptions{true, false}, nullptr));
+  CHECK_FALSE(engine->contains("s"));
 }
 
 }  // namespace

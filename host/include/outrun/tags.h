@@ -183,7 +183,11 @@ bool same_definition(const TagDefinition& a, const TagDefinition& b);
 // Limits on what the engine accepts, checked before anything changes.
 inline constexpr std::size_t kMaxTagIdSize = 256;
 inline constexpr std::size_t kMaxTagInputs = 256;
-inline constexpr std::size_t kMaxTags = 1u << 20;
+inline constexpr std::size_t kMaxTags = 1u << 20;  // the most TagsOptions::max_tags may be
+
+// What a source value costs against TagsOptions::max_source_bytes and max_source_value_bytes:
+// its strings and byte strings, plus 16 bytes per value (arrays and maps count each element).
+std::size_t value_size(const Value& v);
 
 struct SourceUpdate {
   std::string tag;
@@ -232,11 +236,36 @@ struct TagsOptions {
   std::chrono::milliseconds retry_delay{50};
   // How long define/apply/remove wait for in-flight waves, and an on-read read for its result.
   std::chrono::milliseconds wait_timeout{10000};
+  // Virtual tags the engine holds (at most kMaxTags); an apply() that would hold more is refused.
+  std::size_t max_tags = kMaxTags;
   // Source tags (ids updated by update()) the engine keeps; past it updates of new ids fail.
   std::size_t max_sources = 1u << 20;
+  // What every source tag holds together (its id, its value, an update waiting for its wave and
+  // the every_update queue, as value_size counts them); an update that would pass it is refused.
+  std::size_t max_source_bytes = std::size_t{1} << 30;
+  // One source value (value_size); a larger one is refused.
+  std::size_t max_source_value_bytes = std::size_t{16} << 20;
   // every_update: the updates of one source waiting for their waves; past it the oldest is
   // dropped, counted and flagged (Overflow).
   std::size_t max_update_queue = 1024;
+};
+
+// Who writes an update (outrund: the connection and its peer uid), for the per-writer bounds.
+// A source tag created by an update belongs to its `owner` until a tag uses it as an input;
+// forget_sources(owner) frees the ones no tag uses. What sources hold is charged to the uid of
+// the last writer of each.
+struct UpdateOptions {
+  uint64_t owner = 0;  // 0: no owner (the sources it makes are kept: the offline runner, tests)
+  uint32_t uid = 0;
+  bool may_create = true;  // false: an update of an id that is not a tag yet is refused
+  std::size_t max_uid_sources = SIZE_MAX;  // sources `uid` created (still owned by a writer)
+  std::size_t max_uid_bytes = SIZE_MAX;    // bytes of the sources whose last writer is `uid`
+};
+
+// What the sources hold, in total and per uid (UpdateOptions).
+struct SourceUsage {
+  std::size_t sources = 0;  // source tags (all, or created by the uid and not used by a tag)
+  std::size_t bytes = 0;    // as max_source_bytes counts them
 };
 
 // A definition that apply() could not install as given.
@@ -301,6 +330,14 @@ class Engine {
   // in topological order, seeing all of them. `time` is the evaluation time (default: clock).
   Error update(const std::vector<SourceUpdate>& updates);
   Error update(const std::vector<SourceUpdate>& updates, DateTime time);
+  // With a writer's bounds (outrund); the engine's clock.
+  Error update(const std::vector<SourceUpdate>& updates, const UpdateOptions& options);
+  // Frees the source tags `owner` created that no tag uses (outrund: a connection closed).
+  // Returns how many.
+  std::size_t forget_sources(uint64_t owner);
+  // Total and per-uid usage of the sources (uid: only the sources it wrote last).
+  SourceUsage source_usage() const;
+  SourceUsage source_usage(uint32_t uid) const;
 
   // The current DataValue of a tag (virtual or source). An on_read tag whose value is older
   // than its max_age is evaluated first (this call then waits for it).
@@ -318,12 +355,24 @@ class Engine {
 
   Error info(std::string_view id, TagInfo* out) const;
   std::vector<std::string> ids() const;  // virtual tags, in topological order
+  // One page of the virtual tags in topological order: those after the tag `after` ("" from the
+  // first), at most `limit`, and no more once their values and inputs pass `max_bytes` (at least
+  // one). definition.script is left empty. *more: tags follow. `after` no longer a virtual tag:
+  // invalid_argument. The order holds while no definition changes between two pages.
+  Error page(std::string_view after, std::size_t limit, std::size_t max_bytes,
+             std::vector<TagInfo>* out, bool* more) const;
+  std::size_t size() const;                  // virtual tags
+  bool contains(std::string_view id) const;  // a virtual or a source tag
+  // read() of it would evaluate it first (an on_read tag older than its max_age); no copy.
+  bool read_would_wait(std::string_view id) const;
   EngineCounters counters() const;
 
   struct Impl;
 
  private:
   explicit Engine(std::shared_ptr<Impl> impl);
+  Error update_at(const std::vector<SourceUpdate>& updates, DateTime time,
+                  const UpdateOptions& options);
   std::shared_ptr<Impl> impl_;  // shared with evaluations still in flight
 };
 

@@ -48,7 +48,8 @@ std::span<const uint8_t> encode_define_tags(flatbuffers::FlatBufferBuilder& fbb,
                                             bool replace_all);
 std::span<const uint8_t> encode_remove_tags(flatbuffers::FlatBufferBuilder& fbb,
                                             uint64_t request_id, std::span<const std::string> ids);
-std::span<const uint8_t> encode_list_tags(flatbuffers::FlatBufferBuilder& fbb, uint64_t request_id);
+std::span<const uint8_t> encode_list_tags(flatbuffers::FlatBufferBuilder& fbb, uint64_t request_id,
+                                          std::string_view after = {}, uint32_t limit = 0);
 // `updates` built in `fbb` before (the host's encode_tag_entry); `time` in ticks, 0: now.
 std::span<const uint8_t> encode_source_updates(flatbuffers::FlatBufferBuilder& fbb,
                                                uint64_t request_id, int64_t time,
@@ -88,6 +89,8 @@ struct RemoveTagsMsg {
 };
 struct ListTagsMsg {
   uint64_t request_id = 0;
+  std::string_view after;  // the cursor ("" the first page)
+  uint32_t limit = 0;      // 0: the default
 };
 struct SourceUpdatesMsg {
   uint64_t request_id = 0;
