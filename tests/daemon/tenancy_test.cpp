@@ -205,7 +205,7 @@ script = "return inputs.a * 2"
 
 TEST_CASE(
     "outrund tenancy: only the uid that registered a key, or an admin, replaces or "
-    "unregisters it; a replaced record is charged to nobody") {
+    "unregisters it, and a replaced record is charged to nobody") {
   if (geteuid() != 0) {
     MESSAGE("not root: needs a second uid; skipped");
     return;
