@@ -454,8 +454,20 @@ export class Client extends EventEmitter<ClientEvents> {
 
   /** The ListTags document, parsed: `{tags: [{id, type, trigger, inputs, value, counters, version}]}`. */
   async listTags(): Promise<any> {
-    const r = await this.tagsRequest((id) => tags.listTags(id));
-    return this.parseJson(r.json, 'ListTags');
+    // outrund answers in pages (design/protocol.md "Paged ListTags"): follow `next` to the end.
+    let doc: any = null;
+    let after: string | null = null;
+    for (;;) {
+      const r = await this.tagsRequest((id) => tags.listTags(id, after));
+      const page = this.parseJson(r.json, 'ListTags');
+      if (doc === null) doc = page ?? { tags: [] };
+      else if (page && Array.isArray(page.tags)) doc.tags.push(...page.tags);
+      const next = page?.next;
+      if (typeof next !== 'string' || next === '' || next === after) break;
+      after = next;
+    }
+    delete doc.next;
+    return doc;
   }
 
   /**

@@ -94,9 +94,11 @@ export function removeTags(requestId: number, ids: readonly string[]): Uint8Arra
   return finish(b, w.Body.RemoveTags, w.RemoveTags.createRemoveTags(b, BigInt(requestId), v));
 }
 
-export function listTags(requestId: number): Uint8Array {
+/** One page of ListTags: after the cursor `after` (the previous page's `next`; '' or null: the first). */
+export function listTags(requestId: number, after: string | null = null, limit = 0): Uint8Array {
   const b = new flatbuffers.Builder(64);
-  return finish(b, w.Body.ListTags, w.ListTags.createListTags(b, BigInt(requestId)));
+  const a = after ? b.createString(after) : 0;
+  return finish(b, w.Body.ListTags, w.ListTags.createListTags(b, BigInt(requestId), a, limit));
 }
 
 export function readTags(requestId: number, ids: readonly string[]): Uint8Array {

@@ -202,7 +202,7 @@ test("the daemon's own refusal of a registration rejects OutrunError with its st
         const b = new flatbuffers.Builder(128);
         const full = r.key() === 'full';
         const e = b.createString(full ? 'the registry is full' : 'script key is odd');
-        const body = w.Registered.createRegistered(b, r.requestId(), full ? w.Status.Unavailable : w.Status.InvalidArgument, e, 0, 0, 0);
+        const body = w.Registered.createRegistered(b, r.requestId(), full ? w.Status.Unavailable : w.Status.InvalidArgument, e, 0, 0, 0, 0n);
         w.Frame.finishSizePrefixedFrameBuffer(b, w.Frame.createFrame(b, w.Body.Registered, body));
         sock.write(b.asUint8Array());
       }

@@ -31,7 +31,7 @@ export function inputOf(e, i) {
 export function registered(requestId, handle, shard = 0) {
   const b = new flatbuffers.Builder(128);
   const sha = w.Registered.createSha256Vector(b, new Uint8Array(32).fill(0xab));
-  return finish(b, w.Body.Registered, w.Registered.createRegistered(b, BigInt(requestId), w.Status.Ok, 0, handle, sha, shard));
+  return finish(b, w.Body.Registered, w.Registered.createRegistered(b, BigInt(requestId), w.Status.Ok, 0, handle, sha, shard, 0n));
 }
 
 /** Results{[Result{id, Ok, Int value}]} */

@@ -181,8 +181,10 @@ describe('tags against outrund', async () => {
         if (Date.now() > end) throw new Error(`T.Sum is ${sum.value}, not 42`);
         await new Promise((r) => setTimeout(r, 10));
       }
-      // A value that fits (a 10 MiB string) still goes through.
-      await client.updateSources([{ tag: 'T.Big', value: 'b'.repeat(10 << 20) }]);
+      // A value within outrund's bound for one source value (max_tag_source_value_bytes, 1 MiB by
+      // default) still goes through; a larger one that fits a frame is refused by outrund alone.
+      await client.updateSources([{ tag: 'T.Big', value: 'b'.repeat(512 << 10) }]);
+      await assert.rejects(client.updateSources([{ tag: 'T.Big', value: 'b'.repeat(10 << 20) }]), (e) => e instanceof OutrunError && e.status === 'invalid_argument' && /max_source_value_bytes/.test(e.message));
       assert.equal(dropped, false, 'the connection was not dropped');
     } finally {
       client.off('disconnected', onDrop);
