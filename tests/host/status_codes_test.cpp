@@ -43,7 +43,9 @@ TEST_CASE("status codes: every name of StatusCode.csv round-trips through parse 
   csv.emplace("Good", 0x00000000u);
   csv.emplace("Uncertain", 0x40000000u);
   csv.emplace("Bad", 0x80000000u);
-  for (const auto& [name, code] : csv) {
+  for (const auto& entry : csv) {  // (no structured binding: clang 14 refuses it in CAPTURE)
+    const std::string& name = entry.first;
+    const auto code = entry.second;
     CAPTURE(name);
     tags::StatusCode c = 1;
     CHECK(tags::parse_status_code(name, &c));
