@@ -214,15 +214,18 @@ TEST_CASE(
   TempFile conf("[daemon]\nallowed_uids = [0, 65534]\nsocket_mode = \"0666\"\n");
   Daemon d({"--config", conf.path});
   REQUIRE(chmod(d.dir.c_str(), 0711) == 0);  // nobody may reach the socket
-  auto c = d.client();
-  outrun::Script root_s;
-  REQUIRE(!c->register_script("root.k", "return 1", &root_s));
   std::string big = "return 7 --";
   big.resize(64 << 10, 'x');
-
+  // nobody's child is forked before this process has threads of its own (TSan refuses threads
+  // after a multi-threaded fork), and waits until root has registered its key.
+  int go[2];
+  REQUIRE(pipe(go) == 0);
   const pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
+    close(go[1]);
+    char byte = 0;
+    if (read(go[0], &byte, 1) != 1) _exit(89);
     if (setgid(kNobody) != 0 || setuid(kNobody) != 0) _exit(90);
     outrun::ClientOptions o;
     o.socket = d.socket;
@@ -253,6 +256,12 @@ TEST_CASE(
     if (n->register_script("nobody.big", big, &s)) _exit(102);
     _exit(0);
   }
+  close(go[0]);
+  auto c = d.client();
+  outrun::Script root_s;
+  REQUIRE(!c->register_script("root.k", "return 1", &root_s));
+  REQUIRE(write(go[1], "g", 1) == 1);
+  close(go[1]);
   int status = 0;
   waitpid(pid, &status, 0);
   REQUIRE(WIFEXITED(status));
