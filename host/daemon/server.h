@@ -43,6 +43,10 @@ struct SubscribeMsg;
 struct ReadTagsMsg;
 }  // namespace outrun::protocol
 
+namespace outrun::tags::file {
+struct Declarations;
+}
+
 namespace outrun::daemon {
 
 struct Conn;
@@ -369,6 +373,12 @@ class Server {
   std::map<uint64_t, std::deque<std::function<void()>>> rq_ GUARDED_BY(rq_mu_);
   std::deque<uint64_t> rq_ring_ GUARDED_BY(rq_mu_);  // connections with reads queued, in turn
   std::size_t rq_count_ GUARDED_BY(rq_mu_) = 0;
+  // The [[source]] and [[alarm]] declarations of the tags defined (design/tags.md "Sources and
+  // alarms"): set on the tags thread with each apply, served by ListTags on the loop.
+  mutable Mutex decls_mu_;
+  std::shared_ptr<const tags::file::Declarations> decls_ GUARDED_BY(decls_mu_);
+  // Sets them after an apply: `replace` (a whole file, replace_all) or merged by id.
+  void set_declarations(tags::file::Declarations d, bool replace) EXCLUDES(decls_mu_);
 };
 
 }  // namespace outrun::daemon

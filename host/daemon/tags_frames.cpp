@@ -104,6 +104,20 @@ Error Server::tags_list_json(std::string_view after, uint32_t limit, std::string
     arr.push_back(std::move(j));
   }
   nlohmann::ordered_json doc{{"tags", std::move(arr)}, {"total", tags_->size()}};
+  if (after.empty()) {  // the declarations, on the first page
+    std::shared_ptr<const tags::file::Declarations> decls;
+    {
+      MutexLock l(decls_mu_);
+      decls = decls_;
+    }
+    if (decls) {
+      doc["sources"] = decls->sources;
+      doc["alarms"] = decls->alarms;
+    } else {
+      doc["sources"] = nlohmann::ordered_json::array();
+      doc["alarms"] = nlohmann::ordered_json::array();
+    }
+  }
   doc["next"] = more && !page.empty() ? nlohmann::ordered_json(page.back().definition.id)
                                       : nlohmann::ordered_json(nullptr);
   *out = dump_json(doc);
@@ -126,7 +140,9 @@ void Server::handle_define_tags(const std::shared_ptr<Conn>& c, const protocol::
   auto job = [this, c, rid, text = std::string(*d.toml), replace = d.replace_all] {
     std::vector<tags::TagDefinition> defs;
     std::vector<std::string> file_errors;
-    if (!tags::file::parse_tags(text, "", "", &defs, &file_errors, cfg_.max_tags_per_define)) {
+    tags::file::Declarations decls;
+    if (!tags::file::parse_tags(text, "", "", &defs, &file_errors, cfg_.max_tags_per_define,
+                                &decls)) {
       std::string why;
       for (const auto& fe : file_errors) why += (why.empty() ? "" : "\n") + fe;
       if (file_errors.size() == 1 && fe_over_bound(file_errors[0]))
@@ -158,6 +174,7 @@ void Server::handle_define_tags(const std::shared_ptr<Conn>& c, const protocol::
       write_tags_reply(c->writer, rid, Error{e.code, why}, {});
       return;
     }
+    set_declarations(std::move(decls), replace);
     write_tags_reply(c->writer, rid, {}, dump_json(tags::file::apply_result_json(res)));
   };
   if (!post_tags_job(std::move(job))) busy(*c, rid);

@@ -99,6 +99,17 @@ void Server::tags_read_thread_main() {
   }
 }
 
+void Server::set_declarations(tags::file::Declarations d, bool replace) {
+  MutexLock l(decls_mu_);
+  if (!replace && decls_) {
+    auto merged = std::make_shared<tags::file::Declarations>(*decls_);
+    merged->merge(d);
+    decls_ = std::move(merged);
+  } else {
+    decls_ = std::make_shared<const tags::file::Declarations>(std::move(d));
+  }
+}
+
 void Server::reload_tags() {
   (void)apply_tags_file("SIGHUP");
 }
@@ -109,11 +120,13 @@ bool Server::apply_tags_file(const char* when) {
   std::vector<std::string> file_errors;
   tags::ApplyResult res;
   Error e;
-  if (tags::file::load_tags_file(cfg_.tags_file, &defs, &file_errors)) {
+  tags::file::Declarations decls;
+  if (tags::file::load_tags_file(cfg_.tags_file, &defs, &file_errors, &decls)) {
     tags::ApplyOptions o;
     o.replace_all = true;
     o.strict = cfg_.tags_strict;
     e = tags_->apply(defs, o, &res);
+    if (!e) set_declarations(std::move(decls), true);
   }
   // Every error, each on its own line (an operator fixes them all in one edit).
   for (const auto& line : tags::file::describe_errors(file_errors, res.errors))

@@ -2,9 +2,11 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -177,6 +179,250 @@ bool read_file(const std::string& path, std::size_t limit, std::string* out, std
   return true;
 }
 
+bool numeric(DataType t) {
+  return t != DataType::Boolean && t != DataType::String && t != DataType::DateTime &&
+         t != DataType::ByteString && t != DataType::Variant;
+}
+
+bool integral(DataType t) {
+  return numeric(t) && t != DataType::Float && t != DataType::Double;
+}
+
+// A declared initial value of one element of `type` as JSON; false (with *why) when it does not
+// fit the type.
+bool initial_element(const toml::node& n, DataType type, nlohmann::ordered_json* out,
+                     std::string* why) {
+  if (type == DataType::Boolean) {
+    if (!n.is_boolean()) return *why = "expected true or false for a Boolean source", false;
+    *out = *n.value<bool>();
+    return true;
+  }
+  if (type == DataType::String) {
+    if (!n.is_string()) return *why = "expected a string for a String source", false;
+    *out = *n.value<std::string>();
+    return true;
+  }
+  if (!numeric(type))
+    return *why = "an initial value is not supported for " + std::string(to_string(type)), false;
+  if (integral(type)) {
+    if (!n.is_integer())
+      return *why = "expected an integer for " + std::string(to_string(type)), false;
+    Value v(*n.value<int64_t>()), coerced;
+    std::string reason;
+    if (coerce(v, TypeSpec{type, false}, &coerced, &reason) != 0)
+      return *why = std::to_string(*n.value<int64_t>()) + " is outside " +
+                    std::string(to_string(type)) + "'s range",
+             false;
+    *out = *n.value<int64_t>();
+    return true;
+  }
+  if (!n.is_number()) return *why = "expected a number for " + std::string(to_string(type)), false;
+  const double d = *n.value<double>();
+  if (!std::isfinite(d)) return *why = "expected a finite number", false;
+  *out = d;
+  return true;
+}
+
+bool declared_id(Reader& r, const toml::node& v, const char* what, std::string* out) {
+  if (!r.string(v, "id", out)) return false;
+  if (out->empty() || out->size() > kMaxTagIdSize)
+    return r.fail(v, std::string(what) + " id: 1 to " + std::to_string(kMaxTagIdSize) + " bytes");
+  for (unsigned char ch : *out)
+    if (ch < 0x20 || ch == 0x7f) return r.fail(v, std::string(what) + " id: control character");
+  return true;
+}
+
+// [[source]] tables: errors go to `r` (errors of the file as a whole).
+void read_sources(Reader& r, const toml::array& arr, const std::set<std::string>& tag_ids,
+                  Declarations* out) {
+  std::set<std::string> seen;
+  for (const auto& n : arr) {
+    const toml::table* t = n.as_table();
+    if (t == nullptr) {
+      r.fail(n, "source: expected [[source]] tables");
+      continue;
+    }
+    nlohmann::ordered_json j;
+    std::string id;
+    TypeSpec type;  // Double when not given (an undeclared source's type)
+    const toml::node* initial = nullptr;
+    const toml::node* range = nullptr;
+    bool has_id = false, writable = true;
+    std::string description;
+    for (const auto& [k, v] : *t) {
+      const std::string_view key = k.str();
+      if (key == "id") {
+        has_id = declared_id(r, v, "source", &id);
+      } else if (key == "type") {
+        r.type(v, &type);
+      } else if (key == "eu_range") {
+        range = &v;
+      } else if (key == "initial") {
+        initial = &v;
+      } else if (key == "writable") {
+        r.boolean(v, key, &writable);
+      } else if (key == "description") {
+        r.string(v, key, &description);
+      } else {
+        r.fail(v, "source: unknown key '" + std::string(key) +
+                      "' (id, type, eu_range, initial, writable, description)");
+      }
+    }
+    if (!has_id) {
+      if (t->get("id") == nullptr) r.fail(n, "a source needs an `id`");
+      continue;
+    }
+    if (tag_ids.count(id))
+      r.fail(n, "source '" + id +
+                    "' is also a [[tag]]: a virtual tag is "
+                    "computed, not written");
+    if (!seen.insert(id).second) r.fail(n, "source '" + id + "' is declared twice");
+    j["id"] = id;
+    j["type"] = std::string(to_string(type.type)) + (type.array ? "[]" : "");
+    if (range != nullptr) {
+      const toml::array* a = range->as_array();
+      if (a == nullptr || a->size() != 2 || !(*a)[0].is_number() || !(*a)[1].is_number()) {
+        r.fail(*range, "eu_range: expected [low, high]");
+      } else {
+        const double lo = *(*a)[0].value<double>(), hi = *(*a)[1].value<double>();
+        if (!numeric(type.type))
+          r.fail(*range,
+                 "eu_range: only for a numeric type, not " + std::string(to_string(type.type)));
+        else if (!std::isfinite(lo) || !std::isfinite(hi) || !(lo < hi))
+          r.fail(*range, "eu_range: expected finite numbers with low < high");
+        else
+          j["eu_range"] = {lo, hi};
+      }
+    }
+    if (initial != nullptr) {
+      std::string why;
+      nlohmann::ordered_json val;
+      bool ok = true;
+      if (type.array) {
+        const toml::array* a = initial->as_array();
+        if (a == nullptr) {
+          ok = false;
+          why = "expected an array for an array source";
+        } else {
+          val = nlohmann::ordered_json::array();
+          for (const auto& e : *a) {
+            nlohmann::ordered_json x;
+            if (!(ok = initial_element(e, type.type, &x, &why))) break;
+            val.push_back(std::move(x));
+          }
+        }
+      } else {
+        ok = initial_element(*initial, type.type, &val, &why);
+      }
+      if (ok && j.contains("eu_range")) {
+        const double lo = j["eu_range"][0], hi = j["eu_range"][1];
+        auto outside = [&](const nlohmann::ordered_json& x) {
+          return x.is_number() && (x.get<double>() < lo || x.get<double>() > hi);
+        };
+        bool any = val.is_array() ? std::any_of(val.begin(), val.end(), outside) : outside(val);
+        if (any) {
+          ok = false;
+          why = "outside eu_range";
+        }
+      }
+      if (!ok)
+        r.fail(*initial, "source '" + id + "': initial: " + why);
+      else
+        j["initial"] = std::move(val);
+    }
+    j["writable"] = writable;
+    if (!description.empty()) j["description"] = description;
+    out->sources.push_back(std::move(j));
+  }
+}
+
+// [[alarm]] tables on the text's tags and sources.
+void read_alarms(Reader& r, const toml::array& arr, const std::set<std::string>& known,
+                 const std::set<std::string>& boolean_ids, Declarations* out) {
+  std::set<std::string> seen;
+  static constexpr const char* kLimits[] = {"high_high", "high", "low", "low_low"};
+  for (const auto& n : arr) {
+    const toml::table* t = n.as_table();
+    if (t == nullptr) {
+      r.fail(n, "alarm: expected [[alarm]] tables");
+      continue;
+    }
+    nlohmann::ordered_json j;
+    std::string id, tag, kind, message;
+    bool has_id = false, has_tag = false, has_normal = false, normal = false;
+    int64_t severity = 500;
+    std::map<std::string, double> limits;
+    for (const auto& [k, v] : *t) {
+      const std::string key(k.str());
+      if (key == "id") {
+        has_id = declared_id(r, v, "alarm", &id);
+      } else if (key == "tag") {
+        has_tag = r.string(v, key, &tag);
+      } else if (key == "kind") {
+        if (r.string(v, key, &kind) && kind != "limit" && kind != "off_normal")
+          r.fail(v, "kind: expected limit or off_normal");
+      } else if (key == "high_high" || key == "high" || key == "low" || key == "low_low") {
+        double x;
+        if (r.number(v, key, &x)) limits[key] = x;
+      } else if (key == "normal") {
+        has_normal = r.boolean(v, key, &normal);
+      } else if (key == "severity") {
+        if (!v.is_integer() || *v.value<int64_t>() < 1 || *v.value<int64_t>() > 1000)
+          r.fail(v, "severity: expected an integer 1..1000");
+        else
+          severity = *v.value<int64_t>();
+      } else if (key == "message") {
+        r.string(v, key, &message);
+      } else {
+        r.fail(v, "alarm: unknown key '" + key +
+                      "' (id, tag, kind, high_high, high, low, low_low, normal, severity, "
+                      "message)");
+      }
+    }
+    if (!has_id) {
+      if (t->get("id") == nullptr) r.fail(n, "an alarm needs an `id`");
+      continue;
+    }
+    if (!seen.insert(id).second) r.fail(n, "alarm '" + id + "' is declared twice");
+    if (!has_tag) {
+      if (t->get("tag") == nullptr) r.fail(n, "alarm '" + id + "' needs a `tag`");
+      continue;
+    }
+    if (!known.count(tag))
+      r.fail(n, "alarm '" + id + "': tag '" + tag + "' is not a tag, a source or an input here");
+    if (kind.empty()) kind = limits.empty() ? "off_normal" : "limit";
+    if (kind == "limit") {
+      if (limits.empty())
+        r.fail(n, "alarm '" + id + "': a limit alarm needs high_high, high, low or low_low");
+      if (has_normal) r.fail(n, "alarm '" + id + "': normal is for an off_normal alarm");
+      if (boolean_ids.count(tag))
+        r.fail(n,
+               "alarm '" + id + "': a limit alarm needs a numeric tag, '" + tag + "' is Boolean");
+      // low_low <= low <= high <= high_high, for those given.
+      double last = -INFINITY;
+      const char* last_name = nullptr;
+      for (const char* name : {"low_low", "low", "high", "high_high"}) {
+        auto it = limits.find(name);
+        if (it == limits.end()) continue;
+        if (it->second < last) r.fail(n, "alarm '" + id + "': " + name + " is below " + last_name);
+        last = it->second;
+        last_name = name;
+      }
+    } else if (!limits.empty()) {
+      r.fail(n, "alarm '" + id + "': limits are for a limit alarm, not off_normal");
+    }
+    j["id"] = id;
+    j["tag"] = tag;
+    j["kind"] = kind;
+    for (const char* name : kLimits)
+      if (limits.count(name)) j[name] = limits[name];
+    if (kind == "off_normal") j["normal"] = normal;
+    j["severity"] = severity;
+    if (!message.empty()) j["message"] = message;
+    out->alarms.push_back(std::move(j));
+  }
+}
+
 constexpr std::string_view kTagKeys =
     "id, script, script_file, inputs, type, trigger, period_ms, max_age_ms, timestamps, "
     "keep_state, reset_state, max_state_bytes, last_usable_ms, evaluate_bad_inputs, every_update, "
@@ -214,7 +460,7 @@ std::string with_origin(std::string_view origin, const std::string& pos) {
 
 bool parse_tags(std::string_view text, const std::string& base_dir, std::string_view origin,
                 std::vector<TagDefinition>* out, std::vector<std::string>* file_errors,
-                std::size_t max_tags) {
+                std::size_t max_tags, Declarations* decls) {
   out->clear();
   file_errors->clear();
   const std::string name = origin.empty() ? "" : std::string(origin) + ": ";
@@ -248,8 +494,8 @@ bool parse_tags(std::string_view text, const std::string& base_dir, std::string_
         if (!r.common(dk.str(), dv, &defaults, &known)) continue;
         if (!known) r.fail(dv, "defaults: unknown key '" + std::string(dk.str()) + "'");
       }
-    } else if (key != "tag") {
-      r.fail(v, "unknown top-level key '" + std::string(key) + "' (defaults, tag)");
+    } else if (key != "tag" && key != "source" && key != "alarm") {
+      r.fail(v, "unknown top-level key '" + std::string(key) + "' (defaults, tag, source, alarm)");
     }
   }
   const toml::node* tags_node = root.get("tag");
@@ -258,6 +504,60 @@ bool parse_tags(std::string_view text, const std::string& base_dir, std::string_
   if (tags != nullptr)
     for (const auto& tn : *tags)
       if (tn.as_table() == nullptr) r.fail(tn, "tag: expected [[tag]] tables");
+  // [[source]] and [[alarm]]: checked against the text's tags (ids as written; a broken [[tag]]
+  // still names its id).
+  const toml::node* sources_node = root.get("source");
+  const toml::node* alarms_node = root.get("alarm");
+  if (sources_node != nullptr || alarms_node != nullptr) {
+    std::set<std::string> tag_ids, known, boolean_ids;
+    if (tags != nullptr)
+      for (const auto& tn : *tags) {
+        const toml::table* t = tn.as_table();
+        if (t == nullptr) continue;
+        std::string id = t->get("id") ? t->get("id")->value_or(std::string()) : std::string();
+        const std::string ty =
+            t->get("type") ? t->get("type")->value_or(std::string()) : std::string();
+        if (!id.empty()) {
+          tag_ids.insert(id);
+          known.insert(id);
+          if (ty == "Boolean") boolean_ids.insert(id);
+        }
+        if (const toml::array* ins = t->get("inputs") ? t->get("inputs")->as_array() : nullptr)
+          for (const auto& in : *ins) {
+            if (in.is_string())
+              known.insert(*in.value<std::string>());
+            else if (const toml::table* it = in.as_table(); it && it->get("tag"))
+              known.insert(it->get("tag")->value_or(std::string()));
+          }
+      }
+    Declarations local;
+    Declarations* d = decls != nullptr ? decls : &local;
+    *d = Declarations{};
+    for (const auto& [node, what] : {std::pair{sources_node, "source"}, {alarms_node, "alarm"}}) {
+      if (node == nullptr) continue;
+      const toml::array* a = node->as_array();
+      if (a == nullptr) {
+        r.fail(*node, std::string(what) + ": expected [[" + what + "]] tables");
+        continue;
+      }
+      if (a->size() > kMaxDeclarations) {
+        r.fail(*node, std::to_string(a->size()) + " [[" + what + "]] tables, more than " +
+                          std::to_string(kMaxDeclarations));
+        continue;
+      }
+      if (node == sources_node) {
+        read_sources(r, *a, tag_ids, d);
+        for (const auto& s : d->sources) {
+          known.insert(s["id"].get<std::string>());
+          if (s["type"] == "Boolean") boolean_ids.insert(s["id"].get<std::string>());
+        }
+      } else {
+        read_alarms(r, *a, known, boolean_ids, d);
+      }
+    }
+  } else if (decls != nullptr) {
+    *decls = Declarations{};
+  }
   if (!r.errs.empty()) {
     for (const auto& [pos, msg] : r.errs)
       file_errors->push_back(with_origin(origin, pos) + ": " + msg);
@@ -378,7 +678,7 @@ bool parse_tags(std::string_view text, const std::string& base_dir, std::vector<
 }
 
 bool load_tags_file(const std::string& path, std::vector<TagDefinition>* out,
-                    std::vector<std::string>* file_errors) {
+                    std::vector<std::string>* file_errors, Declarations* decls) {
   std::string text, why;
   out->clear();
   file_errors->clear();
@@ -388,7 +688,19 @@ bool load_tags_file(const std::string& path, std::vector<TagDefinition>* out,
   }
   std::string dir = ".";
   if (auto p = path.rfind('/'); p != std::string::npos) dir = p == 0 ? "/" : path.substr(0, p);
-  return parse_tags(text, dir, path, out, file_errors);
+  return parse_tags(text, dir, path, out, file_errors, SIZE_MAX, decls);
+}
+
+void Declarations::merge(const Declarations& more) {
+  for (auto [mine, theirs] : {std::pair{&sources, &more.sources}, {&alarms, &more.alarms}})
+    for (const auto& d : *theirs) {
+      auto same = std::find_if(mine->begin(), mine->end(),
+                               [&](const nlohmann::ordered_json& x) { return x["id"] == d["id"]; });
+      if (same != mine->end())
+        *same = d;
+      else
+        mine->push_back(d);
+    }
 }
 
 bool load_tags_file(const std::string& path, std::vector<TagDefinition>* out, std::string* error) {

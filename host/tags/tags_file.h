@@ -26,11 +26,29 @@ inline constexpr std::size_t kMaxUpdateLineBytes = 16u << 20;
 // with every such error in *file_errors ("ORIGIN:LINE:COL: message").
 // `max_tags`: more [[tag]] tables than this are an error of the file as a whole, found before any
 // definition is built (outrund's max_tags_per_define).
+// `decls` (optional) gets the file's [[source]] and [[alarm]] tables (below); they are checked
+// whether or not it is given, and an error in one is an error of the file as a whole.
+struct Declarations;
 bool parse_tags(std::string_view text, const std::string& base_dir, std::string_view origin,
                 std::vector<TagDefinition>* out, std::vector<std::string>* file_errors,
-                std::size_t max_tags = SIZE_MAX);
+                std::size_t max_tags = SIZE_MAX, Declarations* decls = nullptr);
 bool load_tags_file(const std::string& path, std::vector<TagDefinition>* out,
-                    std::vector<std::string>* file_errors);
+                    std::vector<std::string>* file_errors, Declarations* decls = nullptr);
+
+// What a tags file declares for an OPC UA server beside its tags (design/tags.md "Sources and
+// alarms"): typed sources and alarms. The engine does not use them; outrund keeps them and serves
+// them in ListTags, so that a server learns them from outrund, whoever defined the tags.
+//   sources: [{"id", "type", "eu_range": [lo, hi]?, "initial"?, "writable", "description"?}]
+//   alarms:  [{"id", "tag", "kind": "limit"|"off_normal", "high_high"?, "high"?, "low"?,
+//              "low_low"?, "normal"?, "severity", "message"?}]
+struct Declarations {
+  nlohmann::ordered_json sources = nlohmann::ordered_json::array();
+  nlohmann::ordered_json alarms = nlohmann::ordered_json::array();
+  bool empty() const { return sources.empty() && alarms.empty(); }
+  // Replaces those with the same id, adds the others (a DefineTags that is not replace_all).
+  void merge(const Declarations& more);
+};
+inline constexpr std::size_t kMaxDeclarations = 20'000;  // [[source]] or [[alarm]] tables
 // All or nothing: false with the first error ("LINE:COL: message") if anything is wrong,
 // duplicate ids included.
 bool parse_tags(std::string_view text, const std::string& base_dir, std::vector<TagDefinition>* out,

@@ -899,3 +899,52 @@ TEST_CASE("outrund tags: outrun::Client refuses updates and texts larger than a 
   REQUIRE(!c->stats_json(&stats));
   CHECK(nlohmann::json::parse(stats)["client_protocol_violations"] == 0);
 }
+
+TEST_CASE("outrund tags: [[source]] and [[alarm]] declarations are served by ListTags") {
+  const std::string dir = temp_dir();
+  const std::string decls = R"(
+[[source]]
+id = "a"
+type = "Boolean"
+
+[[alarm]]
+id = "f.Limits"
+tag = "f"
+high = 10
+)";
+  const std::string file = write_file(dir, "tags.toml", std::string(kTags) + decls);
+  const std::string log = dir + "/outrund.log";
+  Daemon d({"--tags", file, "--log-file", log, "--log-level", "info"});
+  auto c = d.client();
+  auto listed = [&] {
+    std::string json;
+    REQUIRE(!c->list_tags_json(&json));
+    const auto j = nlohmann::ordered_json::parse(json);
+    return std::pair{j.at("sources").dump(), j.at("alarms").dump()};
+  };
+  CHECK(listed().first == R"([{"id":"a","type":"Boolean","writable":true}])");
+  CHECK(listed().second ==
+        R"([{"id":"f.Limits","tag":"f","kind":"limit","high":10.0,"severity":500}])");
+  // DefineTags that is not replace_all: merged by id.
+  REQUIRE(
+      !c->define_tags(std::string(kTags) + "[[source]]\nid = \"a\"\ntype = \"Float\"\n", false));
+  CHECK(listed().first == R"([{"id":"a","type":"Float","writable":true}])");
+  CHECK(listed().second.find("f.Limits") != std::string::npos);
+  // A bad declaration is an error of the text as a whole: nothing changes.
+  outrun::Error e =
+      c->define_tags(std::string(kTags) + "[[source]]\nid = \"a\"\ntype = \"Nope\"\n", true);
+  CHECK(e.code == outrun::ErrorCode::invalid_argument);
+  CHECK(e.message.find("unknown DataType 'Nope'") != std::string::npos);
+  CHECK(listed().first == R"([{"id":"a","type":"Float","writable":true}])");
+  // A reload replaces them with the file's.
+  write_file(dir, "tags.toml", kTags);
+  kill(d.pid, SIGHUP);
+  bool reloaded = false;
+  for (int i = 0; i < 500 && !reloaded; ++i) {
+    std::this_thread::sleep_for(10ms);
+    reloaded = listed().second == "[]";
+  }
+  CHECK(reloaded);
+  CHECK(listed().first == "[]");
+  CHECK(d.stop() == 0);
+}

@@ -259,3 +259,123 @@ TEST_CASE("outrun tags run: every error of a file, with FILE:LINE:COL, escaped f
   CHECK(r.second.find(compile + ":11:1: tag 'F': compile_error: tag:F:2:") != std::string::npos);
   for (const auto& p : {file, updates, compile}) std::remove(p.c_str());
 }
+
+TEST_CASE("tags file: [[source]] and [[alarm]] declarations, checked, as JSON") {
+  const std::string tags = R"(
+[[tag]]
+id = "Level"
+inputs = [{ tag = "Raw", name = "raw" }]
+script = "return inputs.raw"
+
+[[tag]]
+id = "High"
+type = "Boolean"
+inputs = ["Level"]
+script = "return inputs.Level > 90"
+)";
+  auto parse = [&](const std::string& more, tags::file::Declarations* d,
+                   std::vector<std::string>* errs) {
+    std::vector<tags::TagDefinition> defs;
+    return tags::file::parse_tags(tags + more, "", "t.toml", &defs, errs, SIZE_MAX, d);
+  };
+  tags::file::Declarations d;
+  std::vector<std::string> errs;
+  REQUIRE(parse(R"(
+[[source]]
+id = "Raw"
+type = "Double"
+eu_range = [0, 4095]
+initial = 0
+writable = false
+description = "ADC"
+
+[[source]]
+id = "Running"
+type = "Boolean"
+
+[[source]]
+id = "Window"
+type = "Int32[]"
+initial = [1, 2, 3]
+
+[[alarm]]
+id = "Level.Limits"
+tag = "Level"
+high = 90
+low_low = 5
+severity = 800
+message = "level"
+
+[[alarm]]
+id = "High.Alarm"
+tag = "High"
+)",
+                &d, &errs));
+  CHECK(errs.empty());
+  REQUIRE(d.sources.size() == 3);
+  CHECK(d.sources[0].dump() ==
+        R"({"id":"Raw","type":"Double","eu_range":[0.0,4095.0],"initial":0.0,"writable":false,)"
+        R"("description":"ADC"})");
+  CHECK(d.sources[1].dump() == R"({"id":"Running","type":"Boolean","writable":true})");
+  CHECK(d.sources[2]["initial"].dump() == "[1,2,3]");
+  REQUIRE(d.alarms.size() == 2);
+  CHECK(d.alarms[0].dump() ==
+        R"({"id":"Level.Limits","tag":"Level","kind":"limit","high":90.0,"low_low":5.0,)"
+        R"("severity":800,"message":"level"})");
+  // No limits: an off-normal alarm, normal false.
+  CHECK(d.alarms[1].dump() ==
+        R"({"id":"High.Alarm","tag":"High","kind":"off_normal","normal":false,"severity":500})");
+
+  // Each mistake is an error of the file as a whole, with its line.
+  const std::pair<const char*, const char*> bad[] = {
+      {"[[source]]\nid = \"Raw\"\ntype = \"Double\"\ncolour = 1\n", "unknown key 'colour'"},
+      {"[[source]]\nid = \"Level\"\n", "source 'Level' is also a [[tag]]"},
+      {"[[source]]\nid = \"Raw\"\n[[source]]\nid = \"Raw\"\n", "declared twice"},
+      {"[[source]]\nid = \"Raw\"\ntype = \"Boolean\"\neu_range = [0, 1]\n",
+       "eu_range: only for a numeric type"},
+      {"[[source]]\nid = \"Raw\"\neu_range = [5, 1]\n", "low < high"},
+      {"[[source]]\nid = \"Raw\"\ntype = \"Byte\"\ninitial = 300\n", "outside Byte's range"},
+      {"[[source]]\nid = \"Raw\"\neu_range = [0, 10]\ninitial = 11\n", "outside eu_range"},
+      {"[[source]]\nid = \"Raw\"\ntype = \"Boolean\"\ninitial = 0\n", "expected true or false"},
+      {"[[source]]\ntype = \"Double\"\n", "a source needs an `id`"},
+      {"[[alarm]]\nid = \"A\"\ntag = \"Nope\"\nhigh = 1\n", "tag 'Nope' is not a tag"},
+      {"[[alarm]]\nid = \"A\"\ntag = \"High\"\nhigh = 1\n", "'High' is Boolean"},
+      {"[[alarm]]\nid = \"A\"\ntag = \"Level\"\nhigh = 1\nlow = 2\n", "high is below low"},
+      {"[[alarm]]\nid = \"A\"\ntag = \"Level\"\nkind = \"off_normal\"\nhigh = 1\n",
+       "limits are for a limit alarm"},
+      {"[[alarm]]\nid = \"A\"\ntag = \"Level\"\nseverity = 0\n", "severity: expected an integer"},
+      {"[[alarm]]\nid = \"A\"\ntag = \"Level\"\nkind = \"rate\"\n",
+       "kind: expected limit or off_normal"},
+      {"[[alarm]]\nid = \"A\"\n", "alarm 'A' needs a `tag`"},
+  };
+  for (const auto& [more, want] : bad) {
+    const std::string text = more;
+    const std::string expected = want;
+    std::vector<std::string> e;
+    tags::file::Declarations ignored;
+    CAPTURE(text);
+    CHECK_FALSE(parse(text, &ignored, &e));
+    REQUIRE(!e.empty());
+    CHECK_MESSAGE(e[0].find(expected) != std::string::npos, e[0]);
+    CHECK(e[0].rfind("t.toml:", 0) == 0);
+  }
+
+  {
+    std::vector<tags::TagDefinition> defs;
+    std::vector<std::string> e;
+    CHECK_FALSE(tags::file::parse_tags("source = 1\n" + tags, "", "", &defs, &e));
+    REQUIRE(e.size() == 1);
+    CHECK(e[0] == "1:10: source: expected [[source]] tables");
+  }
+
+  // A DefineTags that is not replace_all merges by id.
+  tags::file::Declarations a, b;
+  REQUIRE(parse("[[source]]\nid = \"Raw\"\n[[alarm]]\nid = \"X\"\ntag = \"High\"\n", &a, &errs));
+  REQUIRE(
+      parse("[[source]]\nid = \"Raw\"\ntype = \"Float\"\n[[source]]\nid = \"New\"\n", &b, &errs));
+  a.merge(b);
+  REQUIRE(a.sources.size() == 2);
+  CHECK(a.sources[0]["type"] == "Float");
+  CHECK(a.sources[1]["id"] == "New");
+  CHECK(a.alarms.size() == 1);
+}
