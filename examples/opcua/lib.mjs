@@ -15,8 +15,10 @@ import {
   StatusCodes,
   coerceNodeId,
   ModelChangeStructureDataType,
+  ServerState,
 } from 'node-opcua';
 import outrun from '@outrun/client';
+import { syncAlarms, alarmQuality } from './alarms.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
 export const ROOT = resolve(here, '../..');
@@ -210,9 +212,11 @@ export function codeOf(n) {
   return c;
 }
 
-/** OPC UA Variant value of a source write -> the JS value sent to outrun. */
+/** OPC UA Variant value of a source write -> the JS value sent to outrun (a Double or Float
+ * source's numbers as outrun doubles, whole ones included). */
 function fromVariant(variant) {
   if (!variant) return null;
+  if (variant.arrayType === VariantArrayType.Array && (variant.dataType === DataType.Double || variant.dataType === DataType.Float)) return Array.from(variant.value ?? [], (x) => outrun.double(x));
   let v = variant.value;
   if (variant.dataType === DataType.Int64 || variant.dataType === DataType.UInt64) {
     if (Array.isArray(v) && v.length === 2 && typeof v[0] === 'number') {
@@ -292,7 +296,6 @@ export async function startServer(opts = {}) {
     const tagsFolder = ns.addFolder(objects, { browseName: 'Tags', nodeId: 's=Tags' });
     const diagFolder = ns.addFolder(objects, { browseName: 'Diagnostics', nodeId: 's=Diagnostics' });
     const alarmsFolder = ns.addFolder(objects, { browseName: 'Alarms', nodeId: 's=Alarms' });
-    const serverObject = addressSpace.rootFolder.objects.server;
 
     const state = {
       server,
@@ -303,7 +306,9 @@ export async function startServer(opts = {}) {
       virtual: new Map(), // id -> {variable, type, last}
       sources: new Map(), // id -> {variable, last}
       diag: new Map(),
-      alarm: null,
+      alarms: new Map(), // id -> {decl, cond, ...} (alarms.mjs)
+      alarmsFolder,
+      decls: { sources: new Map() }, // [[source]] declarations by id (ListTags' `sources`)
       subscription: null,
       timers: [],
       changes: 0,
@@ -320,45 +325,17 @@ export async function startServer(opts = {}) {
 
     const list = await client.listTags();
     const defs = list.tags ?? [];
-    const virtualIds = new Set(defs.map((d) => d.id));
-    const sourceIds = [];
-    for (const d of defs) for (const t of inputTags(d)) if (!virtualIds.has(t) && !sourceIds.includes(t)) sourceIds.push(t);
+    setDeclarations(state, list);
+    const sourceIds = sourceIdsOf(list);
 
-    // Source tags: writable Doubles (any type a client writes is passed on as it is).
+    // Source tags: typed as declared ([[source]]), else writable Doubles.
+    state.sourceWriteHook = opts.sourceWriteHook;
     for (const id of sourceIds) addSource(state, tagsFolder, id, opts.sourceWriteHook);
     for (const d of defs) addVirtual(state, tagsFolder, d);
 
-    // The high alarm: an OffNormalAlarm on the Boolean tag (normal state: false).
-    const alarmTag = state.virtual.get('Tank1.HighAlarm');
-    if (alarmTag && alarmTag.type.base === 'Boolean') {
-      const normal = ns.addVariable({
-        componentOf: alarmsFolder,
-        browseName: 'Tank1.HighAlarm.NormalState',
-        nodeId: 's=Tank1.HighAlarm.NormalState',
-        dataType: 'Boolean',
-        value: { dataType: DataType.Boolean, value: false },
-      });
-      const tank = ns.addObject({
-        organizedBy: alarmsFolder,
-        browseName: 'Tank1',
-        nodeId: 's=Alarms.Tank1',
-        eventSourceOf: serverObject,
-        eventNotifier: 1,
-      });
-      const cond = ns.instantiateOffNormalAlarm({
-        browseName: 'Tank1.HighAlarm.Condition',
-        nodeId: 's=Tank1.HighAlarm.Condition',
-        conditionSource: tank,
-        inputNode: alarmTag.variable,
-        normalState: normal,
-        componentOf: alarmsFolder,
-        conditionName: 'Tank1 high level',
-      });
-      cond.setEnabledState(true);
-      state.alarm = cond;
-    }
-
     addDiagnostics(state, diagFolder);
+    // The tags file's [[alarm]]s (alarms.mjs).
+    syncAlarms(state, list.alarms);
 
     // Virtual tags: the current values, then every change. A value equal to the one shown (after
     // a reconnection, the re-read and the subscription can bring the same one) is not set again.
@@ -370,6 +347,7 @@ export async function startServer(opts = {}) {
         state.changes++;
         if (v.shown && sameChange(v.shown, ch)) continue;
         v.shown = ch;
+        alarmQuality(state, ch.tag, codeOf(ch.status));
         setDataValue(v.variable, toDataValue(v.type, ch));
       }
       if (state.onChange) state.onChange(changes);
@@ -377,6 +355,7 @@ export async function startServer(opts = {}) {
     state.apply = apply;
     state.tagsFolder = tagsFolder;
     state.subscription = await client.subscribe([], apply);
+    await loadSources(state);
     if (state.virtual.size) {
       const cur = await client.readTags([...state.virtual.keys()]);
       apply(cur.filter((c) => c.serverTime !== null || c.status !== BadWaitingForInitialData));
@@ -423,6 +402,8 @@ export async function startServer(opts = {}) {
     if (opts.simulate) startSimulation(state, sourceIds);
 
     await server.start();
+    state.started = true;
+    updateHealth(state);
     const endpoint = server.getEndpointUrl ? server.getEndpointUrl() : server.endpoints[0].endpointDescriptions()[0].endpointUrl;
     state.endpoint = endpoint.replace(/opc\.tcp:\/\/[^:/]+/, 'opc.tcp://localhost');
     state.sourceIds = sourceIds;
@@ -432,6 +413,7 @@ export async function startServer(opts = {}) {
     state.writeSource = (id, value, status = 0, sourceTime = new Date()) => writeSource(state, id, value, status, sourceTime);
     state.stop = async () => {
       sup.stopping = true;
+      state.stopping = true;
       clearTimeout(sup.timer);
       clearTimeout(sup.stable);
       clearTimeout(state.lostTimer);
@@ -458,12 +440,28 @@ export async function startServer(opts = {}) {
 
 const Verb = { NodeAdded: 1, NodeDeleted: 2, ReferenceAdded: 4, ReferenceDeleted: 8, DataTypeChanged: 16 };
 
-/** Makes the Tags folder match `defs` (ListTags' tags); returns the ids of new/retyped tags. */
-export function syncAddressSpace(state, defs) {
-  const as = state.server.engine.addressSpace;
+/** The source ids of a ListTags document: every input that is no virtual tag, and every
+ * declared [[source]]. */
+function sourceIdsOf(list) {
+  const defs = list.tags ?? [];
   const virtualIds = new Set(defs.map((d) => d.id));
-  const wantedSources = new Set();
-  for (const d of defs) for (const t of inputTags(d)) if (!virtualIds.has(t)) wantedSources.add(t);
+  const ids = new Set();
+  for (const d of defs) for (const t of inputTags(d)) if (!virtualIds.has(t)) ids.add(t);
+  for (const d of list.sources ?? []) if (!virtualIds.has(d.id)) ids.add(d.id);
+  return [...ids];
+}
+
+/**
+ * Makes the Tags folder match a ListTags document (its tags, and its sources' declarations), and
+ * the alarms its alarms; returns the ids of new or retyped virtual tags, and of new or retyped
+ * sources.
+ */
+export function syncAddressSpace(state, list) {
+  const as = state.server.engine.addressSpace;
+  const defs = list.tags ?? [];
+  const before = state.decls.sources;
+  setDeclarations(state, list);
+  const wantedSources = new Set(sourceIdsOf(list));
   const changes = [];
   const change = (node, verb) => changes.push(new ModelChangeStructureDataType({ affected: node.nodeId, affectedType: node.typeDefinition ?? null, verb }));
   const remove = (variable) => {
@@ -485,10 +483,21 @@ export function syncAddressSpace(state, defs) {
       retype.push(d);
     }
   }
-  for (const [id, e] of state.sources)
+  const sourcesAdded = [];
+  for (const [id, e] of [...state.sources]) // (a copy: a retyped source is added again)
     if (!wantedSources.has(id)) {
       remove(e.variable);
       state.sources.delete(id);
+    } else if (JSON.stringify(before.get(id) ?? null) !== JSON.stringify(state.decls.sources.get(id) ?? null)) {
+      // Its declaration changed (type, range, writable ...): made again with the new one; the
+      // value outrund holds is read again below.
+      remove(e.variable);
+      state.sources.delete(id);
+      addSource(state, state.tagsFolder, id);
+      const again = state.sources.get(id);
+      again.sent = e.sent;
+      change(again.variable, Verb.DataTypeChanged);
+      sourcesAdded.push(id);
     }
   const added = [];
   for (const d of retype) {
@@ -504,6 +513,7 @@ export function syncAddressSpace(state, defs) {
     if (!state.sources.has(src)) {
       addSource(state, state.tagsFolder, src);
       change(state.sources.get(src).variable, Verb.NodeAdded);
+      sourcesAdded.push(src);
     }
   for (const d of defs) {
     if (state.virtual.has(d.id)) continue;
@@ -519,7 +529,9 @@ export function syncAddressSpace(state, defs) {
     });
     state.log(`address space: ${changes.length - 1} node(s) added, removed or retyped after a reload`);
   }
-  return added;
+  const alarms = syncAlarms(state, list.alarms);
+  if (alarms) state.log(`alarms: ${alarms} added or removed after a reload`);
+  return { added, sourcesAdded };
 }
 
 // ---- outrund lost and back ----
@@ -573,6 +585,7 @@ async function onRestored(state, defineOwnTags) {
   const updates = [];
   for (const [id, e] of state.sources) if (e.sent) updates.push({ tag: id, ...e.sent });
   for (let i = 0; i < updates.length; i += 1000) await state.client.updateSources(updates.slice(i, i + 1000));
+  await loadSources(state, [...state.sources.keys()].filter((id) => !state.sources.get(id).sent));
   state.lost = null;
   clearTimeout(state.lostTimer);
   state.reconnects++;
@@ -591,23 +604,78 @@ async function onRestored(state, defineOwnTags) {
   }, 500).unref?.();
 }
 
+/** ListTags' declarations: `sources` by id (alarms go to syncAlarms). */
+function setDeclarations(state, list) {
+  state.decls.sources = new Map((list.sources ?? []).map((d) => [d.id, d]));
+}
+
+/** A source's declared type: {type (parseType), decl} (undeclared: a writable Double). */
+function sourceType(state, id) {
+  const decl = state.decls.sources.get(id) ?? null;
+  let type;
+  try {
+    type = parseType(decl?.type ?? 'Double');
+  } catch {
+    type = parseType('Double');
+  }
+  return { type, decl };
+}
+
+const isNumber = (x) => typeof x === 'number' || typeof x === 'bigint';
+
+/**
+ * Checks a write against the source's declaration (design/tags.md "Sources and alarms"): the
+ * DataType and rank must be the declared ones (BadTypeMismatch), numbers inside eu_range
+ * (BadOutOfRange). A write with a Bad status may carry no value (Null).
+ */
+export function checkSourceWrite(type, decl, variant, status) {
+  const bad = status >>> 30 >= 2;
+  if (!variant || variant.dataType === DataType.Null) return bad ? StatusCodes.Good : StatusCodes.BadTypeMismatch;
+  const isArray = variant.arrayType === VariantArrayType.Array;
+  if (variant.arrayType === VariantArrayType.Matrix || isArray !== type.array) return StatusCodes.BadTypeMismatch;
+  if (type.base !== 'Variant' && variant.dataType !== type.dataType) return StatusCodes.BadTypeMismatch;
+  const range = decl?.eu_range;
+  if (range) {
+    const values = isArray ? Array.from(variant.value ?? []) : [variant.value];
+    for (const x of values) {
+      const n = Array.isArray(x) && x.length === 2 ? Number((BigInt(x[0]) << 32n) | BigInt(x[1])) : x; // Int64's [hi, lo]
+      if (isNumber(n) && !(Number(n) >= range[0] && Number(n) <= range[1])) return StatusCodes.BadOutOfRange;
+    }
+  }
+  return StatusCodes.Good;
+}
+
 function addSource(state, folder, id, hook) {
-  const entry = { variable: null, last: new DataValue({ value: new Variant({ dataType: DataType.Double, value: 0 }), statusCode: StatusCodes.BadWaitingForInitialData }) };
-  entry.variable = state.ns.addVariable({
+  const { type, decl } = sourceType(state, id);
+  const writable = decl ? decl.writable !== false : true;
+  const access = writable ? 'CurrentRead | CurrentWrite' : 'CurrentRead';
+  const entry = {
+    variable: null,
+    type,
+    decl,
+    last: new DataValue({ value: new Variant({ dataType: DataType.Null }), statusCode: StatusCodes.BadWaitingForInitialData }),
+  };
+  const options = {
     componentOf: folder,
     browseName: id,
     nodeId: `s=${id}`,
-    dataType: 'Double',
-    accessLevel: 'CurrentRead | CurrentWrite',
-    userAccessLevel: 'CurrentRead | CurrentWrite',
+    dataType: type.base === 'Variant' ? 'BaseDataType' : type.base,
+    valueRank: type.array ? 1 : -1,
+    arrayDimensions: type.array ? [0] : undefined,
+    accessLevel: access,
+    userAccessLevel: access,
     minimumSamplingInterval: 10,
+    description: decl?.description ?? `source tag${decl ? '' : ' (undeclared: a Double)'}`,
     value: {
       timestamped_get: () => entry.last,
       timestamped_set: (dataValue, callback) => {
         const v = dataValue.value;
         const status = dataValue.statusCode ? dataValue.statusCode.value >>> 0 : 0;
         const st = dataValue.sourceTimestamp ?? new Date();
-        if (hook) hook(id);
+        if (hook ?? state.sourceWriteHook) (hook ?? state.sourceWriteHook)(id);
+        // Checked against the declaration first: a refused write changes nothing.
+        const checked = checkSourceWrite(entry.type, entry.decl, v, status);
+        if (checked !== StatusCodes.Good) return callback(null, checked);
         // outrund unreachable: refused at once, nothing changed (not after a timeout).
         if (state.lost || !state.client.connected) return callback(null, StatusCodes.BadNoCommunication);
         writeSource(state, id, fromVariant(v), status, st).then(
@@ -616,7 +684,10 @@ function addSource(state, folder, id, hook) {
         );
       },
     },
-  });
+  };
+  entry.variable = decl?.eu_range && type.base !== 'Variant'
+    ? state.ns.addAnalogDataItem({ ...options, engineeringUnitsRange: { low: decl.eu_range[0], high: decl.eu_range[1] } })
+    : state.ns.addVariable(options);
   state.sources.set(id, entry);
 }
 
@@ -626,15 +697,40 @@ async function writeSource(state, id, value, status, sourceTime) {
   await state.client.updateSources([{ tag: id, value, status, sourceTime: st }], st);
   if (entry) {
     entry.sent = { value, status, sourceTime: st }; // sent again after outrund comes back
-    const raw = value instanceof outrun.Double ? value.value : value;
-    const dt = typeof raw === 'number' || raw instanceof outrun.Double ? DataType.Double : typeof raw === 'boolean' ? DataType.Boolean : typeof raw === 'string' ? DataType.String : DataType.Double;
-    entry.last = new DataValue({
-      value: new Variant({ dataType: status >>> 30 >= 2 && raw === null ? DataType.Null : dt, value: typeof raw === 'bigint' ? Number(raw) : raw }),
-      statusCode: codeOf(status),
-      sourceTimestamp: st,
-      serverTimestamp: new Date(),
-    });
-    // (timestamped_get serves reads; monitored items sample it)
+    const ch = { value: value instanceof outrun.Double ? value.value : Array.isArray(value) ? value.map((x) => (x instanceof outrun.Double ? x.value : x)) : value, status, sourceTime: st, serverTime: new Date() };
+    const ty = entry.decl ? entry.type : parseType(typeof ch.value === 'boolean' ? 'Boolean' : typeof ch.value === 'string' ? 'String' : 'Double');
+    entry.last = toDataValue(ty, ch);
+    // Reads and monitored items sample timestamped_get; alarms on a source hear value_changed.
+    if (state.alarms.size && [...state.alarms.values()].some((a) => a.decl.tag === id)) {
+      alarmQuality(state, id, entry.last.statusCode);
+      entry.variable.emit('value_changed', entry.last);
+    }
+  }
+}
+
+/**
+ * The sources' values as outrund has them (another client may have written them) and, for a
+ * declared source it has no value of, the declared initial value written there.
+ */
+async function loadSources(state, ids = [...state.sources.keys()]) {
+  if (!ids.length) return;
+  // A declared source that no tag uses is unknown to outrund until it is first written.
+  const cur = await state.client.readTags(ids).catch(async () => {
+    const one = await Promise.all(ids.map((id) => state.client.readTags([id]).catch(() => [{ tag: id, value: null, status: BadWaitingForInitialData, sourceTime: null, serverTime: null }])));
+    return one.flat();
+  });
+  for (const c of cur) {
+    const entry = state.sources.get(c.tag);
+    if (!entry) continue;
+    if (c.status !== BadWaitingForInitialData || c.serverTime) {
+      if (!entry.sent) entry.last = toDataValue(entry.type, c);
+      continue;
+    }
+    const initial = entry.decl?.initial;
+    if (initial === undefined) continue;
+    const double = entry.type.base === 'Double' || entry.type.base === 'Float';
+    const v = entry.type.array ? initial.map((x) => (double ? outrun.double(x) : x)) : double ? outrun.double(initial) : initial;
+    await writeSource(state, c.tag, v, 0, new Date());
   }
 }
 
@@ -719,6 +815,11 @@ function updateHealth(state) {
   const h = state.health;
   if (!h) return;
   const up = !state.lost && state.client.connected;
+  // ServerStatus.State too: CommunicationFault while outrund is unreachable ("the server is
+  // running but has no communication with the underlying system", Part 5 12.6), else Running.
+  const engine = state.server.engine;
+  const want = up ? ServerState.Running : ServerState.CommunicationFault;
+  if (engine && state.started && !state.stopping && engine.getServerState() !== want) engine.setServerState(want);
   h.connected.setValueFromSource({ dataType: DataType.Boolean, value: up });
   h.connectedSince.setValueFromSource({ dataType: DataType.DateTime, value: up ? state.connectedSince : null });
   h.reconnects.setValueFromSource({ dataType: DataType.UInt32, value: state.reconnects });
@@ -738,8 +839,9 @@ async function refreshDiagnostics(state) {
   // A reload (SIGHUP, defineTags) changes the address space to match: new tags (and their
   // sources) get variables, removed ones lose theirs, a tag whose DataType changed is made again
   // with the new one; one GeneralModelChangeEvent says what changed (Part 3 9.32, Part 5 6.4.32).
-  const added = syncAddressSpace(state, list.tags ?? []);
+  const { added, sourcesAdded } = syncAddressSpace(state, list);
   if (added.length) state.apply(await state.client.readTags(added));
+  if (sourcesAdded.length) await loadSources(state, sourcesAdded);
   for (const t of list.tags ?? []) {
     const d = state.diag.get(t.id);
     if (!d) continue;

@@ -351,6 +351,7 @@ void read_alarms(Reader& r, const toml::array& arr, const std::set<std::string>&
     std::string id, tag, kind, message;
     bool has_id = false, has_tag = false, has_normal = false, normal = false;
     int64_t severity = 500;
+    std::chrono::milliseconds max_shelved{3'600'000};
     std::map<std::string, double> limits;
     for (const auto& [k, v] : *t) {
       const std::string key(k.str());
@@ -373,10 +374,12 @@ void read_alarms(Reader& r, const toml::array& arr, const std::set<std::string>&
           severity = *v.value<int64_t>();
       } else if (key == "message") {
         r.string(v, key, &message);
+      } else if (key == "max_shelved_ms") {
+        r.ms(v, key, 10, &max_shelved);
       } else {
         r.fail(v, "alarm: unknown key '" + key +
                       "' (id, tag, kind, high_high, high, low, low_low, normal, severity, "
-                      "message)");
+                      "message, max_shelved_ms)");
       }
     }
     if (!has_id) {
@@ -419,6 +422,7 @@ void read_alarms(Reader& r, const toml::array& arr, const std::set<std::string>&
     if (kind == "off_normal") j["normal"] = normal;
     j["severity"] = severity;
     if (!message.empty()) j["message"] = message;
+    j["max_shelved_ms"] = max_shelved.count();
     out->alarms.push_back(std::move(j));
   }
 }

@@ -40,7 +40,7 @@ bool load_tags_file(const std::string& path, std::vector<TagDefinition>* out,
 // them in ListTags, so that a server learns them from outrund, whoever defined the tags.
 //   sources: [{"id", "type", "eu_range": [lo, hi]?, "initial"?, "writable", "description"?}]
 //   alarms:  [{"id", "tag", "kind": "limit"|"off_normal", "high_high"?, "high"?, "low"?,
-//              "low_low"?, "normal"?, "severity", "message"?}]
+//              "low_low"?, "normal"?, "severity", "message"?, "max_shelved_ms"}]
 struct Declarations {
   nlohmann::ordered_json sources = nlohmann::ordered_json::array();
   nlohmann::ordered_json alarms = nlohmann::ordered_json::array();

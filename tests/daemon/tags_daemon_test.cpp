@@ -923,8 +923,9 @@ high = 10
     return std::pair{j.at("sources").dump(), j.at("alarms").dump()};
   };
   CHECK(listed().first == R"([{"id":"a","type":"Boolean","writable":true}])");
-  CHECK(listed().second ==
-        R"([{"id":"f.Limits","tag":"f","kind":"limit","high":10.0,"severity":500}])");
+  CHECK(
+      listed().second ==
+      R"([{"id":"f.Limits","tag":"f","kind":"limit","high":10.0,"severity":500,"max_shelved_ms":3600000}])");
   // DefineTags that is not replace_all: merged by id.
   REQUIRE(
       !c->define_tags(std::string(kTags) + "[[source]]\nid = \"a\"\ntype = \"Float\"\n", false));

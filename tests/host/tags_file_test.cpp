@@ -321,10 +321,11 @@ tag = "High"
   REQUIRE(d.alarms.size() == 2);
   CHECK(d.alarms[0].dump() ==
         R"({"id":"Level.Limits","tag":"Level","kind":"limit","high":90.0,"low_low":5.0,)"
-        R"("severity":800,"message":"level"})");
+        R"("severity":800,"message":"level","max_shelved_ms":3600000})");
   // No limits: an off-normal alarm, normal false.
   CHECK(d.alarms[1].dump() ==
-        R"({"id":"High.Alarm","tag":"High","kind":"off_normal","normal":false,"severity":500})");
+        R"({"id":"High.Alarm","tag":"High","kind":"off_normal","normal":false,"severity":500,)"
+        R"("max_shelved_ms":3600000})");
 
   // Each mistake is an error of the file as a whole, with its line.
   const std::pair<const char*, const char*> bad[] = {

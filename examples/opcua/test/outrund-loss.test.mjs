@@ -16,6 +16,7 @@ const skip = support === true ? false : `outrund does not support the tags frame
 const UNC = StatusCodes.UncertainNoCommunicationLastUsableValue.value;
 const BADNC = StatusCodes.BadNoCommunication.value;
 const code = (dv) => dv.statusCode.value >>> 0;
+const SERVER_STATE = 'i=2259'; // Server.ServerStatus.State
 
 async function monitor(session, ns, id, onValue) {
   const sub = ClientSubscription.create(session, { requestedPublishingInterval: 10, requestedLifetimeCount: 1000, requestedMaxKeepAliveCount: 20, maxNotificationsPerPublish: 1000, publishingEnabled: true, priority: 1 });
@@ -62,6 +63,8 @@ test('own outrund killed: UncertainNoCommunication at once, restarted, sources r
       const unc = await until(() => seen.slice(n0).find((s) => s.code === UNC), 3000);
       assert.equal(unc.value, 50, 'the last value');
       assert.equal(unc.st, goodSt, 'its source timestamp kept');
+      // ServerStatus says it too: CommunicationFault (6) while outrund is away, Running (0) after.
+      assert.equal((await ua.session.read({ nodeId: SERVER_STATE, attributeId: AttributeIds.Value })).value.value, 6);
       // A write while outrund is away fails fast with a Bad status, and changes nothing.
       const w0 = Date.now();
       const wr = await write(ua.session, ns, 'Tank1.LevelRaw', 1000);
@@ -70,6 +73,7 @@ test('own outrund killed: UncertainNoCommunication at once, restarted, sources r
       // Back (restarted with backoff): the source value held is sent again, Good again, 50 again.
       const good = await until(() => seen.slice(n0).find((s) => s.code === 0 && s.value === 50), 15000);
       figures.push({ toUncertainMs: unc.at - killedAt, toGoodMs: good.at - killedAt, writeMs });
+      assert.equal((await ua.session.read({ nodeId: SERVER_STATE, attributeId: AttributeIds.Value })).value.value, 0);
       pid = await until(() => pidFromLog(srv, mark), 5000);
       assert.notEqual(pid, srv.pid);
       // No duplicate notifications for the unchanged value.

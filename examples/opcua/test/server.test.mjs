@@ -184,7 +184,7 @@ test('kill-shard during an evaluation: UncertainLastUsableValue, then Good again
 });
 
 test('the high alarm goes active and can be acknowledged', { skip }, async () => {
-  const cond = `ns=${ns};s=Tank1.HighAlarm.Condition`;
+  const cond = `ns=${ns};s=Alarm.Tank1.HighLevel`;
   const child = async (path) => {
     const r = await ua.session.translateBrowsePath({
       startingNode: coerceNodeId(cond),
