@@ -1,0 +1,169 @@
+// What one OPC UA client may take of the server (README.md "Security", design/decisions.md
+// D-opcua-limits): sessions in all, per client address and anonymous per address, a reserve of
+// sessions only authenticated users may take, the session timeout a client may ask for,
+// subscriptions per session, monitored items per session and in all. node-opcua enforces the
+// server-wide counts itself (serverCapabilities); the per-address and per-session ones are
+// enforced here, at CreateSession, ActivateSession and CreateMonitoredItems.
+import { inspect } from 'node:util';
+import { StatusCodes, MonitoredItemCreateResult, ServiceFault } from 'node-opcua';
+
+/** The `limits` of a security file, with their defaults (also what applies without a file). */
+export const DEFAULT_LIMITS = Object.freeze({
+  // node-opcua's serverCapabilities.maxSessions: every session, whoever opened it.
+  max_sessions: 100,
+  // Of max_sessions, kept for authenticated users: anonymous sessions may take the rest only
+  // (0 when there is no users_file).
+  reserved_for_users: 10,
+  // One address (a host, or a NAT in front of many) may hold this many sessions, activated or not.
+  max_sessions_per_address: 50,
+  // ... and this many activated anonymous ones.
+  max_anonymous_sessions_per_address: 20,
+  // The longest session timeout a client may ask for: a session silent this long is closed.
+  // (node-opcua's own cap is 50 minutes.)
+  max_session_timeout_ms: 120000,
+  max_subscriptions_per_session: 10,
+  // Monitored items per session and in all. The total stays below 5,000, the listener count at
+  // which one node of node-opcua makes Node.js print a warning (that warning crashed the server
+  // before: issue 29 item 15).
+  max_monitored_items_per_session: 1000,
+  max_monitored_items: 4000,
+  // TCP connections (secure channels) on the endpoint; node-opcua closes the oldest one without a
+  // session first when full.
+  max_connections: 100,
+});
+
+/** Checks a `limits` object (unknown keys, non-integers); returns it with the defaults filled in. */
+export function checkLimits(given) {
+  if (!given || typeof given !== 'object' || Array.isArray(given)) throw new Error('"limits" must be an object');
+  for (const k of Object.keys(given)) if (!Object.hasOwn(DEFAULT_LIMITS, k)) throw new Error(`unknown key "limits.${k}" (known: ${Object.keys(DEFAULT_LIMITS).join(', ')})`);
+  const l = { ...DEFAULT_LIMITS, ...given };
+  for (const [k, v] of Object.entries(l)) {
+    const min = k === 'reserved_for_users' ? 0 : 1;
+    if (!Number.isSafeInteger(v) || v < min) throw new Error(`"limits.${k}" must be an integer >= ${min} (got ${JSON.stringify(v)})`);
+  }
+  if (l.max_session_timeout_ms < 1000) throw new Error('"limits.max_session_timeout_ms" must be at least 1000');
+  if (l.max_monitored_items >= 5000) throw new Error('"limits.max_monitored_items" must be below 5000 (node-opcua warns past 5000 listeners on one node)');
+  return l;
+}
+
+/** OPCUAServer options that carry the limits node-opcua enforces itself. */
+export function serverLimitOptions(l) {
+  return {
+    maxConnectionsPerEndpoint: l.max_connections,
+    serverCapabilities: {
+      maxSessions: l.max_sessions,
+      maxSubscriptionsPerSession: l.max_subscriptions_per_session,
+      maxMonitoredItems: l.max_monitored_items,
+      maxMonitoredItemsPerSubscription: l.max_monitored_items_per_session,
+    },
+  };
+}
+
+const addressOf = (session) => session?.channel?.remoteAddress ?? session?.$outrunAddress ?? '?';
+const isAnonymousToken = (t) => !t || t.constructor?.name === 'AnonymousIdentityToken';
+
+/**
+ * Enforces the per-address, per-session and reserve limits on a constructed (not yet started)
+ * node-opcua server. It overrides three of the server's request handlers on this instance only
+ * (node-opcua looks them up by name per request: `this["_on_" + request name]`), and wraps each
+ * new subscription's preCreateMonitoredItem. `log(line)`: refusals, once per reason and address a
+ * minute.
+ */
+export function installLimits(server, l, log) {
+  const sessions = () => Object.values(server.engine?._sessions ?? {}).filter((s) => s.status !== 'closed');
+  const quiet = new Map();
+  const refuse = (what, address) => {
+    const key = `${what}|${address}`;
+    const now = Date.now();
+    if ((quiet.get(key) ?? 0) > now) return;
+    quiet.set(key, now + 60000);
+    if (quiet.size > 1000) quiet.clear();
+    log(`refused ${what} from ${address}`);
+  };
+
+  // CreateSession: the session timeout asked for is capped; one address holds at most
+  // max_sessions_per_address sessions.
+  const createSession = server._on_CreateSessionRequest;
+  server._on_CreateSessionRequest = async function (message, channel) {
+    const request = message.request;
+    const asked = request.requestedSessionTimeout;
+    if (!(asked > 0) || asked > l.max_session_timeout_ms) request.requestedSessionTimeout = l.max_session_timeout_ms;
+    const address = channel.remoteAddress ?? '?';
+    if (sessions().filter((s) => addressOf(s) === address).length >= l.max_sessions_per_address) {
+      refuse(`a session (${l.max_sessions_per_address} from this address already)`, address);
+      return sendFault(channel, message, StatusCodes.BadTooManySessions);
+    }
+    return createSession.call(this, message, channel);
+  };
+
+  // ActivateSession: an anonymous session is activated only within max_anonymous_sessions_per_
+  // address and within max_sessions - reserved_for_users anonymous sessions in all.
+  const authorize = server.isUserAuthorized;
+  server.isUserAuthorized = function (channel, session, token, callback) {
+    if (isAnonymousToken(token)) {
+      const others = sessions().filter((s) => s !== session && s.status === 'active' && isAnonymousToken(s.userIdentityToken));
+      const address = channel.remoteAddress ?? '?';
+      if (others.filter((s) => addressOf(s) === address).length >= l.max_anonymous_sessions_per_address) {
+        refuse(`an anonymous session (${l.max_anonymous_sessions_per_address} from this address already)`, address);
+        return setImmediate(() => callback(null, false, StatusCodes.BadTooManySessions));
+      }
+      if (others.length >= l.max_sessions - l.reserved_for_users) {
+        refuse(`an anonymous session (the other ${l.reserved_for_users} are kept for users)`, address);
+        return setImmediate(() => callback(null, false, StatusCodes.BadTooManySessions));
+      }
+    }
+    return authorize.call(this, channel, session, token, callback);
+  };
+
+  // Monitored items per session: counted over the session's subscriptions at each creation.
+  const countItems = (session) => {
+    let n = 0;
+    for (const s of session?.publishEngine?.subscriptions ?? []) n += s.monitoredItemCount ?? 0;
+    return n;
+  };
+  server.on('create_session', (session) => {
+    session.$outrunAddress = session.channel?.remoteAddress;
+    session.on('new_subscription', (subscription) => {
+      const pre = subscription.preCreateMonitoredItem;
+      subscription.preCreateMonitoredItem = function (addressSpace, timestampsToReturn, request) {
+        const owner = this.$session ?? session;
+        if (countItems(owner) >= l.max_monitored_items_per_session) {
+          refuse(`monitored items past ${l.max_monitored_items_per_session} in one session`, addressOf(owner));
+          return { createResult: new MonitoredItemCreateResult({ statusCode: StatusCodes.BadTooManyMonitoredItems }), monitoredItemCreateRequest: request };
+        }
+        return pre.call(this, addressSpace, timestampsToReturn, request);
+      };
+    });
+  });
+}
+
+function sendFault(channel, message, statusCode) {
+  // A ServiceFault for the request: what node-opcua's own refusals send.
+  channel.send_response('MSG', new ServiceFault({ responseHeader: { serviceResult: statusCode } }), message);
+}
+
+/**
+ * Makes node-opcua's address-space nodes safe to inspect(). Node.js inspects an event emitter
+ * when it warns about too many listeners; node-opcua's custom inspect of a node threw there (a
+ * chalk proxy), inside a client's CreateMonitoredItems, and the process died (issue 29 item 15).
+ * Every custom inspect on the prototype chains of `nodes` now falls back to a plain string.
+ */
+export function hardenInspect(nodes) {
+  const sym = inspect.custom;
+  for (const node of nodes) {
+    for (let p = Object.getPrototypeOf(node); p && p !== Object.prototype; p = Object.getPrototypeOf(p)) {
+      const own = Object.getOwnPropertyDescriptor(p, sym);
+      if (!own || typeof own.value !== 'function' || own.value.$outrunSafe) continue;
+      const original = own.value;
+      const safe = function (...args) {
+        try {
+          return original.apply(this, args);
+        } catch {
+          return `${this?.constructor?.name ?? 'Node'}<${this?.nodeId?.toString?.() ?? '?'}>`;
+        }
+      };
+      safe.$outrunSafe = true;
+      Object.defineProperty(p, sym, { ...own, value: safe });
+    }
+  }
+}
