@@ -1,0 +1,250 @@
+// Security and limits of the OPC UA server (README.md "Security"), end to end: real node-opcua
+// clients, the server process with its own outrund, real certificates (made once per file).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, writeFileSync, readdirSync, renameSync, readFileSync, rmSync, mkdirSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, dirname } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import {
+  OPCUAClient,
+  OPCUACertificateManager,
+  MessageSecurityMode,
+  SecurityPolicy,
+  UserTokenType,
+  AttributeIds,
+  TimestampsToReturn,
+  MonitoringMode,
+  StatusCodes,
+} from 'node-opcua';
+import { ROOT, OUTRUND, daemonSupportsTags, startServerProcess, opcuaSession, read, write, until } from './helpers.mjs';
+import { addUser } from '../users.mjs';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const support = await daemonSupportsTags();
+const skip = support === true ? false : `outrund does not support the tags frames yet (${support})`;
+if (skip) console.log(`# SKIP examples/opcua security tests: ${skip}`);
+
+const TANK = join(ROOT, 'examples/tags/tank.toml');
+const USER = { type: UserTokenType.UserName, userName: 'alice', password: 'correct horse 7' };
+let dir, clientPki, open, closed, anon;
+
+/** Writes a security file into the temp dir; returns its path. */
+function securityFile(name, doc) {
+  const f = join(dir, name);
+  writeFileSync(f, JSON.stringify(doc));
+  return f;
+}
+
+// One client certificate for every secure client of this file (made at the first connection).
+let certManager;
+function secureClient(mode = MessageSecurityMode.SignAndEncrypt, policy = SecurityPolicy.Basic256Sha256) {
+  return OPCUAClient.create({
+    applicationName: 'outrun-security-test',
+    endpointMustExist: false,
+    securityMode: mode,
+    securityPolicy: policy,
+    clientCertificateManager: certManager,
+    connectionStrategy: { maxRetry: 0, initialDelay: 100, maxDelay: 200 },
+  });
+}
+
+async function secureSession(endpoint, identity = USER) {
+  const client = secureClient();
+  try {
+    await client.connect(endpoint);
+    const session = await client.createSession(identity);
+    return { client, session, close: async () => (await session.close().catch(() => {}), await client.disconnect().catch(() => {})) };
+  } catch (e) {
+    await client.disconnect().catch(() => {});
+    throw e;
+  }
+}
+
+before(async () => {
+  if (skip) return;
+  dir = mkdtempSync(join(tmpdir(), 'outrun-opcua-sec-'));
+  clientPki = join(dir, 'client-pki');
+  certManager = new OPCUACertificateManager({ rootFolder: clientPki, automaticallyAcceptUnknownCertificate: true });
+  await addUser(join(dir, 'users.json'), USER.userName, USER.password);
+  // `open`: None and SignAndEncrypt endpoints, anonymous sessions that may not write, users, a
+  // small anonymous quota per address. `closed`: SignAndEncrypt only, no anonymous sessions.
+  const [a, b] = await Promise.all([
+    startServerProcess({
+      tags: TANK,
+      args: [
+        '--security',
+        securityFile('open.json', {
+          pki_dir: 'pki-open',
+          modes: ['None', 'SignAndEncrypt'],
+          policies: ['Basic256Sha256'],
+          allow_anonymous: true,
+          anonymous_write: false,
+          users_file: 'users.json',
+          limits: { max_anonymous_sessions_per_address: 3, max_sessions_per_address: 6, max_monitored_items_per_session: 1000 },
+        }),
+      ],
+    }),
+    startServerProcess({
+      tags: TANK,
+      args: ['--security', securityFile('closed.json', { pki_dir: 'pki-closed', modes: ['SignAndEncrypt'], allow_anonymous: false, users_file: 'users.json', auto_accept_client_certs: true })],
+    }),
+  ]);
+  open = a;
+  closed = b;
+  anon = await opcuaSession(open.endpoint);
+});
+
+after(async () => {
+  if (anon) await anon.close();
+  for (const s of [open, closed]) if (s) assert.equal(await s.stop(), 0, 'the server exits 0 at SIGTERM');
+  if (dir) rmSync(dir, { recursive: true, force: true });
+});
+
+test('a client certificate is trusted by moving it from rejected/ to trusted/; then a SignAndEncrypt session with a user name', { skip }, async () => {
+  // Unknown certificate: refused, and kept in rejected/ for an operator to look at.
+  await assert.rejects(secureSession(open.endpoint));
+  const rejected = join(dir, 'pki-open/rejected');
+  const [cert] = await until(() => {
+    try {
+      const l = readdirSync(rejected).filter((f) => f.endsWith('.pem') || f.endsWith('.der'));
+      return l.length ? l : null;
+    } catch {
+      return null;
+    }
+  });
+  mkdirSync(join(dir, 'pki-open/trusted/certs'), { recursive: true });
+  renameSync(join(rejected, cert), join(dir, 'pki-open/trusted/certs', cert));
+  const s = await until(() => secureSession(open.endpoint).catch(() => null), 10000, 200);
+  try {
+    assert.equal(s.client.securityMode, MessageSecurityMode.SignAndEncrypt);
+    assert.equal(s.client.securityPolicy, SecurityPolicy.Basic256Sha256);
+    const dv = await read(s.session, open.ns, 'Tank1.Level');
+    assert.equal(dv.statusCode.value, StatusCodes.BadWaitingForInitialData.value);
+  } finally {
+    await s.close();
+  }
+});
+
+test('a wrong password is refused', { skip }, async () => {
+  await assert.rejects(secureSession(open.endpoint, { ...USER, password: 'wrong' }), /BadUserAccessDenied|BadIdentityTokenRejected/);
+  await assert.rejects(secureSession(open.endpoint, { ...USER, userName: 'mallory' }), /BadUserAccessDenied|BadIdentityTokenRejected/);
+});
+
+test('an anonymous write is refused with BadUserAccessDenied; an authenticated one is taken', { skip }, async () => {
+  const refused = await write(anon.session, open.ns, 'Tank1.LevelRaw', 1000);
+  assert.equal(refused.value, StatusCodes.BadUserAccessDenied.value);
+  const s = await secureSession(open.endpoint);
+  try {
+    assert.equal((await write(s.session, open.ns, 'Tank1.LevelRaw', 2047.5)).value, StatusCodes.Good.value);
+    await until(async () => (await read(anon.session, open.ns, 'Tank1.Level')).value.value === 50);
+  } finally {
+    await s.close();
+  }
+});
+
+test('anonymous sessions per address are bounded and leave room for an authenticated session', { skip }, async () => {
+  const extra = [];
+  try {
+    // `anon` is one; two more fill the quota of 3.
+    for (let i = 0; i < 2; i++) extra.push(await opcuaSession(open.endpoint));
+    await assert.rejects(opcuaSession(open.endpoint), /BadTooManySessions/);
+    const s = await secureSession(open.endpoint);
+    assert.equal((await read(s.session, open.ns, 'Tank1.Level')).statusCode.isGood(), true);
+    await s.close();
+  } finally {
+    for (const e of extra) await e.close();
+  }
+  // The quota is free again once they are closed.
+  const again = await opcuaSession(open.endpoint);
+  await again.close();
+});
+
+test('5,001 monitored items in one session: refused past the bound; the server keeps serving', { skip }, async () => {
+  const ua = await opcuaSession(open.endpoint);
+  try {
+    const subscription = async () => (await ua.session.createSubscription2({ requestedPublishingInterval: 200, requestedMaxKeepAliveCount: 10, requestedLifetimeCount: 100, publishingEnabled: true })).subscriptionId;
+    const create = async (subscriptionId, n) => {
+      const res = await ua.session.createMonitoredItems({
+        subscriptionId,
+        timestampsToReturn: TimestampsToReturn.Both,
+        itemsToCreate: Array.from({ length: n }, (_, i) => ({
+          itemToMonitor: { nodeId: `ns=${open.ns};s=Tank1.Level`, attributeId: AttributeIds.Value },
+          monitoringMode: MonitoringMode.Reporting,
+          requestedParameters: { clientHandle: i + 1, samplingInterval: 100, queueSize: 1 },
+        })),
+      });
+      const by = {};
+      for (const r of res.results) by[r.statusCode.name] = (by[r.statusCode.name] ?? 0) + 1;
+      return by;
+    };
+    assert.deepEqual(await create(await subscription(), 5001), { Good: 1000, BadTooManyMonitoredItems: 4001 });
+    // The bound is the session's, not one subscription's.
+    assert.deepEqual(await create(await subscription(), 10), { BadTooManyMonitoredItems: 10 });
+  } finally {
+    await ua.close();
+  }
+  assert.equal(open.child.exitCode, null, 'the server is still running');
+  const other = await opcuaSession(open.endpoint);
+  try {
+    const dv = await read(other.session, open.ns, 'Tank1.Level');
+    assert.equal(dv.statusCode.value, StatusCodes.Good.value);
+    assert.equal(dv.value.value, 50);
+  } finally {
+    await other.close();
+  }
+});
+
+test('with Policy None and anonymous switched off: no None endpoint, anonymous refused, a user gets in', { skip }, async () => {
+  const client = OPCUAClient.create({ endpointMustExist: false, connectionStrategy: { maxRetry: 0 } });
+  await client.connect(closed.endpoint);
+  const endpoints = await client.getEndpoints();
+  await client.disconnect();
+  assert.ok(endpoints.length > 0);
+  for (const e of endpoints) {
+    assert.equal(e.securityMode, MessageSecurityMode.SignAndEncrypt, `${e.securityPolicyUri}`);
+    assert.notEqual(e.securityPolicyUri, SecurityPolicy.None);
+    assert.ok(!e.userIdentityTokens.some((t) => t.tokenType === UserTokenType.Anonymous), 'no anonymous token policy');
+  }
+  await assert.rejects(opcuaSession(closed.endpoint)); // mode None: no such endpoint
+  await assert.rejects(secureSession(closed.endpoint, { type: UserTokenType.Anonymous }));
+  const s = await secureSession(closed.endpoint); // auto_accept_client_certs: no trust step
+  await s.close();
+});
+
+test('the server listens on 127.0.0.1 by default', { skip }, () => {
+  const hex = open.port.toString(16).toUpperCase().padStart(4, '0');
+  const listening = (file) =>
+    readFileSync(file, 'utf8')
+      .split('\n')
+      .slice(1)
+      .map((l) => l.trim().split(/\s+/))
+      .filter((f) => f.length > 3 && f[1].endsWith(`:${hex}`) && f[3] === '0A')
+      .map((f) => f[1].split(':')[0]);
+  assert.deepEqual(listening('/proc/net/tcp'), ['0100007F']);
+  assert.deepEqual(listening('/proc/net/tcp6'), []);
+});
+
+test('a bad security file: exit 2 with a message naming the problem', { skip }, () => {
+  const cases = [
+    [{ modes: ['SignAndEncrypt'], users_file: 'users.json', colour: 'blue' }, /unknown key "colour"/],
+    [{ modes: ['Encrypt'], users_file: 'users.json' }, /unknown mode "Encrypt"/],
+    [{ policies: ['Basic128Rsa15'], users_file: 'users.json' }, /unknown policy "Basic128Rsa15"/],
+    [{ allow_anonymous: 'yes' }, /"allow_anonymous" must be true or false/],
+    [{ allow_anonymous: false }, /nobody could open a session/],
+    [{ users_file: 'missing.json' }, /does not exist/],
+    [{ allow_anonymous: true, limits: { max_sessions: 0 } }, /"limits.max_sessions" must be an integer >= 1/],
+    [{ allow_anonymous: true, limits: { max_monitored_items: 6000 } }, /below 5000/],
+    [{ allow_anonymous: true, limits: { sessions: 3 } }, /unknown key "limits.sessions"/],
+    ['{ not json', /not JSON/],
+  ];
+  for (const [doc, why] of cases) {
+    const f = join(dir, 'bad.json');
+    writeFileSync(f, typeof doc === 'string' ? doc : JSON.stringify(doc));
+    const r = spawnSync(process.execPath, [join(here, '../server.mjs'), '--security', f, '--port', '0'], { encoding: 'utf8', env: { ...process.env, OUTRUN_OUTRUND: OUTRUND }, timeout: 30000 });
+    assert.equal(r.status, 2, `${JSON.stringify(doc)}: ${r.stderr}`);
+    assert.match(r.stderr, why);
+    assert.match(r.stderr, /security file .*bad\.json/);
+  }
+});
