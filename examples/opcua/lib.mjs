@@ -19,7 +19,8 @@ import {
 } from 'node-opcua';
 import outrun from '@outrun/client';
 import { syncAlarms, alarmQuality } from './alarms.mjs';
-import { EASY, serverSecurityOptions, sourceWriteGate } from './security.mjs';
+import { EASY } from './security-config.mjs';
+import { serverSecurityOptions, sourceWriteGate } from './security.mjs';
 import { serverLimitOptions, installLimits, hardenInspect } from './limits.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -246,7 +247,7 @@ function inputTags(def) {
 
 /**
  * Starts the OPC UA server. Options: port, host (the address listened on; default 127.0.0.1),
- * security (security.mjs's loadSecurityFile result; default EASY), socket (an outrund to use;
+ * security (security-config.mjs's loadSecurityFile result; default EASY), socket (an outrund to use;
  * without it one of our own is started with `tags`), tags (tags file; default
  * examples/tags/tank.toml), config (outrund config for our own outrund), simulate, outrund
  * (binary), resourcePath.

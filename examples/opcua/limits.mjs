@@ -3,48 +3,10 @@
 // sessions only authenticated users may take, the session timeout a client may ask for,
 // subscriptions per session, monitored items per session and in all. node-opcua enforces the
 // server-wide counts itself (serverCapabilities); the per-address and per-session ones are
-// enforced here, at CreateSession, ActivateSession and CreateMonitoredItems.
+// enforced here, at CreateSession, ActivateSession and CreateMonitoredItems. The limits' keys and
+// defaults: security-config.mjs DEFAULT_LIMITS.
 import { inspect } from 'node:util';
 import { StatusCodes, MonitoredItemCreateResult, ServiceFault } from 'node-opcua';
-
-/** The `limits` of a security file, with their defaults (also what applies without a file). */
-export const DEFAULT_LIMITS = Object.freeze({
-  // node-opcua's serverCapabilities.maxSessions: every session, whoever opened it.
-  max_sessions: 100,
-  // Of max_sessions, kept for authenticated users: anonymous sessions may take the rest only
-  // (0 when there is no users_file).
-  reserved_for_users: 10,
-  // One address (a host, or a NAT in front of many) may hold this many sessions, activated or not.
-  max_sessions_per_address: 50,
-  // ... and this many activated anonymous ones.
-  max_anonymous_sessions_per_address: 20,
-  // The longest session timeout a client may ask for: a session silent this long is closed.
-  // (node-opcua's own cap is 50 minutes.)
-  max_session_timeout_ms: 120000,
-  max_subscriptions_per_session: 10,
-  // Monitored items per session and in all. The total stays below 5,000, the listener count at
-  // which one node of node-opcua makes Node.js print a warning (that warning crashed the server
-  // before: issue 29 item 15).
-  max_monitored_items_per_session: 1000,
-  max_monitored_items: 4000,
-  // TCP connections (secure channels) on the endpoint; node-opcua closes the oldest one without a
-  // session first when full.
-  max_connections: 100,
-});
-
-/** Checks a `limits` object (unknown keys, non-integers); returns it with the defaults filled in. */
-export function checkLimits(given) {
-  if (!given || typeof given !== 'object' || Array.isArray(given)) throw new Error('"limits" must be an object');
-  for (const k of Object.keys(given)) if (!Object.hasOwn(DEFAULT_LIMITS, k)) throw new Error(`unknown key "limits.${k}" (known: ${Object.keys(DEFAULT_LIMITS).join(', ')})`);
-  const l = { ...DEFAULT_LIMITS, ...given };
-  for (const [k, v] of Object.entries(l)) {
-    const min = k === 'reserved_for_users' ? 0 : 1;
-    if (!Number.isSafeInteger(v) || v < min) throw new Error(`"limits.${k}" must be an integer >= ${min} (got ${JSON.stringify(v)})`);
-  }
-  if (l.max_session_timeout_ms < 1000) throw new Error('"limits.max_session_timeout_ms" must be at least 1000');
-  if (l.max_monitored_items >= 5000) throw new Error('"limits.max_monitored_items" must be below 5000 (node-opcua warns past 5000 listeners on one node)');
-  return l;
-}
 
 /** OPCUAServer options that carry the limits node-opcua enforces itself. */
 export function serverLimitOptions(l) {

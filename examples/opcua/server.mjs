@@ -43,8 +43,8 @@ try {
 if (!/^\d+$/.test(values.port) || Number(values.port) > 65535) usage(`bad --port ${values.port}`);
 if (!isIP(values.host) && values.host !== 'localhost') usage(`bad --host ${values.host}: an IPv4 or IPv6 address`);
 
-const { startServer } = await import('./lib.mjs');
-const { loadSecurityFile, SecurityConfigError } = await import('./security.mjs');
+// The security file is checked before node-opcua loads (seconds): a bad one fails at once.
+const { loadSecurityFile, SecurityConfigError } = await import('./security-config.mjs');
 let security;
 if (values.security) {
   try {
@@ -54,6 +54,7 @@ if (values.security) {
     throw e;
   }
 }
+const { startServer } = await import('./lib.mjs');
 
 let state;
 let stopping = false;

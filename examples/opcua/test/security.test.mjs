@@ -70,6 +70,7 @@ before(async () => {
   await addUser(join(dir, 'users.json'), USER.userName, USER.password);
   // `open`: None and SignAndEncrypt endpoints, anonymous sessions that may not write, users, a
   // small anonymous quota per address. `closed`: SignAndEncrypt only, no anonymous sessions.
+  // The client's certificate is made while the servers start (both are slow: RSA keys).
   const [a, b] = await Promise.all([
     startServerProcess({
       tags: TANK,
@@ -90,6 +91,7 @@ before(async () => {
       tags: TANK,
       args: ['--security', securityFile('closed.json', { pki_dir: 'pki-closed', modes: ['SignAndEncrypt'], allow_anonymous: false, users_file: 'users.json', auto_accept_client_certs: true })],
     }),
+    secureClient().initializeCM(),
   ]);
   open = a;
   closed = b;
