@@ -20,6 +20,9 @@ import {
 } from 'node-opcua';
 import { ROOT, OUTRUND, daemonSupportsTags, startServerProcess, opcuaSession, read, write, until } from './helpers.mjs';
 import { addUser } from '../users.mjs';
+import { hardenInspect } from '../limits.mjs';
+import { inspect } from 'node:util';
+import { AddressSpace, generateAddressSpace, nodesets } from 'node-opcua';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const support = await daemonSupportsTags();
@@ -228,6 +231,20 @@ test('the server listens on 127.0.0.1 by default', { skip }, () => {
   assert.deepEqual(listening('/proc/net/tcp6'), []);
 });
 
+test('a start that fails (the port is taken) still exits non-zero', { skip }, async () => {
+  const { createServer } = await import('node:net');
+  const taken = createServer();
+  await new Promise((r) => taken.listen(0, '127.0.0.1', r));
+  try {
+    const { port } = taken.address();
+    const r = spawnSync(process.execPath, [join(here, '../server.mjs'), '--port', String(port), '--tags', TANK], { encoding: 'utf8', env: { ...process.env, OUTRUN_OUTRUND: OUTRUND }, timeout: 60000 });
+    assert.equal(r.status, 1, r.stderr);
+    assert.doesNotMatch(r.stdout, /ready/);
+  } finally {
+    taken.close();
+  }
+});
+
 test('a bad security file: exit 2 with a message naming the problem', { skip }, () => {
   const cases = [
     [{ modes: ['SignAndEncrypt'], users_file: 'users.json', colour: 'blue' }, /unknown key "colour"/],
@@ -248,5 +265,33 @@ test('a bad security file: exit 2 with a message naming the problem', { skip }, 
     assert.equal(r.status, 2, `${JSON.stringify(doc)}: ${r.stderr}`);
     assert.match(r.stderr, why);
     assert.match(r.stderr, /security file .*bad\.json/);
+  }
+});
+
+test('node-opcua nodes are safe to inspect(): 5,001 listeners on one variable do not throw', async () => {
+  // What Node.js does past 5,000 listeners (node-opcua's maximum on a variable): it inspects the
+  // node for its warning. node-opcua's inspect threw there (issue 29 item 15).
+  const as = AddressSpace.create();
+  try {
+    await generateAddressSpace(as, [nodesets.standard]);
+    const ns = as.registerNamespace('urn:outrun:test');
+    const v = ns.addVariable({ browseName: 'V', nodeId: 's=V', dataType: 'Double', organizedBy: as.rootFolder.objects });
+    // Once chalk's `cyan` is used (node-opcua's coloured logs use it), node-opcua's colourless
+    // inspect of a node throws (its proxy over chalk breaks a Proxy invariant).
+    assert.equal(typeof inspect(v, { depth: -1, colors: true }), 'string');
+    hardenInspect([v, as.rootFolder.objects]);
+    assert.equal(typeof inspect(v, { depth: -1 }), 'string');
+    const warnings = [];
+    const onWarning = (w) => warnings.push(w.name);
+    process.on('warning', onWarning);
+    try {
+      for (let i = 0; i < 5001; i++) v.on('value_changed', () => {});
+      await new Promise((r) => setImmediate(r));
+    } finally {
+      process.removeListener('warning', onWarning);
+    }
+    assert.deepEqual(warnings, ['MaxListenersExceededWarning']);
+  } finally {
+    as.dispose();
   }
 });
