@@ -121,6 +121,7 @@ export function checkSecurity(doc, file = '(inline)') {
   for (const p of d.policies) if (!POLICIES.includes(p)) fail(file, `unknown policy "${p}" in "policies" (supported: ${POLICIES.join(', ')})`);
   const secure = d.modes.some((m) => m !== 'None');
   if (secure && !d.policies.length) fail(file, '"policies" is empty but "modes" has Sign or SignAndEncrypt');
+  if (d.users_file !== null && !d.policies.length) fail(file, '"users_file" needs a policy in "policies" (passwords are encrypted with one, even on a None endpoint)');
   if (!d.allow_anonymous && d.users_file === null) fail(file, 'nobody could open a session: "allow_anonymous" is false and there is no "users_file"');
   if (d.anonymous_write && !d.allow_anonymous) fail(file, '"anonymous_write" is true but "allow_anonymous" is false');
   let limits;
