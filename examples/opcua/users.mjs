@@ -14,8 +14,8 @@ import { resolve } from 'node:path';
 
 const KEY_BYTES = 32;
 const SALT_BYTES = 16;
-// scrypt's cost: N=2^14, r=8 is about 16 MiB and ~50 ms a log-in on this VM (Node's maximum
-// memory default is 32 MiB); a guessing attacker pays the same per guess.
+// scrypt's cost: N=2^14, r=8 is 16 MiB and a CPU-bound fraction of a second a log-in (about
+// 0.2 s measured on the shared 2-core VM); a guessing attacker pays the same per guess.
 const COST = { N: 16384, r: 8, p: 1 };
 const MAX_PASSWORD = 1024; // bytes; longer is refused, not truncated
 

@@ -218,6 +218,18 @@ test('with Policy None and anonymous switched off: no None endpoint, anonymous r
   await s.close();
 });
 
+test('the session timeout a client asks for is capped (limits.max_session_timeout_ms)', { skip }, async () => {
+  const client = OPCUAClient.create({ endpointMustExist: false, requestedSessionTimeout: 3600000, connectionStrategy: { maxRetry: 0 } });
+  await client.connect(open.endpoint);
+  try {
+    const session = await client.createSession();
+    assert.equal(session.timeout, 120000);
+    await session.close();
+  } finally {
+    await client.disconnect();
+  }
+});
+
 test('the server listens on 127.0.0.1 by default', { skip }, () => {
   const hex = open.port.toString(16).toUpperCase().padStart(4, '0');
   const listening = (file) =>
