@@ -21,7 +21,7 @@ import outrun from '@outrun/client';
 import { syncAlarms, alarmQuality } from './alarms.mjs';
 import { EASY } from './security-config.mjs';
 import { serverSecurityOptions, sourceWriteGate } from './security.mjs';
-import { serverLimitOptions, installLimits, hardenInspect } from './limits.mjs';
+import { serverLimitOptions, installLimits, limitConnections, hardenInspect } from './limits.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
 export const ROOT = resolve(here, '../..');
@@ -301,6 +301,7 @@ export async function startServer(opts = {}) {
     });
     installLimits(server, security.limits, log);
     await server.initialize();
+    limitConnections(server, security.limits, log);
     const addressSpace = server.engine.addressSpace;
     addressSpace.installAlarmsAndConditionsService();
     const ns = addressSpace.registerNamespace(NAMESPACE_URI);

@@ -99,6 +99,43 @@ export function installLimits(server, l, log) {
   });
 }
 
+/**
+ * Bounds the TCP connections one address holds (max_connections_per_address) on every endpoint
+ * of an initialized, not yet started server: a connection past the bound is closed before
+ * node-opcua sees it. (node-opcua's maxConnectionsPerEndpoint counts every address together.)
+ * node-opcua's connection handler is the net server's first 'connection' listener; it is
+ * replaced by one that counts and then calls it.
+ */
+export function limitConnections(server, l, log) {
+  const open = new Map(); // address -> open sockets, over all endpoints
+  let lastLog = 0;
+  for (const endpoint of server.endpoints ?? []) {
+    const net = endpoint._server;
+    const [accept] = net?.listeners('connection') ?? [];
+    if (!accept) continue;
+    net.removeListener('connection', accept);
+    net.prependListener('connection', (socket) => {
+      const address = socket.remoteAddress ?? '?';
+      const n = open.get(address) ?? 0;
+      if (n >= l.max_connections_per_address) {
+        if (Date.now() - lastLog > 60000) {
+          lastLog = Date.now();
+          log(`refused a connection from ${address} (${n} open from this address already)`);
+        }
+        socket.destroy();
+        return;
+      }
+      open.set(address, n + 1);
+      socket.once('close', () => {
+        const m = (open.get(address) ?? 1) - 1;
+        if (m > 0) open.set(address, m);
+        else open.delete(address);
+      });
+      accept(socket);
+    });
+  }
+}
+
 function sendFault(channel, message, statusCode) {
   // A ServiceFault for the request: what node-opcua's own refusals send.
   channel.send_response('MSG', new ServiceFault({ responseHeader: { serviceResult: statusCode } }), message);

@@ -37,6 +37,8 @@ export const DEFAULT_LIMITS = Object.freeze({
   // TCP connections (secure channels) on the endpoint; node-opcua closes the oldest one without a
   // session first when full.
   max_connections: 100,
+  // ... of which one address may hold this many (a connection past it is closed at once).
+  max_connections_per_address: 50,
 });
 
 /** Checks a `limits` object (unknown keys, non-integers); returns it with the defaults filled in. */
@@ -48,6 +50,7 @@ export function checkLimits(given) {
     const min = k === 'reserved_for_users' ? 0 : 1;
     if (!Number.isSafeInteger(v) || v < min) throw new Error(`"limits.${k}" must be an integer >= ${min} (got ${JSON.stringify(v)})`);
   }
+  if (l.max_connections_per_address > l.max_connections) throw new Error('"limits.max_connections_per_address" must not be above "limits.max_connections"');
   if (l.max_session_timeout_ms < 1000) throw new Error('"limits.max_session_timeout_ms" must be at least 1000');
   if (l.max_monitored_items >= 5000) throw new Error('"limits.max_monitored_items" must be below 5000 (node-opcua warns past 5000 listeners on one node)');
   return l;

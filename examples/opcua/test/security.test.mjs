@@ -86,7 +86,7 @@ before(async () => {
           allow_anonymous: true,
           anonymous_write: false,
           users_file: 'users.json',
-          limits: { max_anonymous_sessions_per_address: 3, max_sessions_per_address: 6, max_monitored_items_per_session: 1000 },
+          limits: { max_anonymous_sessions_per_address: 3, max_sessions_per_address: 6, max_monitored_items_per_session: 1000, max_connections_per_address: 12 },
         }),
       ],
     }),
@@ -119,9 +119,22 @@ test('a client certificate is trusted by moving it from rejected/ to trusted/; t
       return null;
     }
   });
-  mkdirSync(join(dir, 'pki-open/trusted/certs'), { recursive: true });
-  renameSync(join(rejected, cert), join(dir, 'pki-open/trusted/certs', cert));
-  const s = await until(() => secureSession(open.endpoint).catch(() => null), 10000, 200);
+  const trusted = join(dir, 'pki-open/trusted/certs');
+  mkdirSync(trusted, { recursive: true });
+  renameSync(join(rejected, cert), join(trusted, cert));
+  // The server's certificate manager sees the move through its folder watcher (about a second
+  // here). Once, under heavy load, the move was not seen in 10 s (a watcher not ready yet?), so
+  // a move not seen in 8 s is made again.
+  let s = null;
+  for (let attempt = 0; !s && attempt < 3; attempt++) {
+    if (attempt) {
+      renameSync(join(trusted, cert), join(dir, cert));
+      await new Promise((r) => setTimeout(r, 500));
+      renameSync(join(dir, cert), join(trusted, cert));
+    }
+    s = await until(() => secureSession(open.endpoint).catch(() => null), 8000, 250).catch(() => null);
+  }
+  assert.ok(s, 'a SignAndEncrypt session once the certificate is in trusted/certs');
   try {
     assert.equal(s.client.securityMode, MessageSecurityMode.SignAndEncrypt);
     assert.equal(s.client.securityPolicy, SecurityPolicy.Basic256Sha256);
@@ -216,6 +229,34 @@ test('with Policy None and anonymous switched off: no None endpoint, anonymous r
   await assert.rejects(secureSession(closed.endpoint, { type: UserTokenType.Anonymous }));
   const s = await secureSession(closed.endpoint); // auto_accept_client_certs: no trust step
   await s.close();
+});
+
+test('connections per address are bounded: past the bound one is closed at once; closing frees the place', { skip }, async () => {
+  const { connect } = await import('node:net');
+  const dial = () =>
+    new Promise((res, rej) => {
+      const sock = connect(open.port, '127.0.0.1');
+      sock.once('connect', () => res(sock));
+      sock.once('error', rej);
+    });
+  const held = [];
+  try {
+    // `anon` holds one connection (earlier tests' closed clients may hold a few more for a
+    // moment); of 15 more, at most 11 stay open, and the server says why.
+    for (let i = 0; i < 15; i++) held.push(await dial());
+    await new Promise((r) => setTimeout(r, 500));
+    const alive = held.filter((sock) => !sock.destroyed).length;
+    assert.ok(alive >= 6 && alive <= 11, `${alive} of 15 connections kept open`);
+    assert.match(open.stderr, /refused a connection from 127\.0\.0\.1 \(12 open from this address already\)/);
+    assert.equal(open.child.exitCode, null);
+  } finally {
+    for (const sock of held) sock.destroy();
+  }
+  await until(async () => {
+    const ua = await opcuaSession(open.endpoint).catch(() => null);
+    if (ua) await ua.close();
+    return ua !== null;
+  }, 5000, 100);
 });
 
 test('the session timeout a client asks for is capped (limits.max_session_timeout_ms)', { skip }, async () => {
