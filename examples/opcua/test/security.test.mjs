@@ -179,6 +179,25 @@ test('anonymous sessions per address are bounded and leave room for an authentic
   await again.close();
 });
 
+test('sessions kept for users: anonymous ones take at most max_sessions - reserved_for_users', { skip }, async () => {
+  // A third server on the same PKI folder as `open` (its certificate, made at open's start, is
+  // kept and reused; the client certificate trusted above stays trusted): 4 sessions, 2 kept.
+  const srv = await startServerProcess({
+    tags: TANK,
+    args: ['--security', securityFile('reserve.json', { pki_dir: 'pki-open', modes: ['None', 'SignAndEncrypt'], allow_anonymous: true, users_file: 'users.json', limits: { max_sessions: 4, reserved_for_users: 2, max_anonymous_sessions_per_address: 4 } })],
+  });
+  const held = [];
+  try {
+    for (let i = 0; i < 2; i++) held.push(await opcuaSession(srv.endpoint));
+    await assert.rejects(opcuaSession(srv.endpoint), /BadTooManySessions/);
+    held.push(await secureSession(srv.endpoint));
+    assert.match(srv.stderr, /refused an anonymous session \(the other 2 are kept for users\)/);
+  } finally {
+    for (const h of held) await h.close();
+    assert.equal(await srv.stop(), 0);
+  }
+});
+
 test('5,001 monitored items in one session: refused past the bound; the server keeps serving', { skip }, async () => {
   const ua = await opcuaSession(open.endpoint);
   try {
