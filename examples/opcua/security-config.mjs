@@ -83,7 +83,7 @@ export const EASY = Object.freeze({
   anonymousWrite: true,
   usersFile: null,
   autoAccept: false,
-  limits: { ...DEFAULT_LIMITS },
+  limits: { ...DEFAULT_LIMITS, reserved_for_users: 0 }, // no users to keep sessions for
 });
 
 function fail(file, msg) {
