@@ -283,11 +283,14 @@ export async function startServer(opts = {}) {
     const security = opts.security ?? EASY;
     const host = opts.host ?? '127.0.0.1';
     const limitOpts = serverLimitOptions(security.limits);
+    // The endpoint URLs advertised name the host listened on (a loopback one as localhost; on
+    // every interface, node-opcua's choice: the machine's name).
+    const loopback = /^(127\.|::1$|localhost$)/.test(host);
+    const anyAddress = host === '0.0.0.0' || host === '::';
     const server = new OPCUAServer({
       port,
       host,
-      // The endpoint URLs advertised name the host listened on (a loopback one as localhost).
-      hostname: /^(127\.|::1$|localhost$)/.test(host) ? 'localhost' : host === '0.0.0.0' || host === '::' ? undefined : host,
+      hostname: loopback ? 'localhost' : anyAddress ? undefined : host,
       resourcePath: opts.resourcePath ?? '/UA/outrun',
       buildInfo: { productName: 'outrun OPC UA server', buildNumber: '1', buildDate: new Date() },
       serverInfo: { applicationUri: 'urn:outrun:opcua-server', productUri: 'urn:outrun:opcua-server' },
@@ -421,7 +424,9 @@ export async function startServer(opts = {}) {
     state.started = true;
     updateHealth(state);
     const endpoint = server.getEndpointUrl ? server.getEndpointUrl() : server.endpoints[0].endpointDescriptions()[0].endpointUrl;
-    state.endpoint = endpoint.replace(/opc\.tcp:\/\/[^:/]+/, 'opc.tcp://localhost');
+    // The ready line's URL: localhost when it is reachable there, else the address listened on.
+    const urlHost = loopback || anyAddress ? 'localhost' : host.includes(':') ? `[${host}]` : host;
+    state.endpoint = endpoint.replace(/opc\.tcp:\/\/(\[[^\]]*\]|[^:/]+)/, `opc.tcp://${urlHost}`);
     state.sourceIds = sourceIds;
     state.socket = socket;
 
