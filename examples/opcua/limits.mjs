@@ -26,10 +26,11 @@ const isAnonymousToken = (t) => !t || t.constructor?.name === 'AnonymousIdentity
 
 /**
  * Enforces the per-address, per-session and reserve limits on a constructed (not yet started)
- * node-opcua server. It overrides three of the server's request handlers on this instance only
- * (node-opcua looks them up by name per request: `this["_on_" + request name]`), and wraps each
- * new subscription's preCreateMonitoredItem. `log(line)`: refusals, once per reason and address a
- * minute.
+ * node-opcua server. On this instance only, it wraps the CreateSession handler (node-opcua looks
+ * handlers up by name per request: `this["_on_" + request name]`) and isUserAuthorized (which
+ * ActivateSession calls with the user's token), and each new subscription's
+ * preCreateMonitoredItem; every wrapper calls the original, so node-opcua's own checks still
+ * run. `log(line)`: refusals, once per reason and address a minute.
  */
 export function installLimits(server, l, log) {
   const sessions = () => Object.values(server.engine?._sessions ?? {}).filter((s) => s.status !== 'closed');
