@@ -19,6 +19,9 @@ import {
 } from 'node-opcua';
 import outrun from '@outrun/client';
 import { syncAlarms, alarmQuality } from './alarms.mjs';
+import { EASY } from './security-config.mjs';
+import { serverSecurityOptions, sourceWriteGate } from './security.mjs';
+import { serverLimitOptions, installLimits, limitConnections, hardenInspect } from './limits.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
 export const ROOT = resolve(here, '../..');
@@ -243,9 +246,11 @@ function inputTags(def) {
 // ---- the server ----
 
 /**
- * Starts the OPC UA server. Options: port, socket (an outrund to use; without it one of our own
- * is started with `tags`), tags (tags file; default examples/tags/tank.toml), config (outrund
- * config for our own outrund), simulate, outrund (binary), resourcePath.
+ * Starts the OPC UA server. Options: port, host (the address listened on; default 127.0.0.1),
+ * security (security-config.mjs's loadSecurityFile result; default EASY), socket (an outrund to use;
+ * without it one of our own is started with `tags`), tags (tags file; default
+ * examples/tags/tank.toml), config (outrund config for our own outrund), simulate, outrund
+ * (binary), resourcePath.
  */
 export async function startServer(opts = {}) {
   const port = opts.port ?? 4840;
@@ -273,21 +278,33 @@ export async function startServer(opts = {}) {
     };
     await defineOwnTags();
 
+    // Security (security.mjs): endpoints, certificates, users; without a file, node-opcua's easy
+    // defaults. Limits (limits.mjs) apply either way. Listens on localhost unless told otherwise.
+    const security = opts.security ?? EASY;
+    const host = opts.host ?? '127.0.0.1';
+    const limitOpts = serverLimitOptions(security.limits);
+    // The endpoint URLs advertised name the host listened on (a loopback one as localhost; on
+    // every interface, node-opcua's choice: the machine's name).
+    const loopback = /^(127\.|::1$|localhost$)/.test(host);
+    const anyAddress = host === '0.0.0.0' || host === '::';
     const server = new OPCUAServer({
       port,
+      host,
+      hostname: loopback ? 'localhost' : anyAddress ? undefined : host,
       resourcePath: opts.resourcePath ?? '/UA/outrun',
       buildInfo: { productName: 'outrun OPC UA server', buildNumber: '1', buildDate: new Date() },
       serverInfo: { applicationUri: 'urn:outrun:opcua-server', productUri: 'urn:outrun:opcua-server' },
-      maxConnectionsPerEndpoint: 100,
+      maxConnectionsPerEndpoint: limitOpts.maxConnectionsPerEndpoint,
       // minSupportedSampleRate 0: a monitored item with samplingInterval 0 on a virtual tag is
       // exception-based and gets every change outrun pushes (node-opcua otherwise coalesces
       // changes over the advertised rate).
-      serverCapabilities: { maxSessions: 100, minSupportedSampleRate: 0 },
+      serverCapabilities: { ...limitOpts.serverCapabilities, minSupportedSampleRate: 0 },
       isAuditing: false,
-      // No PKI warm-up in tests: allow anonymous, no security.
-      securityModes: undefined,
+      ...(await serverSecurityOptions(security, log)),
     });
+    installLimits(server, security.limits, log);
     await server.initialize();
+    limitConnections(server, security.limits, log);
     const addressSpace = server.engine.addressSpace;
     addressSpace.installAlarmsAndConditionsService();
     const ns = addressSpace.registerNamespace(NAMESPACE_URI);
@@ -330,10 +347,12 @@ export async function startServer(opts = {}) {
 
     // Source tags: typed as declared ([[source]]), else writable Doubles.
     state.sourceWriteHook = opts.sourceWriteHook;
+    state.sourceWriteGate = sourceWriteGate(security);
     for (const id of sourceIds) addSource(state, tagsFolder, id, opts.sourceWriteHook);
     for (const d of defs) addVirtual(state, tagsFolder, d);
 
     addDiagnostics(state, diagFolder);
+    hardenInspect([objects, tagsFolder, state.health.connected, addressSpace.findNode('i=2256'), addressSpace.findNode('i=2253')].filter(Boolean));
     // The tags file's [[alarm]]s (alarms.mjs).
     syncAlarms(state, list.alarms);
 
@@ -405,7 +424,9 @@ export async function startServer(opts = {}) {
     state.started = true;
     updateHealth(state);
     const endpoint = server.getEndpointUrl ? server.getEndpointUrl() : server.endpoints[0].endpointDescriptions()[0].endpointUrl;
-    state.endpoint = endpoint.replace(/opc\.tcp:\/\/[^:/]+/, 'opc.tcp://localhost');
+    // The ready line's URL: localhost when it is reachable there, else the address listened on.
+    const urlHost = loopback || anyAddress ? 'localhost' : host.includes(':') ? `[${host}]` : host;
+    state.endpoint = endpoint.replace(/opc\.tcp:\/\/(\[[^\]]*\]|[^:/]+)/, `opc.tcp://${urlHost}`);
     state.sourceIds = sourceIds;
     state.socket = socket;
 
@@ -688,6 +709,13 @@ function addSource(state, folder, id, hook) {
   entry.variable = decl?.eu_range && type.base !== 'Variant'
     ? state.ns.addAnalogDataItem({ ...options, engineeringUnitsRange: { low: decl.eu_range[0], high: decl.eu_range[1] } })
     : state.ns.addVariable(options);
+  // Who may write (security.mjs `anonymous_write`): node-opcua answers a write this refuses
+  // with BadUserAccessDenied, before timestamped_set runs.
+  if (writable && state.sourceWriteGate) {
+    const variable = entry.variable;
+    const userWritable = variable.isUserWritable.bind(variable);
+    variable.isUserWritable = (context) => userWritable(context) && state.sourceWriteGate(context?.session ?? null, id);
+  }
   state.sources.set(id, entry);
 }
 
