@@ -1105,6 +1105,7 @@ std::optional<int> parse_options(int argc, char** argv, Options* out) {
   CLI::App app{
       "outrun-perf: every budget row of BRIEF §5, beside InProcess, this machine's floors and "
       "Redis, in one run"};
+  app.set_version_flag("--version", "outrun-perf " OUTRUN_VERSION);
   Options& o = *out;
   std::string rows = "all", profile_rows, scale = "10000,100000";
   app.add_flag("--quick", o.quick, "short run (< 2 min on 2 cores)");
@@ -1189,7 +1190,8 @@ std::optional<int> parse_options(int argc, char** argv, Options* out) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0; a usage error exits 2 (CLI11's own codes are 100+).
+    return app.exit(e) == 0 ? 0 : 2;
   }
   o.profile = app.count("--profile") > 0;
 

@@ -89,7 +89,7 @@ nlohmann::json to_json(const Value& v) {
   return j;
 }
 
-Value parse_scalar(const std::string& t) {
+Value parse_scalar(const std::string& t, std::string* err) {
   if (t == "true") return Value(true);
   if (t == "false") return Value(false);
   if (t == "nil") return Value();
@@ -101,8 +101,13 @@ Value parse_scalar(const std::string& t) {
     if (errno == 0 && *end == '\0') return Value(static_cast<int64_t>(i));
     errno = 0;
     const double d = std::strtod(t.c_str(), &end);
-    if (errno == 0 && *end == '\0' && !std::isspace(static_cast<unsigned char>(t[0])))
-      return Value(d);
+    const bool whole = *end == '\0' && !std::isspace(static_cast<unsigned char>(t[0]));
+    if (errno == 0 && whole) return Value(d);
+    // A number a double cannot hold (1e400, 1e-400) is an error, not the string "1e400".
+    if (errno == ERANGE && whole && err) {
+      *err = "'" + t + "' is out of a double's range";
+      return Value();
+    }
   }
   return Value(t);
 }

@@ -20,7 +20,8 @@ nlohmann::json to_json(const Value& v);
 std::string escape_control(std::string_view s);
 
 // A command-line input value: true, false, nil, an integer, a number, "quoted" (always a
-// string), or anything else as a string.
-Value parse_scalar(const std::string& text);
+// string), or anything else as a string. A number out of a double's range (1e400) sets *err
+// when err is given (and returns nil).
+Value parse_scalar(const std::string& text, std::string* err = nullptr);
 
 }  // namespace outrun::cli

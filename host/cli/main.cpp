@@ -10,12 +10,16 @@
 // --socket (or $OUTRUN_SOCKET) sends eval through outrund; the administration commands always
 // talk to outrund (default socket: see outrun::default_client_socket()).
 
+#include <signal.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -130,7 +134,12 @@ int run_eval(const EvalArgs& a) {
     if (eq == std::string::npos || eq == 0)
       return eval_failed(a, ErrorCode::invalid_argument, "-i expects NAME=VALUE, got '" + kv + "'",
                          kExitUsage);
-    inputs.push_back(Input{kv.substr(0, eq), parse_scalar(kv.substr(eq + 1))});
+    std::string err;
+    Value v = parse_scalar(kv.substr(eq + 1), &err);
+    if (!err.empty())
+      return eval_failed(a, ErrorCode::invalid_argument, "-i " + kv.substr(0, eq) + ": " + err,
+                         kExitUsage);
+    inputs.push_back(Input{kv.substr(0, eq), std::move(v)});
   }
 
   std::unique_ptr<Runner> runner;
@@ -183,6 +192,62 @@ int run_eval(const EvalArgs& a) {
 }
 
 enum class StatsFormat { text, json, prometheus };
+
+// `outrun reload`: SIGHUP to outrund (its pid from its stats), then wait until a reload that
+// started after the signal has finished, and say how it went: exit 0 applied, 1 not applied
+// (every error printed), 3 no daemon. systemd's ExecReload runs it, so that `systemctl reload`
+// fails when the tags file does not apply (design/daemon.md "Reload").
+int run_reload(int timeout_s) {
+  std::unique_ptr<Client> c;
+  if (int rc = connect_client(&c)) return rc;
+  auto reload_state = [&](nlohmann::json* out) -> bool {
+    std::string doc;
+    if (Error e = c->stats_json(&doc)) {
+      std::cerr << "outrun: " << to_string(e.code) << ": " << e.message << "\n";
+      return false;
+    }
+    *out = nlohmann::json::parse(doc, nullptr, false);
+    if (out->is_discarded() || !out->contains("reload") || !out->contains("pid")) {
+      std::cerr << "outrun: this outrund does not report reloads (too old?)\n";
+      return false;
+    }
+    return true;
+  };
+  nlohmann::json j;
+  if (!reload_state(&j)) return 1;
+  const auto pid = j["pid"].get<pid_t>();
+  const auto before = j["reload"]["requested"].get<uint64_t>();
+  if (::kill(pid, SIGHUP) != 0) {
+    std::cerr << "outrun: cannot signal outrund (pid " << pid << "): " << std::strerror(errno)
+              << "\n";
+    return 1;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  uint64_t target =
+      0;  // the SIGHUP count once ours was seen: a reload covering it read the file after
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (!reload_state(&j)) return 1;
+    const auto& r = j["reload"];
+    if (target == 0 && r["requested"].get<uint64_t>() > before)
+      target = r["requested"].get<uint64_t>();
+    if (target != 0 && r["covered"].get<uint64_t>() >= target) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::cerr << "outrun: outrund (pid " << pid << ") did not finish the reload in " << timeout_s
+                << " s\n";
+      return 1;
+    }
+  }
+  const auto& r = j["reload"];
+  for (const auto& e : r["errors"])
+    if (e.is_string()) std::cerr << "outrun: " << escape_control(e.get<std::string>()) << "\n";
+  if (!r["ok"].get<bool>()) {
+    std::cerr << "outrun: reload failed: outrund kept the tags it was running\n";
+    return 1;
+  }
+  std::cout << "reloaded\n";
+  return 0;
+}
 
 int run_admin(const std::string& what, StatsFormat fmt, int shard) {
   std::unique_ptr<Client> c;
@@ -353,6 +418,7 @@ int run_bench(const BenchArgs& a) {
 int main(int argc, char** argv) {
   using namespace outrun::cli;
   CLI::App app{"outrun: run untrusted Lua 5.4 scripts out of process"};
+  app.set_version_flag("--version", "outrun " OUTRUN_VERSION);
   app.require_subcommand(1);
   app.fallthrough();  // --socket before or after the command
   app.add_option("--socket", g_socket,
@@ -454,6 +520,13 @@ int main(int argc, char** argv) {
         fmt = StatsFormat::json;
       rc = sc == scripts ? run_scripts(as_json) : run_admin(sc->get_name(), fmt, shard_n);
     });
+  int reload_timeout = 60;
+  auto* reload = app.add_subcommand(
+      "reload", "outrund: reopen logs and re-read the tags file (SIGHUP), and wait for the result");
+  reload->add_option("--timeout", reload_timeout, "seconds to wait for the reload")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  reload->callback([&] { rc = run_reload(reload_timeout); });
   add_tags_commands(app, &rc, &g_socket);
   bench->callback([&] { rc = run_bench(ba); });
   eval->callback([&] {

@@ -47,8 +47,8 @@ void print_change(const tags::Change& c, bool json, const char* kind = nullptr) 
     return;
   }
   std::cout << escape_text(c.tag) << " = " << escape_text(to_display_string(c.value.value)) << "  "
-            << tags::status_code_name(c.value.status) << "  "
-            << format_datetime(c.value.source_time);
+            << tags::status_code_name(c.value.status);
+  if (c.value.source_time.ticks != 0) std::cout << "  " << format_datetime(c.value.source_time);
   if (!c.value.diagnostics.empty()) std::cout << "  (" << escape_text(c.value.diagnostics) << ")";
   if (kind) std::cout << "  [" << kind << "]";
   std::cout << "\n";
@@ -271,9 +271,31 @@ int tags_define(const DaemonArgs& a) {
   if (int r = connect_daemon(a, &c)) return r;
   std::string json;
   if (Error e = c->define_tags(ss.str(), a.replace, &json)) return fail(e, a.file + ": ");
-  std::cout << json << "\n";
-  // Every broken definition, named by this file's LINE:COL; exit 1 when there is one.
   const auto doc = nlohmann::json::parse(json, nullptr, false);
+  if (a.json || doc.is_discarded()) {
+    std::cout << json << "\n";
+  } else {
+    // What changed, as a person reads it: one line per kind, the ids after the count.
+    auto line = [&](const char* what, const char* key) {
+      if (!doc.contains(key) || !doc[key].is_array()) return;
+      std::cout << what << ": " << doc[key].size();
+      std::size_t shown = 0;
+      for (const auto& id : doc[key]) {
+        if (!id.is_string()) continue;
+        if (++shown > 20) {
+          std::cout << " ...";
+          break;
+        }
+        std::cout << (shown == 1 ? "  " : ", ") << escape_text(id.get<std::string>());
+      }
+      std::cout << "\n";
+    };
+    line("defined or changed", "changed");
+    line("unchanged", "unchanged");
+    line("removed", "removed");
+    line("broken (BadConfigurationError)", "broken");
+  }
+  // Every broken definition, named by this file's LINE:COL; exit 1 when there is one.
   int rc = 0;
   if (!doc.is_discarded() && doc.contains("errors") && doc["errors"].is_array())
     for (const auto& e : doc["errors"]) {
@@ -283,6 +305,14 @@ int tags_define(const DaemonArgs& a) {
       rc = 1;
     }
   return rc;
+}
+
+// The DataValue shown for a tag outrund does not know.
+tags::DataValue unknown_tag(const std::string& why) {
+  tags::DataValue dv;
+  dv.status = tags::codes::BadNodeIdUnknown;
+  dv.diagnostics = why;
+  return dv;
 }
 
 int tags_list(const DaemonArgs& a) {
@@ -362,8 +392,39 @@ int tags_read(const DaemonArgs& a) {
   std::unique_ptr<Client> c;
   if (int r = connect_daemon(a, &c)) return r;
   std::vector<tags::Change> values;
-  if (Error e = c->read_tags(a.ids, &values)) return fail(e);
-  for (const auto& v : values) print_change(v, a.json);
+  Error e = c->read_tags(a.ids, &values);
+  if (!e) {
+    for (const auto& v : values) print_change(v, a.json);
+    return 0;
+  }
+  if (e.code != ErrorCode::invalid_argument || a.ids.size() < 2) {
+    if (e.code == ErrorCode::invalid_argument && a.ids.size() == 1) {
+      print_change({a.ids[0], unknown_tag(e.message)}, a.json);
+      return 1;
+    }
+    return fail(e);
+  }
+  // outrund refuses a read naming an unknown tag as a whole; read each alone, so that the
+  // others are answered and each unknown one is marked BadNodeIdUnknown (OPC UA's answer).
+  int rc = 0;
+  for (const auto& id : a.ids) {
+    std::vector<tags::Change> one;
+    if (Error e1 = c->read_tags({id}, &one)) {
+      if (e1.code != ErrorCode::invalid_argument) return fail(e1);
+      print_change({id, unknown_tag(e1.message)}, a.json);
+      rc = 1;
+    } else {
+      for (const auto& v : one) print_change(v, a.json);
+    }
+  }
+  return rc;
+}
+
+int tags_remove(const DaemonArgs& a) {
+  std::unique_ptr<Client> c;
+  if (int r = connect_daemon(a, &c)) return r;
+  if (Error e = c->remove_tags(a.ids)) return fail(e);
+  std::cout << "removed: " << a.ids.size() << "\n";
   return 0;
 }
 
@@ -425,6 +486,7 @@ void add_tags_commands(CLI::App& app, int* rc, const std::string* socket) {
       tags_cmd->add_subcommand("define", "outrund: define the tags of a TOML file (admin)");
   define->add_option("-f,--file", d->file, "tags file (TOML; no script_file)")->required();
   define->add_flag("--replace", d->replace, "remove the daemon's tags that are not in the file");
+  define->add_flag("--json", d->json, "print the daemon's JSON answer");
   define->callback([d, rc] { *rc = tags_define(*d); });
   auto* list = tags_cmd->add_subcommand("list", "outrund: the tags, their values and counters");
   list->add_flag("--json", d->json, "the daemon's JSON document");
@@ -441,6 +503,9 @@ void add_tags_commands(CLI::App& app, int* rc, const std::string* socket) {
   read->add_option("tags", d->ids, "tags")->required();
   read->add_flag("--json", d->json, "JSON lines");
   read->callback([d, rc] { *rc = tags_read(*d); });
+  auto* remove = tags_cmd->add_subcommand("remove", "outrund: remove virtual tags (admin)");
+  remove->add_option("tags", d->ids, "tags")->required();
+  remove->callback([d, rc] { *rc = tags_remove(*d); });
 }
 
 }  // namespace outrun::cli

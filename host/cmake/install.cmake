@@ -18,11 +18,16 @@ write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/outrunConfigVersion
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/outrunConfig.cmake ${CMAKE_CURRENT_BINARY_DIR}/outrunConfigVersion.cmake
   ${CMAKE_CURRENT_LIST_DIR}/package_worker.cpp
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/outrun)
+# The documents the unit's Documentation= names (and the rest of design/).
+file(GLOB outrun_design_docs ${PROJECT_SOURCE_DIR}/design/*.md)
+install(FILES ${PROJECT_SOURCE_DIR}/README.md ${outrun_design_docs} DESTINATION ${CMAKE_INSTALL_DOCDIR})
 # The unit names /usr/local/sbin/outrund; the installed copy names the install prefix's (computed at
 # install time, so `cmake --install --prefix P` is honoured).
 install(CODE "
   file(READ \"${PROJECT_SOURCE_DIR}/scripts/outrund.service\" unit)
   string(REPLACE \"/usr/local/sbin\" \"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_SBINDIR}\" unit \"\${unit}\")
+  string(REPLACE \"/usr/local/bin\" \"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_BINDIR}\" unit \"\${unit}\")
+  string(REPLACE \"file:///usr/local/share/doc/outrun\" \"file://\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_DOCDIR}\" unit \"\${unit}\")
   set(dest \"\$ENV{DESTDIR}\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_LIBDIR}/systemd/system\")
   file(MAKE_DIRECTORY \"\${dest}\")
   file(WRITE \"\${dest}/outrund.service\" \"\${unit}\")

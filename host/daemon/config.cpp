@@ -1,9 +1,14 @@
 #include "config.h"
 
+#include <grp.h>
+#include <sys/stat.h>
 #include <toml++/toml.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 #include <utility>
 
@@ -30,6 +35,12 @@ struct Reader {
   std::string section;
 
   std::string where(std::string_view key) const { return section + "." + std::string(key); }
+  // Puts the value's LINE:COL before the error (the file's name goes before that); false.
+  bool at(const toml::node& n) {
+    const auto& b = n.source().begin;
+    err = std::to_string(b.line) + ":" + std::to_string(b.column) + ": " + err;
+    return false;
+  }
 
   bool integer(const toml::node& n, std::string_view key, int64_t lo, int64_t hi, int64_t* out) {
     auto v = n.value<int64_t>();
@@ -184,7 +195,7 @@ bool read_daemon(const toml::table& t, DaemonConfig* c, Reader& r) {
       r.err = "unknown key daemon." + std::string(key);
       ok = false;
     }
-    if (!ok) return false;
+    if (!ok) return r.at(n);
   }
   return true;
 }
@@ -267,7 +278,7 @@ bool read_host(const toml::table& t, HostOptions* h, Reader& r) {
       r.err = "unknown key host." + std::string(key);
       ok = false;
     }
-    if (!ok) return false;
+    if (!ok) return r.at(n);
   }
   return true;
 }
@@ -288,6 +299,11 @@ const char* single_flight_name(SingleFlight s) {
 
 std::string load_config_file(const std::string& path, DaemonConfig* cfg) {
   toml::table root;
+  // toml++ says "File could not be opened" at 0:0; the operator wants the reason.
+  if (FILE* f = std::fopen(path.c_str(), "rb"))
+    std::fclose(f);
+  else
+    return path + ": " + std::strerror(errno);
   try {
     root = toml::parse_file(path);
   } catch (const toml::parse_error& e) {
@@ -300,14 +316,44 @@ std::string load_config_file(const std::string& path, DaemonConfig* cfg) {
   for (auto&& [k, n] : root) {
     const toml::table* t = n.as_table();
     if (k.str() == "daemon" && t) {
-      if (!read_daemon(*t, cfg, r)) return path + ": " + r.err;
+      if (!read_daemon(*t, cfg, r)) return path + ":" + r.err;
     } else if (k.str() == "host" && t) {
-      if (!read_host(*t, &cfg->host, r)) return path + ": " + r.err;
+      if (!read_host(*t, &cfg->host, r)) return path + ":" + r.err;
     } else {
-      return path + ": unknown top-level key or section '" + std::string(k.str()) +
-             "' (expected [daemon] and [host])";
+      return path + ":" + std::to_string(n.source().begin.line) + ":" +
+             std::to_string(n.source().begin.column) + ": unknown top-level key or section '" +
+             std::string(k.str()) + "' (expected [daemon] and [host])";
     }
   }
+  return {};
+}
+
+std::vector<std::string> check_environment(const DaemonConfig& cfg) {
+  std::vector<std::string> out;
+  if (!cfg.socket_group.empty()) {
+    char buf[4096];
+    group gr{}, *found = nullptr;
+    char* end = nullptr;
+    std::strtoul(cfg.socket_group.c_str(), &end, 10);
+    const bool numeric = *end == 0 && end != cfg.socket_group.c_str();
+    if (!numeric &&
+        (::getgrnam_r(cfg.socket_group.c_str(), &gr, buf, sizeof buf, &found) != 0 || !found))
+      out.push_back("daemon.socket_group: no group named '" + cfg.socket_group + "'");
+  }
+  if (std::string why = log_dir_problem(cfg.log_file); !why.empty())
+    out.push_back("daemon.log_file: " + why);
+  return out;
+}
+
+std::string log_dir_problem(const std::string& log_file) {
+  if (log_file.empty()) return {};
+  const auto slash = log_file.rfind('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : log_file.substr(0, slash);
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return "directory " + dir + ": " + std::strerror(errno);
+  if (!S_ISDIR(st.st_mode)) return dir + " is not a directory";
   return {};
 }
 

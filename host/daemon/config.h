@@ -92,6 +92,13 @@ std::string load_config_file(const std::string& path, DaemonConfig* cfg);
 // ranges. Returns an error message, or empty.
 std::string finalize_config(DaemonConfig* cfg);
 
+// What the configuration names outside itself and start would otherwise find wrong: a
+// socket_group that no group has, a log_file whose directory does not exist (outrund creates no
+// directory for a log: a typo as root must not make /var/lgo). Every problem, one per element.
+std::vector<std::string> check_environment(const DaemonConfig& cfg);
+// Why a log file cannot be opened without creating a directory, or empty.
+std::string log_dir_problem(const std::string& log_file);
+
 // The effective configuration as TOML (outrund --check-config prints it).
 std::string to_toml(const DaemonConfig& cfg);
 

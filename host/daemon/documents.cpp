@@ -144,6 +144,14 @@ std::string Server::stats_json(bool shards_only) const {
       {"evaluations", by_status},
       {"latency_us", latency_json(h)},
       {"shards", shards}};
+  {
+    // SIGHUPs seen, and the last finished reload: which of them it covered, its result.
+    MutexLock lock(reload_mu_);
+    j["reload"] = {{"requested", reload_seen_},
+                   {"covered", reload_covered_},
+                   {"ok", reload_ok_},
+                   {"errors", reload_errors_}};
+  }
   return dump(j);
 }
 

@@ -9,7 +9,46 @@
 #include <iostream>
 
 #include "config.h"
+#include "outrun/tags.h"
 #include "server.h"
+#include "tags_file.h"
+
+namespace {
+
+// --check-config with a tags file: every error of the file, and every script compiled in a
+// worker (a confined process, as at start), each as FILE:LINE:COL: message.
+void check_tags_file(const outrun::daemon::DaemonConfig& cfg, std::vector<std::string>* out) {
+  using namespace outrun;
+  std::vector<tags::TagDefinition> defs;
+  std::vector<std::string> file_errors;
+  if (!tags::file::load_tags_file(cfg.tags_file, &defs, &file_errors)) {
+    for (auto& line : tags::file::describe_errors(file_errors, {})) out->push_back(line);
+    return;
+  }
+  HostOptions o = cfg.host;
+  o.shards = 1;
+  o.bytecode_cache_bytes = 0;
+  std::unique_ptr<Host> host;
+  if (Error e = Host::create(o, &host)) {
+    out->push_back("cannot start a worker to compile the tags' scripts: " + e.message);
+    return;
+  }
+  tags::TagsOptions to;
+  to.real_time_periodic = false;
+  std::unique_ptr<tags::Engine> engine;
+  if (Error e = tags::Engine::create(*host, to, &engine)) {
+    out->push_back(e.message);
+    return;
+  }
+  tags::ApplyOptions ao;
+  ao.replace_all = true;
+  tags::ApplyResult res;
+  if (Error e = engine->apply(defs, ao, &res); e && res.errors.empty())
+    out->push_back(cfg.tags_file + ": " + e.message);
+  for (auto& line : tags::file::describe_errors({}, res.errors)) out->push_back(line);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace outrun::daemon;
@@ -54,11 +93,13 @@ int main(int argc, char** argv) {
   app.add_option("--tags", tags_file,
                  "tags file (TOML, design/tags.md) defined at start and re-read on SIGHUP "
                  "(daemon.tags_file)");
+  app.set_version_flag("--version", "outrund " OUTRUN_VERSION);
   app.add_flag("--check-config", check, "validate the configuration, print it as TOML and exit");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0; a usage error exits 2 (CLI11's own codes are 100+).
+    return app.exit(e) == 0 ? 0 : 2;
   }
 
   DaemonConfig cfg;
@@ -122,6 +163,12 @@ int main(int argc, char** argv) {
   if (std::string err = finalize_config(&cfg); !err.empty()) {
     std::cerr << "outrund: " << err << "\n";
     return 2;
+  }
+  {
+    std::vector<std::string> problems = check_environment(cfg);
+    if (check && !cfg.tags_file.empty()) check_tags_file(cfg, &problems);
+    for (const auto& p : problems) std::cerr << "outrund: " << p << "\n";
+    if (!problems.empty()) return 2;
   }
   if (check) {
     std::cout << to_toml(cfg);

@@ -93,6 +93,8 @@ void Server::reopen_logs() {
     if (cfg_.log_file.empty())
       lg = std::make_shared<spdlog::logger>(
           "outrund", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+    else if (std::string why = log_dir_problem(cfg_.log_file); !why.empty())
+      throw spdlog::spdlog_ex(why);  // spdlog would create the directory
     else
       lg = std::make_shared<spdlog::logger>(
           "outrund", std::make_shared<spdlog::sinks::basic_file_sink_mt>(cfg_.log_file));
@@ -386,6 +388,7 @@ void Server::on_signal(uv_signal_t* h, int sig) {
   if (sig == SIGHUP) {
     spdlog::info("SIGHUP: reopening logs");
     s->reopen_logs();
+    s->note_sighup();
     // The reload waits for running waves and compiles in the workers: not on the loop.
     // Ahead of every queued definition, never refused (design/daemon.md "Tags").
     if (!s->cfg_.tags_file.empty()) s->request_reload();

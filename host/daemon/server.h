@@ -233,10 +233,15 @@ class Server {
   // turn, at most max_tag_reads_per_client queued per connection. False: refused (Busy).
   bool post_read_job(uint64_t conn, std::function<void()> job) EXCLUDES(rq_mu_);
   void tags_read_thread_main() EXCLUDES(rq_mu_);
-  void reload_tags();
+  // `covers`: the SIGHUPs received when it started (reload_seen_ then); its result is kept for
+  // stats' "reload" (what `outrun reload`, systemd's ExecReload, waits for).
+  void reload_tags(uint64_t covers) EXCLUDES(reload_mu_);
   // Reads cfg_.tags_file and applies it (replace_all; tags_strict), logging every error with
-  // its FILE:LINE:COL. False when nothing was applied (the file could not be read, or strict).
-  bool apply_tags_file(const char* when);
+  // its FILE:LINE:COL (and adding each to *errors). False when nothing was applied (the file
+  // could not be read, or strict).
+  bool apply_tags_file(const char* when, std::vector<std::string>* errors = nullptr);
+  // A SIGHUP was received (loop thread); with no tags file it is done at once.
+  void note_sighup() EXCLUDES(reload_mu_);
   // One ListTags page (design/protocol.md "Paged ListTags"): after the cursor `after` ("" the
   // first page), at most `limit` tags (0: the default).
   Error tags_list_json(std::string_view after, uint32_t limit, std::string* out) const;
@@ -364,6 +369,12 @@ class Server {
   std::deque<std::function<void()>> tq_ GUARDED_BY(tq_mu_);
   bool tq_stop_ GUARDED_BY(tq_mu_) = false;
   bool reload_requested_ GUARDED_BY(tq_mu_) = false;
+  // SIGHUPs received, the count a finished reload covered, and its result (stats "reload").
+  mutable Mutex reload_mu_;
+  uint64_t reload_seen_ GUARDED_BY(reload_mu_) = 0;
+  uint64_t reload_covered_ GUARDED_BY(reload_mu_) = 0;
+  bool reload_ok_ GUARDED_BY(reload_mu_) = true;
+  std::vector<std::string> reload_errors_ GUARDED_BY(reload_mu_);
   std::atomic<bool> tags_stopping_{false};  // jobs stop between ids once set
   // The reads that wait for on_read evaluations: their own thread (never in front of a reload
   // or a definition), each connection's queue in turn.

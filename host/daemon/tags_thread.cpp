@@ -43,7 +43,12 @@ void Server::tags_thread_main() {
       if (tq_stop_) return;     // what is left is for connections that are closed by now
       if (reload_requested_) {  // a reload goes first, whatever clients queued
         reload_requested_ = false;
-        job = [this] { reload_tags(); };
+        uint64_t covers = 0;
+        {
+          MutexLock r(reload_mu_);
+          covers = reload_seen_;  // every SIGHUP so far: this reload reads the file after them
+        }
+        job = [this, covers] { reload_tags(covers); };
       } else {
         job = std::move(tq_.front());
         tq_.pop_front();
@@ -110,11 +115,28 @@ void Server::set_declarations(tags::file::Declarations d, bool replace) {
   }
 }
 
-void Server::reload_tags() {
-  (void)apply_tags_file("SIGHUP");
+void Server::note_sighup() {
+  MutexLock lock(reload_mu_);
+  ++reload_seen_;
+  if (cfg_.tags_file.empty()) {  // the logs are reopened: that was all
+    reload_covered_ = reload_seen_;
+    reload_ok_ = true;
+    reload_errors_.clear();
+  }
 }
 
-bool Server::apply_tags_file(const char* when) {
+void Server::reload_tags(uint64_t covers) {
+  std::vector<std::string> errors;
+  const bool ok = apply_tags_file("SIGHUP", &errors);
+  constexpr std::size_t kMaxKept = 100;  // the first errors say what to fix; the log has all
+  if (errors.size() > kMaxKept) errors.resize(kMaxKept);
+  MutexLock lock(reload_mu_);
+  reload_covered_ = covers;
+  reload_ok_ = ok;
+  reload_errors_ = std::move(errors);
+}
+
+bool Server::apply_tags_file(const char* when, std::vector<std::string>* errors) {
   const std::string file = tags::file::printable(cfg_.tags_file);
   std::vector<tags::TagDefinition> defs;
   std::vector<std::string> file_errors;
@@ -129,12 +151,18 @@ bool Server::apply_tags_file(const char* when) {
     if (!e) set_declarations(std::move(decls), true);
   }
   // Every error, each on its own line (an operator fixes them all in one edit).
-  for (const auto& line : tags::file::describe_errors(file_errors, res.errors))
+  for (const auto& line : tags::file::describe_errors(file_errors, res.errors)) {
     spdlog::error("{}: {}", when, line);
+    if (errors) errors->push_back(line);
+  }
   if (!file_errors.empty() || e) {
-    if (e)
+    if (e) {
       spdlog::error("{}: tags file {}: {}: {}", when, file, to_string(e.code),
                     tags::file::printable(e.message));
+      if (errors)
+        errors->push_back(file + ": " + std::string(to_string(e.code)) + ": " +
+                          tags::file::printable(e.message));
+    }
     spdlog::error("{}: tags file {} not applied; {}", when, file,
                   tags_->ids().empty() ? "no tags are defined" : "the running tags are kept");
     return false;

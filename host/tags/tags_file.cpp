@@ -900,8 +900,12 @@ nlohmann::ordered_json change_to_json(const std::string& tag, const DataValue& d
   j["value"] = cli::to_json(dv.value);
   j["status"] = status_code_name(dv.status);
   j["status_code"] = dv.status;
-  j["source_time"] = format_datetime(dv.source_time);
-  j["server_time"] = format_datetime(dv.server_time);
+  // A time never set (0 ticks, 1601-01-01) is null: no value has it, it is not a date.
+  auto time = [](DateTime t) {
+    return t.ticks == 0 ? nlohmann::ordered_json() : nlohmann::ordered_json(format_datetime(t));
+  };
+  j["source_time"] = time(dv.source_time);
+  j["server_time"] = time(dv.server_time);
   j["error"] =
       dv.diagnostics.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(dv.diagnostics);
   return j;

@@ -368,6 +368,50 @@ TEST_CASE("outrund --check-config reads TOML and rejects unknown keys") {
   out = run("--check-config --config " + bad_host, &rc);
   CHECK(rc == 2);
   CHECK_MESSAGE(out.find("retries must be 0..10") != std::string::npos, out);
+  // A value's error names its line and column; a missing file says so.
+  std::ofstream(bad_host) << "[daemon]\nlog_level = \"info\"\n\n[host]\nshards = 0\n";
+  out = run("--check-config --config " + bad_host, &rc);
+  CHECK(rc == 2);
+  CHECK_MESSAGE(
+      out.find("bad_host.toml:5:10: host.shards: expected an integer") != std::string::npos, out);
+  out = run("--check-config --config " + dir + "/missing.toml", &rc);
+  CHECK(rc == 2);
+  CHECK_MESSAGE(out.find("missing.toml: No such file or directory") != std::string::npos, out);
+  // What the file names outside itself: a group nobody has, a log in a directory that does not
+  // exist (never created: a typo as root must not make directories). Both, at once.
+  std::ofstream(bad_host) << "[daemon]\nsocket_group = \"no-such-group-outrun\"\nlog_file = \""
+                          << dir << "/nodir/outrund.log\"\n";
+  out = run("--check-config --config " + bad_host, &rc);
+  CHECK(rc == 2);
+  CHECK_MESSAGE(out.find("no group named 'no-such-group-outrun'") != std::string::npos, out);
+  CHECK_MESSAGE(out.find("nodir: No such file or directory") != std::string::npos, out);
+  out = run("--config " + bad_host + " --socket " + dir + "/x.sock", &rc);  // start: the same
+  CHECK(rc == 2);
+  CHECK(access((dir + "/nodir").c_str(), F_OK) != 0);
+  // The tags file: every error of the file and every script that does not compile, with
+  // FILE:LINE:COL; a missing one is an error.
+  const std::string tags = dir + "/tags.toml";
+  std::ofstream(tags) << "[[tag]]\nid = \"A\"\ninputs = [\"x\"]\nscript = \"return inputs.x +\"\n"
+                      << "[[tag]]\nid = \"B\"\ninputs = [\"x\"]\nscript = \"return 1\"\n"
+                      << "[[tag]]\nid = \"C\"\ntype = \"Nope\"\ninputs = [\"x\"]\n"
+                      << "script = \"return 1\"\n";
+  out = run("--check-config --tags " + tags, &rc);
+  CHECK(rc == 2);
+  CHECK_MESSAGE(out.find("tags.toml:4:") != std::string::npos, out);   // A's script
+  CHECK_MESSAGE(out.find("tags.toml:11:") != std::string::npos, out);  // C's type
+  out = run("--check-config --tags " + dir + "/none.toml", &rc);
+  CHECK(rc == 2);
+  CHECK_MESSAGE(out.find("none.toml") != std::string::npos, out);
+  std::ofstream(tags) << "[[tag]]\nid = \"B\"\ninputs = [\"x\"]\nscript = \"return 1\"\n";
+  out = run("--check-config --tags " + tags, &rc);
+  CHECK_MESSAGE(rc == 0, out);
+  // Usage errors exit 2 (not CLI11's 100+); --version answers.
+  out = run("--no-such-flag", &rc);
+  CHECK(rc == 2);
+  out = run("--version", &rc);
+  CHECK(rc == 0);
+  CHECK(out.find("outrund ") == 0);
+  std::remove(tags.c_str());
   std::remove(bad_host.c_str());
   std::remove(good.c_str());
   std::remove(bad.c_str());

@@ -26,7 +26,24 @@ if find "$tmp/prefix" -name 'outrun-test-worker*' | grep -q .; then
   echo "installed, but must not be: $(find "$tmp/prefix" -name 'outrun-test-worker*')"
   exit 1
 fi
-grep -q "ExecStart=$tmp/prefix/sbin/outrund" "$tmp/prefix/lib/systemd/system/outrund.service"
+unit="$tmp/prefix/lib/systemd/system/outrund.service"
+grep -q "ExecStart=$tmp/prefix/sbin/outrund" "$unit"
+grep -q "ExecReload=$tmp/prefix/bin/outrun .* reload" "$unit"
+grep -q "^DynamicUser=yes" "$unit"
+# Every document the unit names is installed.
+docs="$(sed -n 's/^Documentation=//p' "$unit")"
+[ -n "$docs" ] || { echo "the unit names no Documentation="; exit 1; }
+for d in $docs; do
+  f="${d#file://}"
+  [ -e "$f" ] || { echo "Documentation= names $d, which is not installed"; exit 1; }
+done
+if command -v systemd-analyze >/dev/null 2>&1; then
+  # Offline check of the unit's syntax (the binaries it names exist in the prefix).
+  systemd-analyze verify "$unit" 2>"$tmp/verify.log" || true
+  if grep -Ei "unknown|invalid|failed to parse" "$tmp/verify.log"; then
+    echo "systemd-analyze verify found problems"; exit 1
+  fi
+fi
 # Moved as a whole after the install: the consumer (which sets no worker_path) must find the
 # moved package's worker, not the build's install prefix (/usr/local) nor the old location.
 mv "$tmp/prefix" "$tmp/moved"

@@ -341,6 +341,42 @@ TEST_CASE("outrund tags: DefineTags and RemoveTags need an admin uid, updates an
   rmdir(dir.c_str());
 }
 
+TEST_CASE("outrun reload waits for the tags file's reload and fails when it did not apply") {
+  const std::string dir = temp_dir();
+  const std::string file = write_file(dir, "tags.toml", kTags);
+  Daemon d({"--tags", file});
+  const std::string cli = std::string(OUTRUN_TEST_CLI) + " --socket " + d.socket + " reload";
+  auto c = d.client();
+  REQUIRE(!c->update_sources({good("a", outrun::Value(10.0))}));
+  // Changed: f = a * 3. When `outrun reload` returns, the new script is there, no waiting.
+  std::string changed = kTags;
+  changed.replace(changed.find("inputs.a * 2"), 12, "inputs.a * 3");
+  write_file(dir, "tags.toml", changed);
+  auto [rc, out] = run_command(cli + " 2>&1");
+  CHECK_MESSAGE(rc == 0, out);
+  CHECK(out == "reloaded\n");
+  std::string json;
+  REQUIRE(!c->list_tags_json(&json));
+  const auto j = nlohmann::json::parse(json);
+  bool seen = false;
+  for (const auto& t : j["tags"])
+    if (t["id"] == "f") seen = t["version"].get<uint64_t>() == 2;
+  CHECK_MESSAGE(seen, json);
+  // Not TOML: exit 1, the error with its line, the running tags kept.
+  write_file(dir, "tags.toml", "[[tag]\nid = \"f\"\nscript = 7\n");
+  std::tie(rc, out) = run_command(cli + " 2>&1");
+  CHECK(rc == 1);
+  CHECK_MESSAGE(out.find("tags.toml:1:") != std::string::npos, out);
+  CHECK_MESSAGE(out.find("reload failed") != std::string::npos, out);
+  // Fixed again: 0.
+  write_file(dir, "tags.toml", kTags);
+  std::tie(rc, out) = run_command(cli + " 2>&1");
+  CHECK_MESSAGE(rc == 0, out);
+  CHECK(d.stop() == 0);
+  std::remove(file.c_str());
+  rmdir(dir.c_str());
+}
+
 TEST_CASE("outrund tags: --tags FILE at start, SIGHUP reloads it, broken tags are isolated") {
   const std::string dir = temp_dir();
   const std::string file = write_file(dir, "tags.toml", kTags);
@@ -562,7 +598,10 @@ TEST_CASE("outrund tags: outrun tags define, update, read, list and watch throug
   }
   auto [rc, out] = run_command(cli + "define -f " + file);
   CHECK(rc == 0);
-  CHECK(out.find("\"defined\"") != std::string::npos);
+  CHECK_MESSAGE(out.find("defined or changed: 2  f, u\n") != std::string::npos, out);
+  std::tie(rc, out) = run_command(cli + "define --json -f " + file);
+  CHECK(rc == 0);
+  CHECK(out.find("\"unchanged\":[\"f\",\"u\"]") != std::string::npos);
   std::this_thread::sleep_for(300ms);  // the watcher subscribed
   std::tie(rc, out) = run_command(cli + "update -f " + ups);
   CHECK(rc == 0);
@@ -585,6 +624,19 @@ TEST_CASE("outrund tags: outrun tags define, update, read, list and watch throug
   CHECK(rc == 0);
   CHECK(out.find("f  Good  8") != std::string::npos);
   CHECK(out.find("evaluations=") != std::string::npos);
+  // An unknown tag among known ones: the known are answered, the unknown is BadNodeIdUnknown.
+  std::tie(rc, out) = run_command(cli + "read u nope f");
+  CHECK(rc == 1);
+  CHECK_MESSAGE(out.find("u = 5  Good") != std::string::npos, out);
+  CHECK_MESSAGE(out.find("nope = nil  BadNodeIdUnknown") != std::string::npos, out);
+  CHECK_MESSAGE(out.find("f = 8.0  Good") != std::string::npos, out);
+  std::tie(rc, out) = run_command(cli + "remove f");
+  CHECK(rc == 0);
+  std::tie(rc, out) = run_command(cli + "read --json f");
+  CHECK(rc == 1);
+  CHECK_MESSAGE(out.find("\"status\":\"BadNodeIdUnknown\"") != std::string::npos, out);
+  CHECK_MESSAGE(out.find("\"source_time\":null") != std::string::npos, out);  // never set
+  CHECK(out.find("1601") == std::string::npos);
   const std::string bad = write_file(dir, "bad.jsonl", "{\"values\": {\"a\": 1}}\n{nope\n");
   std::tie(rc, out) = run_command(cli + "update -f " + bad + " 2>&1");
   CHECK(rc == 2);

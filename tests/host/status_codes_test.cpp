@@ -100,6 +100,7 @@ TEST_CASE("status codes: the constants of outrun/tags.h are the CSV's values") {
   CHECK_CODE(BadTooManyOperations);
   CHECK_CODE(BadNoCommunication);
   CHECK_CODE(BadWaitingForInitialData);
+  CHECK_CODE(BadNodeIdUnknown);
   CHECK_CODE(BadOutOfRange);
   CHECK_CODE(BadTypeMismatch);
   CHECK_CODE(BadConfigurationError);
@@ -121,7 +122,7 @@ TEST_CASE("status codes: the constants of outrun/tags.h are the CSV's values") {
     CHECK(value_of(m[1].str().c_str()) ==
           static_cast<int64_t>(std::stoul(m[2].str(), nullptr, 16)));
   }
-  CHECK(declared == 21);  // the ones checked by name above
+  CHECK(declared == 22);  // the ones checked by name above
 }
 
 }  // namespace outrun::test

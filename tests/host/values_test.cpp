@@ -129,6 +129,11 @@ TEST_CASE("CLI values: -i scalars and JSON inputs") {
   CHECK(parse_scalar("\"12\"") == Value("12"));
   CHECK(parse_scalar("Line1") == Value("Line1"));
   CHECK(parse_scalar("") == Value(""));
+  std::string range_err;
+  CHECK(parse_scalar("1e300", &range_err) == Value(1e300));
+  CHECK(range_err.empty());
+  parse_scalar("1e400", &range_err);  // not the string "1e400"
+  CHECK(range_err.find("out of a double's range") != std::string::npos);
   Value v;
   std::string err;
   REQUIRE(

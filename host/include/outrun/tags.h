@@ -37,6 +37,7 @@ inline constexpr StatusCode BadTimeout = 0x800A0000;
 inline constexpr StatusCode BadTooManyOperations = 0x80100000;
 inline constexpr StatusCode BadNoCommunication = 0x80310000;
 inline constexpr StatusCode BadWaitingForInitialData = 0x80320000;
+inline constexpr StatusCode BadNodeIdUnknown = 0x80340000;
 inline constexpr StatusCode BadOutOfRange = 0x803C0000;
 inline constexpr StatusCode BadTypeMismatch = 0x80740000;
 inline constexpr StatusCode BadConfigurationError = 0x80890000;
