@@ -1,5 +1,6 @@
 #include "stats_format.h"
 
+#include <array>
 #include <cstdio>
 #include <sstream>
 
@@ -71,10 +72,40 @@ std::string stats_prometheus(const nlohmann::json& j) {
   p.sample("outrun_inflight", "", j.value("inflight", 0));
   p.family("outrun_scripts", "gauge", "Registered scripts.");
   p.sample("outrun_scripts", "", j.value("scripts", 0));
-  p.family("outrun_evaluations_total", "counter", "Evaluations answered, by status.");
+  p.family("outrun_evaluations_total", "counter",
+           "Evaluations answered, by status: clients' and tags' (outrun_tag_evaluations_total).");
   if (j.contains("evaluations"))
     for (auto it = j["evaluations"].begin(); it != j["evaluations"].end(); ++it)
       p.sample("outrun_evaluations_total", "status=\"" + esc(it.key()) + "\"", it.value());
+  if (j.contains("tags") && j["tags"].is_object()) {
+    const auto& t = j["tags"];
+    p.family("outrun_tag_evaluations_total", "counter", "Tag evaluations, by status.");
+    if (t.contains("by_status") && t["by_status"].is_object())
+      for (auto it = t["by_status"].begin(); it != t["by_status"].end(); ++it)
+        p.sample("outrun_tag_evaluations_total", "status=\"" + esc(it.key()) + "\"", it.value());
+    static constexpr std::array<std::array<const char*, 4>, 9> kTagNumbers{{
+        {"outrun_tags", "gauge", "Virtual tags defined.", "tags"},
+        {"outrun_tag_waves_total", "counter", "Waves run.", "waves"},
+        {"outrun_tag_waves_waiting", "gauge", "Waves running or due now (the queue).",
+         "waves_waiting"},
+        {"outrun_tag_source_updates_total", "counter", "Source updates received.",
+         "source_updates"},
+        {"outrun_tag_changes_total", "counter", "Tag values that changed (notified).", "changes"},
+        {"outrun_tag_coalesced_total", "counter",
+         "Triggers merged into a later evaluation (coalesced updates).", "coalesced"},
+        {"outrun_tag_overflows_total", "counter",
+         "Values published with the Overflow bit (updates merged or dropped).", "overflows"},
+        {"outrun_tag_skipped_bad_total", "counter",
+         "Triggers not evaluated because an input was Bad.", "skipped_bad"},
+        {"outrun_tag_busy_total", "counter", "Tag evaluations refused by single flight.", "busy"},
+    }};
+    for (const auto& [name, type, help, key] : kTagNumbers) {
+      p.family(name, type, help);
+      p.sample(name, "", t.value(key, 0));
+    }
+    p.family("outrun_tag_last_wave_seconds", "gauge", "Duration of the last wave that ended.");
+    p.sample("outrun_tag_last_wave_seconds", "", t.value("last_wave_us", 0) / 1e6);
+  }
   if (j.contains("latency_us")) {
     const auto& l = j["latency_us"];
     p.family("outrun_evaluation_latency_seconds", "summary",
@@ -191,6 +222,18 @@ std::string stats_text(const nlohmann::json& j) {
     os << "latency (us): p50 " << l.value("p50", 0) << "  p90 " << l.value("p90", 0) << "  p99 "
        << l.value("p99", 0) << "  p99.9 " << l.value("p999", 0) << "  max " << l.value("max", 0)
        << "  (" << l.value("count", 0) << " evaluations)\n";
+  }
+  if (j.contains("tags") && j["tags"].is_object() && j["tags"].value("tags", 0) > 0) {
+    const auto& t = j["tags"];
+    os << "tags " << t.value("tags", 0) << ": waves " << t.value("waves", 0) << " (waiting "
+       << t.value("waves_waiting", 0) << ", last " << t.value("last_wave_us", 0)
+       << " us)  evaluations";
+    if (t.contains("by_status"))
+      for (auto it = t["by_status"].begin(); it != t["by_status"].end(); ++it)
+        if (it.value().get<uint64_t>() > 0)
+          os << " " << it.key() << "=" << it.value().get<uint64_t>();
+    os << "  coalesced " << t.value("coalesced", 0) << "  overflows " << t.value("overflows", 0)
+       << "  skipped_bad " << t.value("skipped_bad", 0) << "\n";
   }
   os << shards_text(j);
   return os.str();

@@ -338,8 +338,14 @@ int tags_list(const DaemonArgs& a) {
                      v.contains("value")
                          ? v["value"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
                          : "null")
-              << "  evaluations=" << k.value("evaluations", uint64_t{0})
-              << " coalesced=" << k.value("coalesced", uint64_t{0});
+              << "  evaluations=" << k.value("evaluations", uint64_t{0});
+    // The counters of `outrun stats` "tags" and the OPC UA Diagnostics, per tag.
+    if (k.contains("by_status") && k["by_status"].is_object())
+      for (auto it = k["by_status"].begin(); it != k["by_status"].end(); ++it)
+        if (it.key() != "ok") std::cout << " " << escape_text(it.key()) << "=" << it.value();
+    for (const char* key : {"coalesced", "overflows", "skipped_bad", "busy"})
+      if (k.value(key, uint64_t{0}) > 0 || std::string_view(key) == "coalesced")
+        std::cout << " " << key << "=" << k.value(key, uint64_t{0});
     const std::string err = k.value("last_error", "");
     if (!err.empty()) std::cout << "  last_error=" << escape_text(err);
     std::cout << "\n";

@@ -144,6 +144,29 @@ std::string Server::stats_json(bool shards_only) const {
       {"evaluations", by_status},
       {"latency_us", latency_json(h)},
       {"shards", shards}};
+  if (tags_) {
+    // The tags engine's own counters. Its evaluations also count in "evaluations" by status,
+    // where an alert on timeouts looks ("tags" keeps them apart too).
+    const tags::EngineCounters tc = tags_->counters();
+    json tag_status = json::object();
+    for (int i = 0; i < kStatusCount; ++i) {
+      const std::string name(to_string(static_cast<Status>(i)));
+      tag_status[name] = tc.by_status[i];
+      j["evaluations"][name] = j["evaluations"][name].get<uint64_t>() + tc.by_status[i];
+    }
+    j["tags"] = {{"tags", tags_->size()},
+                 {"waves", tc.waves},
+                 {"waves_waiting", tc.waves_waiting},
+                 {"last_wave_us", tc.last_wave.count()},
+                 {"source_updates", tc.source_updates},
+                 {"evaluations", tc.evaluations},
+                 {"by_status", std::move(tag_status)},
+                 {"changes", tc.changes},
+                 {"coalesced", tc.coalesced},
+                 {"overflows", tc.overflows},
+                 {"skipped_bad", tc.skipped_bad},
+                 {"busy", tc.busy}};
+  }
   {
     // SIGHUPs seen, and the last finished reload: which of them it covered, its result.
     MutexLock lock(reload_mu_);

@@ -278,6 +278,7 @@ struct Component {
   uint64_t wave = 0;
   DateTime pending_time;
   DateTime time;              // the running wave's evaluation time
+  Clock::time_point started;  // of the running wave
   std::size_t remaining = 0;  // tags of the running wave not finished
   std::vector<uint32_t> pending_sources;
   std::vector<uint32_t> pending_roots;
@@ -705,6 +706,7 @@ struct Engine::Impl {
     c.wave = next_wave++;
     c.time = c.pending_time > DateTime{} ? c.pending_time : now();
     c.pending_time = DateTime{};
+    c.started = Clock::now();
     ++counters.waves;
     std::vector<uint32_t> seeds;
     // Apply the waiting source updates, then find what they trigger.
@@ -827,6 +829,7 @@ struct Engine::Impl {
         const DataValue& in = nodes[t.input_nodes[i]]->value;
         if (severity(in.status) != Severity::bad) continue;
         ++t.counters.skipped_bad;
+        ++counters.skipped_bad;
         for (std::size_t j = 0; j < t.input_nodes.size(); ++j) {  // what it was not evaluated on
           t.used[j] = nodes[t.input_nodes[j]]->value;
           t.used_set[j] = true;
@@ -862,6 +865,8 @@ struct Engine::Impl {
   void end_wave(int ci, std::vector<Dispatch>* out) REQUIRES(mu) {
     Component& c = comps[ci];
     c.running = false;
+    counters.last_wave =
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - c.started);
     if (!c.changes.empty()) {
       if (c.changes.size() > 1) {
         std::vector<std::pair<int, std::size_t>> order;
@@ -981,7 +986,10 @@ struct Engine::Impl {
     t.counters.last_duration =
         std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t.submitted);
     const auto si = static_cast<std::size_t>(r.status);
-    if (si < std::size(t.counters.by_status)) ++t.counters.by_status[si];
+    if (si < std::size(t.counters.by_status)) {
+      ++t.counters.by_status[si];
+      ++counters.by_status[si];
+    }
 
     if (r.status == Status::ok) {
       const Value* ns = field(r.value, "\0ns"sv);
@@ -994,6 +1002,7 @@ struct Engine::Impl {
     }
     if (r.status == Status::busy) {
       ++t.counters.busy;
+      ++counters.busy;
       schedule_retry(idx);
       finish(idx, false, out);
       return;
@@ -1051,6 +1060,7 @@ struct Engine::Impl {
       t.overflow_pending = false;
       dv.status |= kOverflowBits;
       ++t.counters.overflows;
+      ++counters.overflows;
     }
     const bool changed = !dv.same_as(t.value);
     if (changed) {
@@ -2188,7 +2198,9 @@ SourceUsage Engine::source_usage(uint32_t uid) const {
 
 EngineCounters Engine::counters() const {
   MutexLock lock(impl_->mu);
-  return impl_->counters;
+  EngineCounters c = impl_->counters;
+  for (const auto& comp : impl_->comps) c.waves_waiting += comp.running || comp.pending ? 1 : 0;
+  return c;
 }
 
 }  // namespace outrun::tags

@@ -1001,3 +1001,40 @@ high = 10
   CHECK(listed().first == "[]");
   CHECK(d.stop() == 0);
 }
+
+TEST_CASE("outrund tags: tag evaluations count in stats and metrics, timeouts included") {
+  Daemon d({"--timeout", "50", "--grace", "50"});
+  auto c = d.client();
+  REQUIRE(
+      !c->define_tags("[[tag]]\nid = \"ok\"\ninputs = [\"a\"]\nscript = \"return inputs.a\"\n"
+                      "[[tag]]\nid = \"spin\"\ninputs = [\"b\"]\n"
+                      "script = \"while true do end\"\n",
+                      false));
+  REQUIRE(!c->update_sources({good("a", outrun::Value(1.0)), good("b", outrun::Value(1.0))}));
+  nlohmann::json j;
+  for (int i = 0; i < 500; ++i) {
+    std::string doc;
+    REQUIRE(!c->stats_json(&doc));
+    j = nlohmann::json::parse(doc);
+    if (j["tags"]["by_status"]["timeout"].get<uint64_t>() >= 1 &&
+        j["tags"]["by_status"]["ok"].get<uint64_t>() >= 1)
+      break;
+    std::this_thread::sleep_for(10ms);
+  }
+  CHECK(j["tags"]["tags"] == 2);
+  CHECK(j["tags"]["waves"].get<uint64_t>() >= 1);
+  CHECK(j["tags"]["by_status"]["timeout"].get<uint64_t>() >= 1);
+  CHECK(j["tags"]["by_status"]["ok"].get<uint64_t>() >= 1);
+  // Where an alert on timeouts looks: the daemon's evaluations by status.
+  CHECK(j["evaluations"]["timeout"].get<uint64_t>() >= 1);
+  const std::string cli = std::string(OUTRUN_TEST_CLI) + " --socket " + d.socket + " ";
+  auto [rc, out] = run_command(cli + "stats --prometheus");
+  CHECK(rc == 0);
+  CHECK_MESSAGE(out.find("outrun_tag_evaluations_total{status=\"timeout\"} ") != std::string::npos,
+                out);
+  CHECK(out.find("outrun_evaluations_total{status=\"timeout\"} 0\n") == std::string::npos);
+  CHECK(out.find("outrun_tag_waves_total ") != std::string::npos);
+  std::tie(rc, out) = run_command(cli + "tags list");
+  CHECK(rc == 0);
+  CHECK_MESSAGE(out.find("timeout=") != std::string::npos, out);
+}

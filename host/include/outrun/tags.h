@@ -292,13 +292,20 @@ struct ApplyResult {
   std::vector<DefinitionError> errors;  // every broken definition, in the order given
 };
 
-// Counted over the engine's life.
+// Counted over the engine's life (the sums of every tag's TagCounters, removed tags included),
+// and two gauges of the moment.
 struct EngineCounters {
   uint64_t waves = 0;
   uint64_t source_updates = 0;
   uint64_t evaluations = 0;
+  uint64_t by_status[11] = {};  // evaluations by outrun::Status of their result
   uint64_t changes = 0;
   uint64_t coalesced = 0;
+  uint64_t busy = 0;
+  uint64_t overflows = 0;
+  uint64_t skipped_bad = 0;
+  std::chrono::microseconds last_wave{0};  // start -> end of the last wave that ended
+  std::size_t waves_waiting = 0;           // gauge: components with a wave running or due
 };
 
 class Engine {
