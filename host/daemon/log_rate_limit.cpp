@@ -4,23 +4,30 @@
 
 namespace outrun::daemon {
 
+namespace {
+constexpr uint64_t kLine = 1'000'000'000;  // what one line costs, in nanosecond-lines
+}  // namespace
+
 LogRateLimit::LogRateLimit(uint32_t per_second, Clock::time_point now)
     : per_second_(std::max<uint32_t>(1, per_second)) {
   MutexLock lock(mu_);
-  tokens_ = per_second_;
+  credit_ = uint64_t{per_second_} * kLine;
   refilled_ = now;
   reported_ = now;
 }
 
 bool LogRateLimit::admit(Clock::time_point now) {
   MutexLock lock(mu_);
+  const uint64_t full = uint64_t{per_second_} * kLine;
   if (now > refilled_) {
-    const double secs = std::chrono::duration<double>(now - refilled_).count();
-    tokens_ = std::min<double>(per_second_, tokens_ + secs * per_second_);
+    // Capped before multiplying: a day of nanoseconds times 10^6 lines/s would overflow.
+    const auto ns = static_cast<uint64_t>(std::min<int64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(now - refilled_).count(), kLine));
+    credit_ = std::min(full, credit_ + ns * per_second_);
     refilled_ = now;
   }
-  if (tokens_ >= 1) {
-    tokens_ -= 1;
+  if (credit_ >= kLine) {
+    credit_ -= kLine;
     return true;
   }
   ++unreported_;

@@ -33,7 +33,9 @@ class LogRateLimit {
  private:
   const uint32_t per_second_;
   mutable Mutex mu_;  // guards the bucket and the counts
-  double tokens_ GUARDED_BY(mu_);
+  // In nanosecond-lines: a line costs 10^9, a nanosecond adds per_second_ (integers: a line
+  // every 1/per_second s always passes, no rounding drift).
+  uint64_t credit_ GUARDED_BY(mu_);
   Clock::time_point refilled_ GUARDED_BY(mu_);
   Clock::time_point reported_ GUARDED_BY(mu_);
   uint64_t unreported_ GUARDED_BY(mu_) = 0;

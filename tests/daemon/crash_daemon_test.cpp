@@ -45,7 +45,7 @@ int attacker(const std::string& socket) {
   o.server_uids = {0};
   std::unique_ptr<outrun::Client> c;
   if (outrun::Client::connect(o, &c)) return 91;
-  outrun::Script s;
+  outrun::Script s, last;
   int crashes = 0;
   for (int i = 0; i < 20; ++i) {
     const outrun::Error e =
@@ -57,6 +57,7 @@ int attacker(const std::string& socket) {
       if (e.message.find("daemon.crash_cooldown_ms = 1500") == std::string::npos) return 94;
       break;
     }
+    last = s;
     const outrun::Result r = c->evaluate(s, {}).get();
     if (r.status != outrun::Status::worker_lost) return 95;
     ++crashes;
@@ -64,7 +65,7 @@ int attacker(const std::string& socket) {
   if (crashes != 3) return 100 + crashes;
   // Its evaluations are refused too, `busy`, naming the cool-down (the last handle's script,
   // which would crash once more).
-  const outrun::Result r = c->evaluate(s, {}).get();
+  const outrun::Result r = c->evaluate(last, {}).get();
   if (r.status != outrun::Status::busy) return 96;
   if (r.error.find("refused for the cool-down") == std::string::npos) return 97;
   // After the cool-down it is served again.
