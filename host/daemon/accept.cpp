@@ -179,6 +179,10 @@ void Server::on_hello_timer(uv_timer_t* h) {
     s->close_conn(c, "no hello in time");
   }
   s->flush_subscribers();
+  // Host log lines dropped in a burst that has ended (while it lasts, the lines that pass report
+  // them).
+  if (const uint64_t n = s->host_log_limit_->take_report(now, std::chrono::seconds(1)))
+    spdlog::warn("{}", s->host_log_limit_->report_line(n));
   // A held client whose queue drained through producer passes (not the loop's flush) gets no
   // writable event: checked here too.
   std::vector<std::shared_ptr<Conn>> held;

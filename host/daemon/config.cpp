@@ -191,6 +191,13 @@ bool read_daemon(const toml::table& t, DaemonConfig* c, Reader& r) {
     } else if (key == "max_registry_scripts_per_uid") {
       if ((ok = r.integer(n, key, 1, int64_t{1} << 22, &v)))
         c->max_registry_scripts_per_uid = static_cast<std::size_t>(v);
+    } else if (key == "max_crashes_per_uid") {
+      if ((ok = r.integer(n, key, 1, 1'000'000, &v)))
+        c->max_crashes_per_uid = static_cast<uint32_t>(v);
+    } else if (key == "crash_window_ms") {
+      ok = r.ms(n, key, 1, &c->crash_window);
+    } else if (key == "crash_cooldown_ms") {
+      ok = r.ms(n, key, 1, &c->crash_cooldown);
     } else {
       r.err = "unknown key daemon." + std::string(key);
       ok = false;
@@ -200,8 +207,9 @@ bool read_daemon(const toml::table& t, DaemonConfig* c, Reader& r) {
   return true;
 }
 
-bool read_host(const toml::table& t, HostOptions* h, Reader& r) {
+bool read_host(const toml::table& t, DaemonConfig* c, Reader& r) {
   r.section = "host";
+  HostOptions* h = &c->host;
   for (auto&& [k, n] : t) {
     const std::string_view key = k.str();
     int64_t v = 0;
@@ -274,6 +282,9 @@ bool read_host(const toml::table& t, HostOptions* h, Reader& r) {
       if ((ok = r.integer(n, key, 1, 1000, &v))) h->quarantine_after = static_cast<int>(v);
     } else if (key == "quarantine_cooldown_ms") {
       ok = r.ms(n, key, 1, &h->quarantine_cooldown);
+    } else if (key == "crash_log_per_second") {
+      if ((ok = r.integer(n, key, 1, 1'000'000, &v)))
+        c->crash_log_per_second = static_cast<uint32_t>(v);
     } else {
       r.err = "unknown key host." + std::string(key);
       ok = false;
@@ -315,10 +326,11 @@ std::string load_config_file(const std::string& path, DaemonConfig* cfg) {
   Reader r;
   for (auto&& [k, n] : root) {
     const toml::table* t = n.as_table();
+    // PATH:LINE:COL: what is wrong with the value there.
     if (k.str() == "daemon" && t) {
       if (!read_daemon(*t, cfg, r)) return path + ":" + r.err;
     } else if (k.str() == "host" && t) {
-      if (!read_host(*t, &cfg->host, r)) return path + ":" + r.err;
+      if (!read_host(*t, cfg, r)) return path + ":" + r.err;
     } else {
       return path + ":" + std::to_string(n.source().begin.line) + ":" +
              std::to_string(n.source().begin.column) + ": unknown top-level key or section '" +
@@ -426,6 +438,9 @@ std::string to_toml(const DaemonConfig& c) {
     d.insert(k, static_cast<int64_t>(v));
   d.insert("max_registry_bytes_per_uid", static_cast<int64_t>(c.max_registry_bytes_per_uid));
   d.insert("max_registry_scripts_per_uid", static_cast<int64_t>(c.max_registry_scripts_per_uid));
+  d.insert("max_crashes_per_uid", static_cast<int64_t>(c.max_crashes_per_uid));
+  d.insert("crash_window_ms", static_cast<int64_t>(c.crash_window.count()));
+  d.insert("crash_cooldown_ms", static_cast<int64_t>(c.crash_cooldown.count()));
   const HostOptions& h = c.host;
   toml::table ho{
       {"shards", h.shards},
@@ -452,7 +467,8 @@ std::string to_toml(const DaemonConfig& c) {
       {"crash_loop_window_ms", static_cast<int64_t>(h.crash_loop_window.count())},
       {"crash_loop_cooldown_ms", static_cast<int64_t>(h.crash_loop_cooldown.count())},
       {"quarantine_after", h.quarantine_after},
-      {"quarantine_cooldown_ms", static_cast<int64_t>(h.quarantine_cooldown.count())}};
+      {"quarantine_cooldown_ms", static_cast<int64_t>(h.quarantine_cooldown.count())},
+      {"crash_log_per_second", static_cast<int64_t>(c.crash_log_per_second)}};
   toml::table root{{"daemon", d}, {"host", ho}};
   std::ostringstream os;
   os << root << "\n";

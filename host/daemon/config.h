@@ -70,7 +70,18 @@ struct DaemonConfig {
   // cannot take the whole registry; admins have the same quota.
   std::size_t max_registry_bytes_per_uid = 0;
   std::size_t max_registry_scripts_per_uid = std::size_t{1} << 21;  // half of the 2^22 record ids
+  // Crash budget per uid (design/daemon.md "Crash budget", D-crash-budget): a uid whose
+  // evaluations killed their worker (Result::killed_worker) max_crashes_per_uid times within
+  // crash_window is refused -- its evaluations `busy`, its new scripts `unavailable` -- for
+  // crash_cooldown. Admins too: a crash loop hurts the other clients whoever sends it.
+  uint32_t max_crashes_per_uid = 10;
+  std::chrono::milliseconds crash_window{10'000};
+  std::chrono::milliseconds crash_cooldown{60'000};
   // [host]
+  // The Host's log lines (deaths, their stderr, quarantines) a second, a burst of as many; the
+  // rest are dropped and counted in a "lines suppressed" line at most once a second
+  // (LogRateLimit). The daemon's, not a HostOptions field: the Host logs every line it has.
+  uint32_t crash_log_per_second = 10;
   // The daemon's result callbacks never block (D-inline): they run on the Host's loop thread,
   // which also serves the clients (design/daemon.md "One loop"). busy_poll stays 0, off
   // (D-busy-poll: spinning did not pay for its CPU on the 2-core VM).

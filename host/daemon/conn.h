@@ -39,7 +39,9 @@ struct Conn : std::enable_shared_from_this<Conn> {
         fd(fd_),
         id(id_),
         writer(fd_, [this] { server->want_write(shared_from_this()); }) {}
-  ~Conn() { ::close(fd); }
+  ~Conn() {
+    if (fd >= 0) ::close(fd);  // -1: the tags lane (Server::tags_lane_), no socket
+  }
 
   Server* server;
   const int fd;

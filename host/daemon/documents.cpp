@@ -111,6 +111,14 @@ std::string Server::stats_json(bool shards_only) const {
   }
   const RegistryStats reg = host_->registry_stats();
   const CompilerStats comp = host_->compiler_stats();
+  const CrashBudget::Stats cb = crash_budget_.stats(std::chrono::steady_clock::now());
+  const CrashBudget::Limits& cl = crash_budget_.limits();
+  uint64_t lane_queued = 0;
+  for (int i = 0; i < host_->shards(); ++i) {
+    ShardSched& sh = sched_[i];
+    MutexLock lock(sh.mu);
+    lane_queued += tags_lane_->sched[i].q.size();
+  }
   json j{
       {"version", OUTRUN_VERSION},
       {"pid", getpid()},
@@ -141,6 +149,16 @@ std::string Server::stats_json(bool shards_only) const {
         {"kills", comp.kills},
         {"bytecode_bytes", comp.cached_bytes},
         {"idle", comp.idle}}},
+      {"crash_budget",
+       {{"max_crashes_per_uid", cl.max_crashes},
+        {"crash_window_ms", cl.window.count()},
+        {"crash_cooldown_ms", cl.cooldown.count()},
+        {"crashes_charged", cb.charged},
+        {"cooldowns", cb.cooldowns},
+        {"refusals", cb.refusals},
+        {"uids_in_cooldown", cb.uids_in_cooldown},
+        {"host_log_lines_suppressed", host_log_limit_->suppressed_total()}}},
+      {"tags_lane_queued", lane_queued},
       {"evaluations", by_status},
       {"latency_us", latency_json(h)},
       {"shards", shards}};

@@ -22,6 +22,11 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_pt
   if (start == 0) c->paused_budget = c->paused_copy_budget = protocol::kMaxFrameSize;
   std::size_t& decode_budget = c->paused_budget;
   std::size_t& copy_budget = c->paused_copy_budget;
+  // A uid in its crash cool-down (D-crash-budget) has every evaluation refused: asked once per
+  // frame (lock-free while nobody cools down).
+  const std::string cooling =
+      crash_budget_.refusal(c->uid, CrashBudget::Clock::time_point(std::chrono::microseconds(t0)));
+  uint64_t cooling_refused = 0;
   uint32_t admitted = 0;
   bool paused = false;
   const uint32_t n = items->size();
@@ -59,6 +64,8 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_pt
           -1};
     } else if (draining_) {
       refused = Result{Status::unavailable, {}, "outrund is stopping", -1};
+    } else if (!cooling.empty()) {
+      refused = Result{Status::busy, {}, cooling, -1};
     } else if (c->inflight.load(std::memory_order_relaxed) + admitted >=
                cfg_.max_inflight_per_client) {
       refused = Result{Status::busy,
@@ -106,14 +113,16 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_pt
         break;
       }
       counters_.by_status[static_cast<int>(refused.status)].fetch_add(1, std::memory_order_relaxed);
+      if (!cooling.empty() && refused.status == Status::busy) ++cooling_refused;
       send_result(*c, e->id(), refused);
       continue;
     }
     const uint32_t shard = entry->script.shard();
     admit_[shard].push_back(Queued{Request{entry->script, std::move(inputs), std::move(encoded)},
-                                   scripts_[idx], e->id(), t0});
+                                   scripts_[idx], e->id(), t0, c->uid});
     ++admitted;
   }
+  if (cooling_refused > 0) crash_budget_.count_refusals(cooling_refused);
   if (admitted > 0) {
     c->inflight.fetch_add(admitted, std::memory_order_relaxed);
     counters_.inflight.fetch_add(admitted, std::memory_order_relaxed);

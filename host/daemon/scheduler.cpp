@@ -76,6 +76,31 @@ void Server::init_scheduler() {
   }
   admit_.resize(static_cast<std::size_t>(n));
   refill_due_.shards.assign(static_cast<std::size_t>(n), 0);
+  // The tags lane: never read, never written to, never held (nothing is queued to its writer).
+  tags_lane_ = std::make_shared<Conn>(this, -1, 0);
+  tags_lane_->sched = std::make_unique<ConnShard[]>(static_cast<std::size_t>(n));
+}
+
+// The tags engine's evaluations take their turns in the rings with the clients' (D-tags-lane):
+// a wave of many tags is kQuantum of them per turn, as a client's deep backlog is.
+void Server::submit_tag_evaluation(Request rq, Callback done) {
+  if (!rq.script.valid()) {  // the Host answers it, as it would have before
+    host_->evaluate(rq.script, std::move(rq.inputs), std::move(done));
+    return;
+  }
+  const int s = static_cast<int>(rq.script.shard());
+  {
+    ShardSched& sh = sched_[s];
+    MutexLock lock(sh.mu);
+    ConnShard& cs = tags_lane_->sched[s];
+    cs.q.push_back(Queued{std::move(rq), nullptr, 0, now_us(), 0, std::move(done)});
+    ++sh.queued;
+    if (!cs.in_ring) {
+      cs.in_ring = true;
+      sh.ring.push_back(tags_lane_.get());
+    }
+  }
+  refill(s, nullptr);
 }
 
 namespace {
@@ -150,7 +175,7 @@ void Server::refill(int s, const Done* done) {
       for (uint32_t k = 0; k < kQuantum && sh.used < sh.window && !cs.q.empty(); ++k) {
         Queued& q = cs.q.front();
         batch.push_back(std::move(q.rq));
-        run->items.push_back(RunItem{c, std::move(q.entry), q.id, q.t0});
+        run->items.push_back(RunItem{c, std::move(q.entry), q.id, q.t0, q.uid, std::move(q.done)});
         cs.q.pop_front();
         ++sh.used;
         --sh.queued;
@@ -171,8 +196,18 @@ void Server::refill(int s, const Done* done) {
 
 // A result: on the Host's loop thread (host.callbacks_on_loop, the default) or the dispatcher
 // thread of its shard.
-void Server::complete(const Run& run, std::size_t i, Result&& r) {
-  const RunItem& it = run.items[i];
+void Server::complete(Run& run, std::size_t i, Result&& r) {
+  RunItem& it = run.items[i];
+  if (it.done) {
+    // The tags lane's: the window's accounting first, so that what the callback submits next
+    // (a wave's next tags) finds the room this one left.
+    const uint64_t now = now_us();
+    const Done d{run.sent_us, now, ran_in_worker(r.status)};
+    Callback done = std::move(it.done);
+    refill(run.shard, &d);
+    done(std::move(r));
+    return;
+  }
   Conn& c = *it.conn;
   const bool cork = cfg_.host.after_loop_callbacks && host_->on_loop_thread();
   uint64_t now;
@@ -185,6 +220,7 @@ void Server::complete(const Run& run, std::size_t i, Result&& r) {
   const uint64_t us = now - std::min(now, it.t0);
   counters_.latency.record(us);
   counters_.shard_latency[run.shard].record(us);
+  if (r.killed_worker) charge_crash(it.uid, now);
   const int st = static_cast<int>(r.status);
   counters_.by_status[st].fetch_add(1, std::memory_order_relaxed);
   it.entry->by_status[st].fetch_add(1, std::memory_order_relaxed);
@@ -205,6 +241,17 @@ void Server::complete(const Run& run, std::size_t i, Result&& r) {
   }
   const Done d{run.sent_us, now, ran};
   refill(run.shard, &d);
+}
+
+void Server::charge_crash(uint32_t uid, uint64_t now) {
+  if (!crash_budget_.charge(uid, CrashBudget::Clock::time_point(std::chrono::microseconds(now))))
+    return;
+  const CrashBudget::Limits& l = crash_budget_.limits();
+  spdlog::warn(
+      "uid {}: its evaluations crashed workers {} times within {} ms (daemon.max_crashes_per_uid, "
+      "crash_window_ms): its evaluations and new scripts are refused for {} ms "
+      "(daemon.crash_cooldown_ms)",
+      uid, l.max_crashes, l.window.count(), l.cooldown.count());
 }
 
 void Server::destroy_host() {

@@ -19,8 +19,10 @@ struct ScriptEntry;
 struct Queued {
   Request rq;
   std::shared_ptr<ScriptEntry> entry;
-  uint64_t id = 0;  // the client's Evaluation.id
-  uint64_t t0 = 0;  // when it was read, µs (latency)
+  uint64_t id = 0;     // the client's Evaluation.id
+  uint64_t t0 = 0;     // when it was read, µs (latency)
+  uint32_t uid = 0;    // the sender's: a crash it causes is charged to it (D-crash-budget)
+  Callback done = {};  // the tags lane's (TagsLane): gets the result; a client's is empty
 };
 
 // One client's queue for one shard. Guarded by that shard's ShardSched::mu.

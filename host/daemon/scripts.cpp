@@ -48,6 +48,13 @@ void Server::handle_register(const std::shared_ptr<Conn>& c, const protocol::Reg
     loop_thread.assert_here();  // called by register_script below, on this thread
     if (auto it = key_entries_.find(*r.key); it != key_entries_.end() && !it->second.empty())
       if (Error o = check_owner(*c, *r.key, scripts_[it->second.back()]->uid, "replace")) return o;
+    // A uid in its crash cool-down makes no new record (D-crash-budget): new bytes under a key
+    // are what dodged the script's quarantine. A registration of what is held still works.
+    if (std::string why = crash_budget_.refusal(c->uid, std::chrono::steady_clock::now());
+        !why.empty()) {
+      crash_budget_.count_refusals(1);
+      return Error{ErrorCode::unavailable, std::move(why)};
+    }
     Error q = quota_.admit(c->uid, bytes);
     if (!q) charge = bytes;
     return q;

@@ -22,6 +22,7 @@
 #include "conn.h"
 #include "outrun/spdlog_sink.h"
 #include "tags_file.h"
+#include "tags_lane.h"
 
 namespace outrun::daemon {
 
@@ -81,7 +82,11 @@ Server::Server(DaemonConfig cfg)
     : cfg_(std::move(cfg)),
       quota_(cfg_.max_registry_bytes_per_uid ? cfg_.max_registry_bytes_per_uid
                                              : cfg_.host.max_script_bytes / 2,
-             cfg_.max_registry_scripts_per_uid) {}
+             cfg_.max_registry_scripts_per_uid),
+      crash_budget_(
+          CrashBudget::Limits{cfg_.max_crashes_per_uid, cfg_.crash_window, cfg_.crash_cooldown}),
+      host_log_limit_(std::make_shared<LogRateLimit>(cfg_.crash_log_per_second,
+                                                     std::chrono::steady_clock::now())) {}
 
 Server::~Server() {
   if (listen_fd_ >= 0) ::close(listen_fd_);
@@ -223,8 +228,17 @@ int Server::run() {
   }
   if (!mkdirs(cfg_.cache_dir, 0755))
     spdlog::warn("cannot create cache directory {}", cfg_.cache_dir);
-  // The host logs through the daemon's logger (its level, its file).
-  cfg_.host.log = spdlog_sink(spdlog::default_logger());
+  // The host logs through the daemon's logger (its level, its file), at most
+  // crash_log_per_second lines a second: a client crashing workers in a loop must not flood the
+  // log (the dropped lines are counted in one line a second).
+  cfg_.host.log = [sink = spdlog_sink(spdlog::default_logger()), limit = host_log_limit_](
+                      LogLevel level, std::string_view line) {
+    const auto now = std::chrono::steady_clock::now();
+    if (!limit->admit(now)) return;
+    if (const uint64_t n = limit->take_report(now, std::chrono::seconds(1)))
+      sink(LogLevel::warn, limit->report_line(n));
+    sink(level, line);
+  };
   if (cfg_.host.callbacks_on_loop) cfg_.host.after_loop_callbacks = [this] { corked_run_ended(); };
   if (Error e = Host::create(cfg_.host, &host_)) {
     spdlog::critical("cannot start the workers: {}", e.message);
@@ -253,7 +267,8 @@ int Server::run() {
     to.max_sources = cfg_.max_tag_sources;
     to.max_source_bytes = cfg_.max_tag_source_bytes;
     to.max_source_value_bytes = cfg_.max_tag_source_value_bytes;
-    if (Error e = tags::Engine::create(*host_, std::move(to), &tags_)) {
+    tags_runner_ = std::make_unique<TagsLane>(*this, *host_);
+    if (Error e = tags::Engine::create(*tags_runner_, std::move(to), &tags_)) {
       spdlog::critical("cannot start the tags engine: {}", e.message);
       destroy_host();
       return 3;

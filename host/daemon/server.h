@@ -18,7 +18,9 @@
 #include <vector>
 
 #include "config.h"
+#include "crash_budget.h"
 #include "latency_histogram.h"
+#include "log_rate_limit.h"
 #include "outrun/host.h"
 #include "outrun/tags.h"
 #include "outrun/thread_annotations.h"
@@ -50,6 +52,7 @@ struct Declarations;
 namespace outrun::daemon {
 
 struct Conn;
+class TagsLane;
 
 // outrund's loop thread (the Host's loop thread, which serves the clients too: design/daemon.md
 // "One loop"; the fuzz target's own): it alone touches the state marked GUARDED_BY(loop_thread)
@@ -105,12 +108,17 @@ class Server {
   // Internal, used by connections.
   void want_write(const std::shared_ptr<Conn>& c) EXCLUDES(wake_mu_);
   Counters& counters() { return counters_; }
+  // The tags lane (TagsLane, D-tags-lane): one of the tags engine's evaluations, queued in the
+  // lane's place in its shard's ring; `done` gets the result. Any thread.
+  void submit_tag_evaluation(Request rq, Callback done);
 
   // Scheduler. A submitted run of evaluations (one Host call), what its callbacks need.
   struct RunItem {
-    Conn* conn;  // kept alive by its Run's `conns`
-    std::shared_ptr<ScriptEntry> entry;
+    Conn* conn;                          // kept alive by its Run's `conns`
+    std::shared_ptr<ScriptEntry> entry;  // null in the tags lane
     uint64_t id = 0, t0 = 0;
+    uint32_t uid = 0;  // the sender's (Conn::uid): a crash is charged to it (crash_budget_)
+    Callback done;     // the tags lane's: called with the result instead of writing it
   };
   struct Run {
     int shard = 0;
@@ -194,7 +202,7 @@ class Server {
   // dispatcher after a completion (`done`: only when the window is a quarter free).
   void init_scheduler() REQUIRES(loop_thread);
   void refill(int shard, const Done* done);
-  void complete(const Run& run, std::size_t i, Result&& r);
+  void complete(Run& run, std::size_t i, Result&& r);
   // Destroys the Host with host_ still set: its last callbacks (the ends of what was in flight)
   // run while it is destroyed and use host_ (unique_ptr::reset clears it first).
   void destroy_host();
@@ -344,6 +352,12 @@ class Server {
   std::map<std::string, std::vector<uint32_t>, std::less<>> key_entries_ GUARDED_BY(loop_thread);
   std::size_t live_scripts_ GUARDED_BY(loop_thread) = 0;  // entries with a script
   RegistryQuota quota_ GUARDED_BY(loop_thread);  // by peer uid (design/daemon.md "Registry quotas")
+  // Worker deaths charged to the uid that sent the evaluation (design/daemon.md "Crash budget");
+  // any thread. The Host's log lines go through host_log_limit_ (its sink: any thread).
+  CrashBudget crash_budget_;
+  std::shared_ptr<LogRateLimit> host_log_limit_;
+  // Charges a result that killed its worker to `uid`; logs the cool-down it starts.
+  void charge_crash(uint32_t uid, uint64_t now_us);
 
   Counters counters_;
 
@@ -360,6 +374,11 @@ class Server {
   // Tags: the engine over host_ (made after it, destroyed before it), its subscribers (guarded
   // by sub_mu_, with each Conn's subscription) and the thread that runs define/remove/reload.
   std::unique_ptr<tags::Engine> tags_;
+  // What the engine runs on (made before it, destroyed after it), and the lane's place in the
+  // scheduler: a Conn with no socket, in each shard's ring like a client (made by
+  // init_scheduler).
+  std::unique_ptr<TagsLane> tags_runner_;
+  std::shared_ptr<Conn> tags_lane_;
   Mutex sub_mu_;
   std::unordered_map<Conn*, std::shared_ptr<Conn>> subscribers_ GUARDED_BY(sub_mu_);
   std::thread tags_thread_;

@@ -454,11 +454,17 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
     MutexLock lock(sh.mu);
     // Charged before anything ends: a script this quarantines has its other evaluations (the
     // retries and what waits) ended below instead of sent to the next worker.
-    if (const detail::ScriptRecord* suspect =
-            stop ? nullptr : crash_suspect(sh, *w, cause, running)) {
+    const detail::ScriptRecord* suspect = stop ? nullptr : crash_suspect(sh, *w, cause, running);
+    if (suspect) {
       charge_crash(sh, *suspect, *w);
       death.charged = true;
     }
+    // The evaluation the death is charged to (Result::killed_worker): the crash's suspect, or the
+    // one that overran; 0: none (evaluation ids start at 1).
+    const uint64_t killer = stop                            ? 0
+                            : suspect                       ? running
+                            : cause == DeathCause::kOverrun ? w->overrun_id()
+                                                            : 0;
     std::vector<uint32_t> retry;
     for (uint32_t idx : sh.table.take_sent()) {
       Slot& slot = sh.table[idx];
@@ -469,8 +475,9 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
         slot.place = SlotPlace::kWaiting;
         retry.push_back(idx);
       } else {
-        sh.table.end(idx, Result{fate.status, {}, std::move(fate.error), sh.index}, &ended,
-                     &promoted);
+        Result r{fate.status, {}, std::move(fate.error), sh.index};
+        r.killed_worker = killer != 0 && sh.table.id(idx) == killer;
+        sh.table.end(idx, std::move(r), &ended, &promoted);
       }
     }
     end_quarantined(sh, &retry, &ended, &promoted);

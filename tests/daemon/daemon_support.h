@@ -71,13 +71,19 @@ struct Daemon {
   pid_t pid = -1;                      // a test that reaps it itself sets -1
   outrun::cli::DaemonProcess process;  // host/cli/daemon_process.h, shared with `outrun drill`
 
-  // `binary`: another outrund (measurements compare with an older build).
-  explicit Daemon(std::vector<std::string> extra = {}, std::string binary = OUTRUN_TEST_DAEMON) {
+  // `binary`: another outrund (measurements compare with an older build). `extra` may name its
+  // own --worker (outrun-test-worker); `env`: changes to its environment ("NAME=VALUE" sets,
+  // "NAME" removes), e.g. OUTRUN_TEST_FAULT.
+  explicit Daemon(std::vector<std::string> extra = {}, std::string binary = OUTRUN_TEST_DAEMON,
+                  std::vector<std::string> env = {}) {
     dir = temp_dir();
     socket = dir + "/outrund.sock";
     outrun::cli::DaemonLaunch launch;
     launch.binary = binary;
-    launch.args = {"--socket", socket, "--worker", OUTRUN_TEST_WORKER, "--shards", "2"};
+    launch.env = std::move(env);
+    launch.args = {"--socket", socket, "--shards", "2"};
+    if (std::find(extra.begin(), extra.end(), "--worker") == extra.end())
+      launch.args.insert(launch.args.end(), {"--worker", OUTRUN_TEST_WORKER});
     if (std::find(extra.begin(), extra.end(), "--log-level") == extra.end())
       launch.args.insert(launch.args.end(), {"--log-level", "warn"});
     launch.args.insert(launch.args.end(), extra.begin(), extra.end());

@@ -53,6 +53,7 @@
 
 #include "fuzz_support.h"
 #include "server.h"
+#include "tags_lane.h"
 #include "value_oracle.h"
 
 namespace outrun::daemon {
@@ -72,7 +73,8 @@ struct ServerTestAccess {
     s.init_scheduler();
     tags::TagsOptions to;
     to.on_change = [&s](const std::vector<tags::Change>& ch) { s.on_tag_changes(ch); };
-    if (Error e = tags::Engine::create(*s.host_, std::move(to), &s.tags_)) return e;
+    s.tags_runner_ = std::make_unique<TagsLane>(s, *s.host_);
+    if (Error e = tags::Engine::create(*s.tags_runner_, std::move(to), &s.tags_)) return e;
     s.tags_thread_ = std::thread([&s] { s.tags_thread_main(); });
     s.tags_read_thread_ = std::thread([&s] { s.tags_read_thread_main(); });
     std::string err;

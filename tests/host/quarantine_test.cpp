@@ -72,13 +72,16 @@ TEST_CASE("Quarantine: a script that crashes its worker is quarantined, not its 
       // The crash's suspect: it is not retried.
       CHECK_MESSAGE(b.status == Status::worker_lost, b.error);
       CHECK(b.error.find("signal") != std::string::npos);
+      CHECK(b.killed_worker);  // the evaluation the crash is charged to (outrund's crash budget)
     } else {
+      CHECK(!b.killed_worker);
       CHECK_MESSAGE(is_quarantine(b), b.error);
       CHECK(b.error.find("it crashed its worker 2 times (last: ") != std::string::npos);
       CHECK(b.error.find("register new source under its key, or wait") != std::string::npos);
     }
     const Result gr = get(std::move(g));
     CHECK_MESSAGE(gr.status == Status::ok, gr.error);
+    CHECK(!gr.killed_worker);
     CHECK(gr.value == Value(i + 1));
     CHECK(host->shard_stats(0).state != "crash_loop");
   }
@@ -185,7 +188,7 @@ TEST_CASE("Quarantine: a SIGKILL from outside is nobody's crash: the script is n
     const int pid = host->worker_pids()[0];
     REQUIRE(pid > 0);  // kill(0, ...) would signal this test's own process group
     kill(pid, SIGKILL);
-    get(std::move(f));
+    CHECK(!get(std::move(f)).killed_worker);
   }
   CHECK(host->shard_stats(0).crashes_charged == 0);
   CHECK(host->script_crashes(slow).crashes == 0);

@@ -154,6 +154,7 @@ TEST_CASE("Supervision: one runaway among 100 in flight: exactly one killed, the
   for (int i = 0; i < 100; ++i) {
     CHECK(c.calls[i] == 1);  // none lost, none duplicated
     if (c.results[i].status == Status::killed) ++killed;
+    CHECK(c.results[i].killed_worker == (i == 50));  // the one that overran, not the bystanders
     if (c.results[i].status == Status::ok) {
       ++ok;
       const int x = i < 50 ? i : i - 1;

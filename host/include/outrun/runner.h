@@ -107,6 +107,14 @@ struct Result {
   Value value;        // when status == ok
   std::string error;  // otherwise: what happened, with the script's line where there is one
   int shard = -1;     // shard that ran it (-1: none, or InProcess)
+  // Host only: this evaluation is the one its worker's death is charged to -- it was running
+  // when the worker died of a fault signal or an exit a script can cause (the crash its script
+  // record is charged with, design/supervision.md "Crash attribution"), or its worker was killed
+  // because it ran past timeout + grace. False for the bystanders of a death, for kills for
+  // silence or on request, and on every result of InProcess and outrun::Client (the wire does
+  // not carry it). outrund charges such a crash to the client that sent the evaluation
+  // (design/decisions.md D-crash-budget).
+  bool killed_worker = false;
 };
 
 namespace detail {
