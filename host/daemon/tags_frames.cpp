@@ -99,6 +99,7 @@ Error Server::tags_list_json(std::string_view after, uint32_t limit, std::string
                      {"busy", tc.busy},
                      {"changes", tc.changes},
                      {"last_error", tc.last_error},
+                     {"state_store", tc.state_store},
                      {"last_duration_us", tc.last_duration.count()}};
     j["version"] = info.version;
     arr.push_back(std::move(j));

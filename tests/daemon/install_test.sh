@@ -27,6 +27,9 @@ if find "$tmp/prefix" -name 'outrun-test-worker*' | grep -q .; then
   exit 1
 fi
 grep -q "ExecStart=$tmp/prefix/sbin/outrund" "$tmp/prefix/lib/systemd/system/outrund.service"
+# The tags' state store lives in the unit's state directory (design/daemon.md "State store").
+grep -qx "StateDirectory=outrund" "$tmp/prefix/lib/systemd/system/outrund.service" ||
+  { echo "the unit has no StateDirectory=outrund"; exit 1; }
 # Moved as a whole after the install: the consumer (which sets no worker_path) must find the
 # moved package's worker, not the build's install prefix (/usr/local) nor the old location.
 mv "$tmp/prefix" "$tmp/moved"
