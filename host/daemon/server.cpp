@@ -243,7 +243,8 @@ int Server::run() {
     if (tags_thread_.joinable()) tags_thread_.join();
     if (tags_read_thread_.joinable()) tags_read_thread_.join();
     tags_.reset();  // before the Host it runs on
-    if (state_store_) state_store_->close();  // what the engine published last is committed
+    // After the engine: what it published last is committed.
+    if (state_store_) state_store_->close();
   };
   {
     tags::TagsOptions to;

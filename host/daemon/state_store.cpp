@@ -24,6 +24,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 
@@ -120,7 +121,8 @@ bool decode_blob(std::string_view blob, Value* out) {
 std::string_view column_blob(sqlite3_stmt* s, int i) {
   const void* p = sqlite3_column_blob(s, i);
   const int n = sqlite3_column_bytes(s, i);
-  return p == nullptr ? std::string_view() : std::string_view(static_cast<const char*>(p), n);
+  return p == nullptr ? std::string_view()
+                      : std::string_view(static_cast<const char*>(p), static_cast<std::size_t>(n));
 }
 
 bool exec(sqlite3* db, const char* sql, std::string* why) {
@@ -228,8 +230,8 @@ bool StateStore::open(const StateStoreOptions& options, std::shared_ptr<StateSto
     const std::string aside = path + ".corrupt-" + utc_stamp();
     fs::rename(path, aside, ec);
     if (ec && fs::exists(path)) {
-      *error = "state store " + path + " is unusable (" + why + ") and cannot be moved aside: " +
-               ec.message();
+      *error = "state store " + path + " is unusable (" + why +
+               ") and cannot be moved aside: " + ec.message();
       return false;
     }
     for (const char* tail : {"-wal", "-shm"}) {
@@ -270,7 +272,7 @@ bool StateStore::open(const StateStoreOptions& options, std::shared_ptr<StateSto
     const std::string sha = sha_text ? reinterpret_cast<const char*>(sha_text) : "";
     const int64_t crc = sqlite3_column_int64(q, 7);
     if (id.empty() || id.size() > tags::kMaxTagIdSize) {
-      ++opened->bad_rows;  // no usable id: no tag to tell; dropped with the next commit
+      ++opened->bad_rows;  // no usable id: no tag to tell (the row is left as it is)
       spdlog::warn("state store {}: a row with an id of {} bytes is dropped", path, id.size());
       continue;
     }
@@ -419,11 +421,11 @@ void StateStore::write(std::unordered_map<std::string, Row>& batch) {
   // The notes this commit sets ("" clears one).
   std::vector<std::pair<std::string, std::string>> notes;
   bool ok = exec(db_, "BEGIN IMMEDIATE", &why);
-  ok = ok && sqlite3_prepare_v2(db_,
-                                "INSERT OR REPLACE INTO tag_state VALUES(?1,?2,?3,?4,?5,?6,?7,?8)",
-                                -1, &put, nullptr) == SQLITE_OK;
-  ok = ok && sqlite3_prepare_v2(db_, "DELETE FROM tag_state WHERE id=?1", -1, &del, nullptr) ==
-                 SQLITE_OK;
+  ok = ok &&
+       sqlite3_prepare_v2(db_, "INSERT OR REPLACE INTO tag_state VALUES(?1,?2,?3,?4,?5,?6,?7,?8)",
+                          -1, &put, nullptr) == SQLITE_OK;
+  ok = ok &&
+       sqlite3_prepare_v2(db_, "DELETE FROM tag_state WHERE id=?1", -1, &del, nullptr) == SQLITE_OK;
   // Sizes change only once the commit is done.
   std::unordered_map<std::string, std::size_t> sizes;
   std::size_t bytes = bytes_;
@@ -446,8 +448,8 @@ void StateStore::write(std::unordered_map<std::string, Row>& batch) {
     const std::string value = encode_blob(r.value.value);
     std::string state = r.has_state ? encode_blob(r.state) : std::string();
     bool has_state = r.has_state;
-    std::size_t size = id.size() + value.size() + state.size() + r.script_sha256.size() +
-                       kRowOverhead;
+    std::size_t size =
+        id.size() + value.size() + state.size() + r.script_sha256.size() + kRowOverhead;
     std::string note;
     if (bytes - before + size > opts_.max_bytes) {
       note = "state store: max_state_store_bytes (" + std::to_string(opts_.max_bytes) +

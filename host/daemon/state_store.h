@@ -92,8 +92,8 @@ class StateStore final : public tags::StateSink {
   sqlite3* db_;  // the writer thread's once it runs (open() and close() before and after)
   std::thread writer_;
 
-  mutable Mutex mu_;  // guards the handoff below
-  CondVar cv_;        // a flush asked for, close
+  mutable Mutex mu_;                                              // guards the handoff below
+  CondVar cv_;                                                    // a flush asked for, close
   std::unordered_map<std::string, Row> pending_ GUARDED_BY(mu_);  // latest per tag
   std::unordered_map<std::string, std::string> notes_ GUARDED_BY(mu_);
   bool closing_ GUARDED_BY(mu_) = false;

@@ -66,10 +66,16 @@ bool wait_good(outrun::Client& c, const std::string& id, double v) {
   return false;
 }
 
-// Counts `n` pulses of 1, 2, ... n after `from` (each a change), waiting for each.
+// Sends the pulses first, first + 1, ... last, each once the total has counted the one before
+// (updates sent at once would be merged into one wave), ending at `expect_total`.
 void pulse(outrun::Client& c, double first, double last, double expect_total) {
-  for (double p = first; p <= last; ++p) REQUIRE(!c.update_sources({good("pulses", p)}));
-  REQUIRE(wait_good(c, "total", expect_total));
+  double total = expect_total;
+  for (double p = first; p <= last; ++p) total -= p;
+  for (double p = first; p <= last; ++p) {
+    REQUIRE(!c.update_sources({good("pulses", p)}));
+    total += p;
+    REQUIRE(wait_good(c, "total", total));
+  }
 }
 
 struct StateDir {
