@@ -94,7 +94,8 @@ std::vector<std::string> state_args(const StateDir& s, const char* flush_ms = "2
 nlohmann::json listed(outrun::Client& c, const std::string& id) {
   std::string json;
   REQUIRE(!c.list_tags_json(&json));
-  for (const auto& t : nlohmann::json::parse(json)["tags"])
+  const nlohmann::json doc = nlohmann::json::parse(json);
+  for (const auto& t : doc["tags"])
     if (t["id"] == id) return t;
   FAIL("tag not listed: " << id);
   return {};
@@ -159,7 +160,7 @@ TEST_CASE("outrund state store: SIGTERM commits what the flush interval still he
 }
 
 TEST_CASE("outrund state store: a damaged row or file is survived, the tags start from {}") {
-  for (const char* damage : {"garbled row", "truncated file", "not SQLite"}) {
+  for (const std::string damage : {"garbled row", "truncated file", "not SQLite"}) {
     CAPTURE(damage);
     StateDir s;
     {
@@ -171,7 +172,7 @@ TEST_CASE("outrund state store: a damaged row or file is survived, the tags star
     }
     std::string bytes = read_all(s.file());
     REQUIRE(bytes.size() > 1024);
-    const std::string what = damage;
+    const std::string& what = damage;
     if (what == "garbled row") {
       // The state's key, wherever a copy is: the row's checksum no longer matches.
       std::size_t found = 0;
