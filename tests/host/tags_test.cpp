@@ -1364,7 +1364,7 @@ struct RecordingSink : tags::StateSink {
 
 using outrun::test::RecordingSink;
 
-TEST_CASE("tags: a state sink is told values and states; restored rows come back Uncertain") {
+TEST_CASE("tags: a state sink is told values and states, restored rows come back Uncertain") {
   using namespace outrun;
   using namespace outrun::test;
   auto sink = std::make_shared<RecordingSink>();
