@@ -55,6 +55,7 @@ const char* kScript = "return (inputs.a + inputs.b) / 2";
 // ---------------------------------------------------------------- options
 
 struct Options {
+  std::string tags_state_dir;  // tags: also measure the state store here (empty: not)
   int shards = 2;
   double rate = 10000;
   double duration = 5.0;  // seconds per paced window
@@ -1152,6 +1153,9 @@ std::optional<int> parse_options(int argc, char** argv, Options* out) {
          "warm_restart kill_all scale_rss ...: see design/budgets.md) or groups (all floors "
          "latency cpu supervision rss peer); all leaves out scale: --rows all,scale")
       ->capture_default_str();
+  app.add_option("--tags-state-dir", o.tags_state_dir,
+                 "tags: also the keep_state run with outrund's state store in this directory "
+                 "(tags.state_store_*)");
   app.add_option("--repeat", o.repeat, "repeats (figures: min / median / max)")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
@@ -1402,7 +1406,7 @@ bool run_repeats(const Options& o, const Arms& arms_in, Peers& peers, std::vecto
       if (o.sections.count("scripts")) ok &= scripts_section(o, plain, f);
       if (o.sections.count("tags"))
         ok &=
-            tags_section(TagsParams{o.rate, o.warmup, o.duration, 250}, plain, f,
+            tags_section(TagsParams{o.rate, o.warmup, o.duration, 250, o.tags_state_dir}, plain, f,
                          [&f](double checked, double wrong) { count_checked(f, checked, wrong); });
       // The paced load visits each script once per N / rate; single flight off (unless the arm
       // sets it), as for the other loads, so a small N with slow results queues, not `busy`.

@@ -10,6 +10,7 @@
 #include "measure.h"
 #include "outrun/in_process.h"
 #include "outrun/tags.h"
+#include "state_store.h"
 
 namespace outrun::perf {
 
@@ -47,7 +48,7 @@ std::vector<tags::TagDefinition> workload(int groups, bool keep_state) {
 
 // One paced run of the workload over `runner`; nullopt-like false on failure.
 bool run_tags(Runner& runner, const TagsParams& tp, bool keep_state, const std::vector<int>& pids,
-              TagsFig* out) {
+              TagsFig* out, std::shared_ptr<tags::StateSink> sink = nullptr) {
   const int G = tp.groups;
   // The latest send of each group and the first not yet completed: a coalesced update completes
   // with the later one that carried it.
@@ -59,6 +60,7 @@ bool run_tags(Runner& runner, const TagsParams& tp, bool keep_state, const std::
   Paced* pacer = nullptr;
   bool measuring = false;
   tags::TagsOptions to;
+  to.state_sink = std::move(sink);
   to.on_change = [&](const std::vector<tags::Change>& batch) {
     for (const auto& c : batch) {
       auto it = d_group.find(c.tag);
@@ -148,6 +150,25 @@ bool tags_section(const TagsParams& tp, const HostOptions& ho, Figs& f,
     put(f, "tags.keep_state_", k);
     counted(k);
     f["tags.keep_state_extra_us_per_update"] = k.paced.us_per_msg - t.paced.us_per_msg;
+    if (!tp.state_dir.empty()) {
+      // keep_state with outrund's state store (design/daemon.md "State store"), 1 s commits.
+      std::remove((tp.state_dir + "/" + daemon::kStateFileName).c_str());
+      std::shared_ptr<daemon::StateStore> store;
+      daemon::StateStoreOpened opened;
+      std::string err;
+      daemon::StateStoreOptions so;
+      so.dir = tp.state_dir;
+      if (!daemon::StateStore::open(so, &store, &opened, &err)) {
+        std::fprintf(stderr, "outrun-perf: tags: %s\n", err.c_str());
+        return false;
+      }
+      TagsFig s;
+      if (!run_tags(*host, tp, true, host->worker_pids(), &s, store)) return false;
+      store->close();
+      put(f, "tags.state_store_", s);
+      counted(s);
+      f["tags.state_store_extra_us_per_update"] = s.paced.us_per_msg - k.paced.us_per_msg;
+    }
   }
   InProcess ip;
   TagsFig i;

@@ -149,6 +149,17 @@ bool read_daemon(const toml::table& t, DaemonConfig* c, Reader& r) {
       ok = r.string(n, key, &c->tags_file);
     } else if (key == "tags_strict") {
       ok = r.boolean(n, key, &c->tags_strict);
+    } else if (key == "state_dir") {
+      ok = r.string(n, key, &c->state_dir);
+    } else if (key == "state_flush_ms") {
+      ok = r.ms(n, key, 1, &c->state_flush);
+      if (ok && c->state_flush.count() > 60'000) {
+        r.err = "daemon.state_flush_ms: expected 1..60000";
+        ok = false;
+      }
+    } else if (key == "max_state_store_bytes") {
+      if ((ok = r.integer(n, key, 4096, int64_t{1} << 40, &v)))
+        c->max_state_store_bytes = static_cast<std::size_t>(v);
     } else if (key == "max_subscriber_bytes") {
       if ((ok = r.integer(n, key, 4096, int64_t{1} << 32, &v)))
         c->max_subscriber_bytes = static_cast<std::size_t>(v);
@@ -423,6 +434,9 @@ std::string to_toml(const DaemonConfig& c) {
                 {"cache_dir", c.cache_dir},
                 {"tags_file", c.tags_file},
                 {"tags_strict", c.tags_strict},
+                {"state_dir", c.state_dir},
+                {"state_flush_ms", static_cast<int64_t>(c.state_flush.count())},
+                {"max_state_store_bytes", static_cast<int64_t>(c.max_state_store_bytes)},
                 {"max_subscriber_bytes", static_cast<int64_t>(c.max_subscriber_bytes)},
                 {"max_client_queued_bytes", static_cast<int64_t>(c.max_client_queued_bytes)}};
   for (const auto& [k, v] : {std::pair<const char*, std::size_t>{"max_tags", c.max_tags},

@@ -39,6 +39,16 @@ struct DaemonConfig {
   // 2; on reload: the running tags are kept). Off: broken tags get BadConfigurationError and
   // the others run (design/tags.md "Broken definitions").
   bool tags_strict = false;
+  // The tags' state store (design/daemon.md "State store"): keep_state states and last values
+  // survive a restart of outrund in state_dir/tags-state.sqlite. Empty: no store (nothing
+  // survives outrund; a worker restart still keeps keep_state). The unit sets
+  // /var/lib/outrund (StateDirectory=outrund).
+  std::string state_dir;
+  // The longest a new value or state waits before it is committed: what a SIGKILL can lose.
+  std::chrono::milliseconds state_flush{1000};
+  // What the stored rows may hold together; past it a tag's row is not stored (logged, and in
+  // its diagnostics).
+  std::size_t max_state_store_bytes = std::size_t{256} << 20;
   // A tags subscriber whose connection has more than this queued keeps only the latest value of
   // each tag until it drains (design/daemon.md "Subscribers").
   std::size_t max_subscriber_bytes = 4u << 20;

@@ -62,7 +62,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "outrund: the outrun daemon (Lua 5.4 scripts in worker processes, served on a Unix socket)"};
   std::string config_file, socket, socket_mode, log_level, log_file, worker, single_flight,
-      tags_file;
+      tags_file, state_dir;
+  int state_flush_ms = 0;
   int shards = 0, timeout_ms = 0, grace_ms = -1, memory_mb = 0, drain_ms = -1, max_clients = 0;
   long max_inflight = 0;
   long long max_queued_bytes = 0;
@@ -94,6 +95,10 @@ int main(int argc, char** argv) {
                  "tags file (TOML, design/tags.md) defined at start and re-read on SIGHUP "
                  "(daemon.tags_file)");
   app.set_version_flag("--version", "outrund " OUTRUN_VERSION);
+  app.add_option("--state-dir", state_dir,
+                 "keep tag states and last values across restarts here (daemon.state_dir)");
+  app.add_option("--state-flush-ms", state_flush_ms, "daemon.state_flush_ms")
+      ->check(CLI::Range(1, 60'000));
   app.add_flag("--check-config", check, "validate the configuration, print it as TOML and exit");
   try {
     app.parse(argc, argv);
@@ -143,6 +148,13 @@ int main(int argc, char** argv) {
   if (!log_level.empty()) cfg.log_level = log_level;
   if (!log_file.empty()) cfg.log_file = log_file;
   if (!tags_file.empty()) cfg.tags_file = tags_file;
+  if (!state_dir.empty()) cfg.state_dir = state_dir;
+  // systemd's StateDirectory= (the unit's /var/lib/outrund), unless the file or a flag chose.
+  if (const char* sd = std::getenv("STATE_DIRECTORY"); cfg.state_dir.empty() && sd && *sd) {
+    const std::string dirs = sd;
+    cfg.state_dir = dirs.substr(0, dirs.find(':'));
+  }
+  if (state_flush_ms) cfg.state_flush = std::chrono::milliseconds(state_flush_ms);
   if (shards) cfg.host.shards = shards;
   if (timeout_ms) cfg.host.timeout = std::chrono::milliseconds(timeout_ms);
   if (grace_ms >= 0) cfg.host.grace = std::chrono::milliseconds(grace_ms);

@@ -259,6 +259,8 @@ int Server::run() {
     if (tags_thread_.joinable()) tags_thread_.join();
     if (tags_read_thread_.joinable()) tags_read_thread_.join();
     tags_.reset();  // before the Host it runs on
+    // After the engine: what it published last is committed.
+    if (state_store_) state_store_->close();
   };
   {
     tags::TagsOptions to;
@@ -267,6 +269,10 @@ int Server::run() {
     to.max_sources = cfg_.max_tag_sources;
     to.max_source_bytes = cfg_.max_tag_source_bytes;
     to.max_source_value_bytes = cfg_.max_tag_source_value_bytes;
+    if (!cfg_.state_dir.empty() && !open_state_store(&to)) {
+      destroy_host();
+      return 1;
+    }
     tags_runner_ = std::make_unique<TagsLane>(*this, *host_);
     if (Error e = tags::Engine::create(*tags_runner_, std::move(to), &tags_)) {
       spdlog::critical("cannot start the tags engine: {}", e.message);

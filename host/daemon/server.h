@@ -26,6 +26,7 @@
 #include "outrun/thread_annotations.h"
 #include "registry_quota.h"
 #include "scheduler.h"
+#include "state_store.h"
 
 // outrund's version (the build's project version; 0.0.0 in a program that compiles these
 // sources without it, such as the fuzz target).
@@ -250,6 +251,9 @@ class Server {
   bool apply_tags_file(const char* when, std::vector<std::string>* errors = nullptr);
   // A SIGHUP was received (loop thread); with no tags file it is done at once.
   void note_sighup() EXCLUDES(reload_mu_);
+  // Opens the state store in cfg_.state_dir (made 0700 if missing) and gives the engine's options
+  // what it holds. False (logged): no store can be made there.
+  bool open_state_store(tags::TagsOptions* to);
   // One ListTags page (design/protocol.md "Paged ListTags"): after the cursor `after` ("" the
   // first page), at most `limit` tags (0: the default).
   Error tags_list_json(std::string_view after, uint32_t limit, std::string* out) const;
@@ -379,6 +383,9 @@ class Server {
   // init_scheduler).
   std::unique_ptr<TagsLane> tags_runner_;
   std::shared_ptr<Conn> tags_lane_;
+  // The tags' state store (state_dir; null without one): made before the engine, closed (its
+  // last rows committed) after the engine is gone.
+  std::shared_ptr<StateStore> state_store_;
   Mutex sub_mu_;
   std::unordered_map<Conn*, std::shared_ptr<Conn>> subscribers_ GUARDED_BY(sub_mu_);
   std::thread tags_thread_;

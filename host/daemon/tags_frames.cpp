@@ -100,6 +100,8 @@ Error Server::tags_list_json(std::string_view after, uint32_t limit, std::string
                      {"changes", tc.changes},
                      {"last_error", tc.last_error},
                      {"last_duration_us", tc.last_duration.count()}};
+    // What the state store says of this tag (design/daemon.md "State store"); "" when all is well.
+    j["counters"]["state_store"] = tc.state_store;
     j["version"] = info.version;
     arr.push_back(std::move(j));
   }

@@ -3,6 +3,7 @@
 // (design/daemon.md "Tags").
 #include <spdlog/spdlog.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -113,6 +114,37 @@ void Server::set_declarations(tags::file::Declarations d, bool replace) {
   } else {
     decls_ = std::make_shared<const tags::file::Declarations>(std::move(d));
   }
+}
+
+bool Server::open_state_store(tags::TagsOptions* to) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(cfg_.state_dir, ec)) {
+    if (fs::create_directories(cfg_.state_dir, ec); !ec)
+      fs::permissions(cfg_.state_dir, fs::perms::owner_all, fs::perm_options::replace, ec);
+    if (ec || !fs::is_directory(cfg_.state_dir)) {
+      spdlog::critical("cannot create the state directory {}: {}",
+                       tags::file::printable(cfg_.state_dir), ec.message());
+      return false;
+    }
+  }
+  StateStoreOptions so;
+  so.dir = cfg_.state_dir;
+  so.flush_interval = cfg_.state_flush;
+  so.max_bytes = cfg_.max_state_store_bytes;
+  StateStoreOpened opened;
+  std::string err;
+  if (!StateStore::open(so, &state_store_, &opened, &err)) {
+    spdlog::critical("{}", tags::file::printable(err));
+    return false;
+  }
+  if (!opened.set_aside.empty())
+    to->restore_note = "state store: the store was unusable (" +
+                       tags::file::printable(opened.set_aside_reason) + ") and was moved to " +
+                       opened.set_aside + "; the tag starts from {}";
+  to->restored = std::move(opened.rows);
+  to->state_sink = state_store_;
+  return true;
 }
 
 void Server::note_sighup() {

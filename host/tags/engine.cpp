@@ -253,6 +253,11 @@ struct Node {
   Value kept_state;
   Value import_state;  // a state to start the next evaluation from (hot reload)
   bool has_import = false;
+  // The state store (TagsOptions::state_sink): the kept state changed since it was last told,
+  // the script's hex SHA-256 it is told with, and what the restore at definition said.
+  bool state_dirty = false;
+  std::string script_sha;
+  std::string state_note;
   // Periodic.
   DateTime next_due;
   bool due_set = false;
@@ -338,6 +343,9 @@ struct Engine::Impl {
   std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers GUARDED_BY(mu);
   std::thread timer_thread;
 
+  // Rows of the state store not claimed yet by a definition (TagsOptions::restored), by id.
+  std::unordered_map<std::string, RestoredTag, StringHash, std::equal_to<>> restored GUARDED_BY(mu);
+
   Mutex apply_mu;  // one apply/remove at a time; taken before mu
 
   DateTime now() const REQUIRES(mu) {
@@ -368,6 +376,59 @@ struct Engine::Impl {
     nodes[idx]->self = idx;
     by_id[id] = idx;
     return idx;
+  }
+
+  // A tag defined as new: its row of the state store, if any (design/tags.md "State across
+  // restarts"). Its state goes back to its script (keep_state; not when the script changed and
+  // reset_state), its last usable value is shown as UncertainLastUsableValue until evaluated.
+  void restore(Node& n) REQUIRES(mu) {
+    auto r = restored.find(n.id);
+    auto say = [&](std::string note) {
+      n.state_note = note;
+      n.counters.last_error = note;
+      n.value.diagnostics = std::move(note);
+    };
+    if (r == restored.end()) {
+      if (!opts.restore_note.empty()) say(opts.restore_note);
+      return;
+    }
+    RestoredTag rt = std::move(r->second);
+    restored.erase(r);
+    if (!rt.problem.empty()) {
+      say("state store: " + rt.problem + "; the tag starts from {}");
+      return;
+    }
+    const TagDefinition& d = n.def;
+    if (rt.has_state && d.keep_state) {
+      if (d.reset_state && rt.script_sha256 != n.script_sha) {
+        // A changed script with reset_state: as a hot reload, it starts from {}.
+      } else if (value_bytes(rt.state) > d.max_state_bytes) {
+        say("state store: the stored state is larger than max_state_bytes (" +
+            std::to_string(d.max_state_bytes) + "); the tag starts from {}");
+      } else {
+        n.kept_state = rt.state;
+        n.kept_state_present = true;
+        n.import_state = std::move(rt.state);
+        n.has_import = true;
+      }
+    }
+    if (rt.has_value && severity(rt.value.status) != Severity::bad) {
+      DataValue dv = std::move(rt.value);
+      n.have_last_good = true;
+      n.last_good = dv;
+      dv.status = codes::UncertainLastUsableValue;
+      dv.diagnostics = n.state_note.empty()
+                           ? "restored: the last value before the restart, not evaluated since"
+                           : n.state_note;
+      n.value = std::move(dv);
+    }
+  }
+
+  // The tag's state store note: the store's own (its budget) before the restore's.
+  std::string state_note_of(const Node& n) const REQUIRES(mu) {
+    if (opts.state_sink)
+      if (std::string s = opts.state_sink->note(n.id); !s.empty()) return s;
+    return n.state_note;
   }
 
   // ---- source accounting ----
@@ -1063,8 +1124,14 @@ struct Engine::Impl {
       ++counters.overflows;
     }
     const bool changed = !dv.same_as(t.value);
+    if (changed) t.value = dv;
+    if (opts.state_sink && (changed || t.state_dirty)) {
+      t.state_dirty = false;
+      opts.state_sink->saved(t.id, t.value,
+                             t.def.keep_state && t.kept_state_present ? &t.kept_state : nullptr,
+                             t.script_sha);
+    }
     if (changed) {
-      t.value = dv;
       ++t.counters.changes;
       ++counters.changes;
       comps[t.component].changes.push_back({t.id, std::move(dv)});
@@ -1106,6 +1173,7 @@ struct Engine::Impl {
       if (value_bytes(*st) <= t.def.max_state_bytes) {
         t.kept_state = *st;
         t.kept_state_present = true;
+        t.state_dirty = true;
       } else {
         t.counters.last_error = "state is larger than max_state_bytes (" +
                                 std::to_string(t.def.max_state_bytes) + "); not kept";
@@ -1361,6 +1429,14 @@ Error Engine::create(Runner& runner, TagsOptions options, std::unique_ptr<Engine
     return {ErrorCode::invalid_argument, "wait_timeout must be positive"};
   auto impl = std::make_shared<Impl>(runner, std::move(options));
   Impl* p = impl.get();
+  {
+    MutexLock lock(p->mu);
+    for (auto& r : p->opts.restored) {
+      std::string id = r.id;
+      p->restored[std::move(id)] = std::move(r);
+    }
+    p->opts.restored.clear();
+  }
   p->timer_thread = std::thread([p] { p->timer_loop(); });
   out->reset(new Engine(std::move(impl)));
   return {};
@@ -1651,6 +1727,7 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, const ApplyOptions& 
         }
         Node& n = *m.nodes[idx];
         const bool had_script = n.is_virtual && !n.broken;
+        const bool was_virtual = n.is_virtual;
         n.is_virtual = true;
         n.def = d;
         ++n.version;
@@ -1714,6 +1791,8 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, const ApplyOptions& 
           n.kept_state_present = false;
           n.kept_state = Value();
         }
+        n.script_sha = n.script.valid() ? n.script.sha256_hex() : std::string();
+        if (!was_virtual || (!had_script && m.restored.count(d.id) != 0)) m.restore(n);
         n.need_initial =
             d.trigger.kind == TriggerKind::on_change || d.trigger.kind == TriggerKind::periodic;
         n.awaiting_input = false;
@@ -1741,6 +1820,7 @@ Error Engine::apply(const std::vector<TagDefinition>& defs, const ApplyOptions& 
         // Still an input of a remaining tag: it stays, as a source.
         const bool used = still_used.count(idx) != 0;
         if (!n.broken) unregister.push_back(n.key);
+        if (m.opts.state_sink) m.opts.state_sink->removed(id);
         if (used) {
           n.is_virtual = false;
           n.broken = false;
@@ -1794,6 +1874,7 @@ Error Engine::remove(std::string_view id) {
   if (quiet) {
     n = m.find(id);
     if (!n->broken) key = n->key;
+    if (m.opts.state_sink) m.opts.state_sink->removed(n->id);
     m.free_node(m.by_id.at(std::string(id)));
     m.rebuild();
   }
@@ -2088,6 +2169,7 @@ Error Engine::info(std::string_view id, TagInfo* out) const {
   out->definition = n->def;
   out->value = n->value;
   out->counters = n->counters;
+  if (n->is_virtual) out->counters.state_store = m.state_note_of(*n);
   out->version = n->version;
   return {};
 }
@@ -2159,6 +2241,7 @@ Error Engine::page(std::string_view after, std::size_t limit, std::size_t max_by
     d.config_error = n.def.config_error;
     info.value = n.value;
     info.counters = n.counters;
+    info.counters.state_store = m.state_note_of(n);
     info.version = n.version;
     out->push_back(std::move(info));
   }

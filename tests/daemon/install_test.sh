@@ -44,6 +44,8 @@ if command -v systemd-analyze >/dev/null 2>&1; then
     echo "systemd-analyze verify found problems"; exit 1
   fi
 fi
+# The tags' state store lives in the unit's state directory (design/daemon.md "State store").
+grep -qx "StateDirectory=outrund" "$unit" || { echo "the unit has no StateDirectory=outrund"; exit 1; }
 # Moved as a whole after the install: the consumer (which sets no worker_path) must find the
 # moved package's worker, not the build's install prefix (/usr/local) nor the old location.
 mv "$tmp/prefix" "$tmp/moved"

@@ -76,7 +76,9 @@ struct Rig {
   DateTime clock = at(0);
   std::mutex clock_mu;
 
-  explicit Rig(Kind kind, HostOptions ho = {}, bool manual_periodic = true) {
+  // `more`: changes to the engine's options (a state sink, restored rows).
+  explicit Rig(Kind kind, HostOptions ho = {}, bool manual_periodic = true,
+               const std::function<void(tags::TagsOptions&)>& more = {}) {
     if (kind == Kind::host) {
       ho.shards = ho.shards ? ho.shards : 2;
       host = start_host(ho);
@@ -96,6 +98,7 @@ struct Rig {
     };
     to.real_time_periodic = !manual_periodic;
     to.retry_delay = 20ms;
+    if (more) more(to);
     Error err = tags::Engine::create(*runner, to, &engine);
     REQUIRE_MESSAGE(!err, err.message);
   }
@@ -1330,3 +1333,113 @@ TEST_CASE("tags: source tags are bounded in bytes, per writer, and freed with th
 }  // namespace
 
 }  // namespace outrun::test
+
+namespace outrun::test {
+namespace {
+// What a state store would be told (tags::StateSink), for the restart tests.
+struct RecordingSink : tags::StateSink {
+  std::mutex mu;
+  std::map<std::string, tags::RestoredTag> rows;
+  std::vector<std::string> removals;
+  void saved(const std::string& id, const tags::DataValue& value, const Value* state,
+             const std::string& sha) override {
+    std::lock_guard lock(mu);
+    tags::RestoredTag& r = rows[id];
+    r.id = id;
+    r.value = value;
+    r.has_value = true;
+    r.has_state = state != nullptr;
+    r.state = state != nullptr ? *state : Value();
+    r.script_sha256 = sha;
+  }
+  void removed(const std::string& id) override {
+    std::lock_guard lock(mu);
+    rows.erase(id);
+    removals.push_back(id);
+  }
+  std::string note(const std::string&) override { return {}; }
+};
+}  // namespace
+}  // namespace outrun::test
+
+using outrun::test::RecordingSink;
+
+TEST_CASE("tags: a state sink is told values and states, restored rows come back Uncertain") {
+  using namespace outrun;
+  using namespace outrun::test;
+  auto sink = std::make_shared<RecordingSink>();
+  const auto total = [] {
+    auto d = tag("T", "state.n = (state.n or 0) + inputs.X return state.n", {"X"});
+    d.keep_state = true;
+    return d;
+  }();
+  {
+    Rig rig(Kind::in_process, {}, true, [&](tags::TagsOptions& o) { o.state_sink = sink; });
+    rig.define(total);
+    rig.define(tag("Plain", "return inputs.X * 2", {"X"}));
+    for (int i = 1; i <= 3; ++i) rig.update({src("X", Value(i), Good, at(i))}, at(i));
+    CHECK(num(rig.read("T").value) == 6);
+    std::lock_guard lock(sink->mu);
+    REQUIRE(sink->rows.count("T"));
+    CHECK(sink->rows["T"].has_state);
+    CHECK(num(sink->rows["T"].value.value) == 6);
+    CHECK(!sink->rows["T"].script_sha256.empty());
+    REQUIRE(sink->rows.count("Plain"));
+    CHECK_FALSE(sink->rows["Plain"].has_state);
+  }
+  std::vector<tags::RestoredTag> rows;
+  {
+    std::lock_guard lock(sink->mu);
+    for (auto& r : sink->rows) rows.push_back(r.second);
+  }
+  SUBCASE("restored: Uncertain until evaluated, then counting on") {
+    Rig rig(Kind::in_process, {}, true, [&](tags::TagsOptions& o) { o.restored = rows; });
+    rig.define(total);
+    const tags::DataValue dv = rig.read("T");
+    CHECK(dv.status == tags::codes::UncertainLastUsableValue);
+    CHECK(num(dv.value) == 6);
+    CHECK(dv.source_time == at(3));
+    rig.update({src("X", Value(4), Good, at(4))}, at(4));
+    CHECK(rig.read("T").status == Good);
+    CHECK(num(rig.read("T").value) == 10);
+  }
+  SUBCASE("a changed script keeps its state, unless reset_state") {
+    auto changed = total;
+    changed.script = "state.n = (state.n or 0) + inputs.X return state.n + 0";
+    SUBCASE("kept") {
+      Rig rig(Kind::in_process, {}, true, [&](tags::TagsOptions& o) { o.restored = rows; });
+      rig.define(changed);
+      rig.update({src("X", Value(4), Good, at(4))}, at(4));
+      CHECK(num(rig.read("T").value) == 10);
+    }
+    SUBCASE("reset_state") {
+      changed.reset_state = true;
+      Rig rig(Kind::in_process, {}, true, [&](tags::TagsOptions& o) { o.restored = rows; });
+      rig.define(changed);
+      rig.update({src("X", Value(4), Good, at(4))}, at(4));
+      CHECK(num(rig.read("T").value) == 4);
+    }
+  }
+  SUBCASE("a damaged row: from {}, and the diagnostics say so") {
+    for (auto& r : rows) r.problem = "the stored row is damaged (checksum mismatch)";
+    Rig rig(Kind::in_process, {}, true, [&](tags::TagsOptions& o) { o.restored = rows; });
+    rig.define(total);
+    CHECK(rig.read("T").status == tags::codes::BadWaitingForInitialData);
+    CHECK(rig.read("T").diagnostics.find("checksum mismatch") != std::string::npos);
+    tags::TagInfo info;
+    REQUIRE(!rig.engine->info("T", &info));
+    CHECK(info.counters.state_store.find("starts from {}") != std::string::npos);
+    rig.update({src("X", Value(4), Good, at(4))}, at(4));
+    CHECK(num(rig.read("T").value) == 4);
+  }
+  SUBCASE("removing a tag tells the sink") {
+    auto sink2 = std::make_shared<RecordingSink>();
+    Rig rig(Kind::in_process, {}, true, [&](tags::TagsOptions& o) { o.state_sink = sink2; });
+    rig.define(total);
+    rig.update({src("X", Value(1), Good, at(1))}, at(1));
+    REQUIRE(!rig.engine->remove("T"));
+    std::lock_guard lock(sink2->mu);
+    CHECK(sink2->removals == std::vector<std::string>{"T"});
+    CHECK(sink2->rows.count("T") == 0);
+  }
+}

@@ -216,6 +216,9 @@ struct TagCounters {
   uint64_t overflows = 0;       // values published with the Overflow bit (updates merged/dropped)
   uint64_t skipped_bad = 0;     // triggers not evaluated because an input was Bad
   std::string last_error;
+  // What outrund's state store says of this tag: its stored row was unusable at start, or its
+  // state is not stored (the store's total budget); "" when all is well.
+  std::string state_store;
   std::chrono::microseconds last_duration{0};  // submit -> result of the last evaluation
 };
 
@@ -224,6 +227,37 @@ struct TagInfo {
   DataValue value;
   TagCounters counters;
   uint64_t version = 0;  // 1 on the first definition, +1 per redefinition
+};
+
+// ---- State across restarts (design/tags.md "State across restarts") ----
+
+// What a tag left in a state store (outrund's SQLite file) when its process last ran.
+struct RestoredTag {
+  std::string id;
+  DataValue value;  // the last published DataValue; used when has_value and not Bad
+  bool has_value = false;
+  Value state;  // keep_state: the script's `state` when it was last stored
+  bool has_state = false;
+  std::string script_sha256;  // hex, of the script that state came from ("": unknown)
+  // The stored row could not be used (a checksum, a value that does not decode, a state over
+  // the bound): the tag starts from {} and its diagnostics say this.
+  std::string problem;
+};
+
+// Told every published value and kept state of a virtual tag, and every removal, so that a
+// restart of the process finds them again (outrund's state store). Called with the engine's lock
+// held, on whatever thread completed the evaluation or the apply: it hands over and returns, and
+// never waits for a disk.
+class StateSink {
+ public:
+  virtual ~StateSink() = default;
+  // `state`: the kept state (keep_state), or null (none: keep_state off, or not kept yet).
+  // `script_sha256`: hex SHA-256 of the script that runs the tag.
+  virtual void saved(const std::string& id, const DataValue& value, const Value* state,
+                     const std::string& script_sha256) = 0;
+  virtual void removed(const std::string& id) = 0;
+  // Why the tag's state is not stored right now ("" when it is): TagCounters::state_store.
+  virtual std::string note(const std::string& id) = 0;
 };
 
 struct TagsOptions {
@@ -249,6 +283,15 @@ struct TagsOptions {
   // every_update: the updates of one source waiting for their waves; past it the oldest is
   // dropped, counted and flagged (Overflow).
   std::size_t max_update_queue = 1024;
+  // Persistence across restarts of the process (outrund's state_dir). Null: none.
+  std::shared_ptr<StateSink> state_sink;
+  // What the store gave back at start. A tag defined (as new) with one of these ids starts from
+  // its state (keep_state; not when the script changed and reset_state) and shows its last value
+  // as UncertainLastUsableValue (value and source timestamp kept) until it is next evaluated.
+  std::vector<RestoredTag> restored;
+  // Given to every tag defined without a restored row (the store was unusable and was set
+  // aside): its diagnostics say so. "": none.
+  std::string restore_note;
 };
 
 // Who writes an update (outrund: the connection and its peer uid), for the per-writer bounds.
