@@ -131,19 +131,19 @@ TEST_CASE("outrund crash budget: a uid crashing workers is refused, another uid 
   CHECK(d.stop() == 0);
 }
 
-TEST_CASE("outrund crash budget: its keys are checked, a bad value named with its line") {
+TEST_CASE("outrund crash budget: its keys are checked, a bad value named with its line and column") {
   struct Bad {
     const char* text;
     const char* error;
   };
   const Bad bad[] = {
       {"[daemon]\nmax_clients = 4\nmax_crashes_per_uid = 0\n",
-       ":3: daemon.max_crashes_per_uid: expected an integer in [1, 1000000]"},
-      {"[daemon]\ncrash_window_ms = -1\n", ":2: daemon.crash_window_ms: expected an integer"},
+       ":3:23: daemon.max_crashes_per_uid: expected an integer in [1, 1000000]"},
+      {"[daemon]\ncrash_window_ms = -1\n", ":2:19: daemon.crash_window_ms: expected an integer"},
       {"[daemon]\ncrash_cooldown_ms = \"long\"\n",
-       ":2: daemon.crash_cooldown_ms: expected an integer"},
+       ":2:21: daemon.crash_cooldown_ms: expected an integer"},
       {"[host]\nshards = 1\n\ncrash_log_per_second = 0\n",
-       ":4: host.crash_log_per_second: expected an integer in [1, 1000000]"},
+       ":4:24: host.crash_log_per_second: expected an integer in [1, 1000000]"},
   };
   for (const Bad& b : bad) {
     TempConfig conf(b.text);
