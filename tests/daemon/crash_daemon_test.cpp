@@ -131,7 +131,8 @@ TEST_CASE("outrund crash budget: a uid crashing workers is refused, another uid 
   CHECK(d.stop() == 0);
 }
 
-TEST_CASE("outrund crash budget: its keys are checked, a bad value named with its line and column") {
+TEST_CASE(
+    "outrund crash budget: its keys are checked, a bad value named with its line and column") {
   struct Bad {
     const char* text;
     const char* error;
