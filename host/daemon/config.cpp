@@ -263,6 +263,13 @@ bool read_host(const toml::table& t, HostOptions* h, Reader& r) {
       if ((ok = r.integer(n, key, 1, 1000, &v))) h->quarantine_after = static_cast<int>(v);
     } else if (key == "quarantine_cooldown_ms") {
       ok = r.ms(n, key, 1, &h->quarantine_cooldown);
+    } else if (key == "slow_lane") {
+      ok = r.boolean(n, key, &h->slow_lane);
+    } else if (key == "slow_lane_release_after") {
+      if ((ok = r.integer(n, key, 1, 10'000, &v))) h->slow_lane_release_after = static_cast<int>(v);
+    } else if (key == "slow_lane_max_in_flight") {
+      if ((ok = r.integer(n, key, 1, 100'000, &v)))
+        h->slow_lane_max_in_flight = static_cast<std::size_t>(v);
     } else {
       r.err = "unknown key host." + std::string(key);
       ok = false;
@@ -406,7 +413,10 @@ std::string to_toml(const DaemonConfig& c) {
       {"crash_loop_window_ms", static_cast<int64_t>(h.crash_loop_window.count())},
       {"crash_loop_cooldown_ms", static_cast<int64_t>(h.crash_loop_cooldown.count())},
       {"quarantine_after", h.quarantine_after},
-      {"quarantine_cooldown_ms", static_cast<int64_t>(h.quarantine_cooldown.count())}};
+      {"quarantine_cooldown_ms", static_cast<int64_t>(h.quarantine_cooldown.count())},
+      {"slow_lane", h.slow_lane},
+      {"slow_lane_release_after", h.slow_lane_release_after},
+      {"slow_lane_max_in_flight", static_cast<int64_t>(h.slow_lane_max_in_flight)}};
   toml::table root{{"daemon", d}, {"host", ho}};
   std::ostringstream os;
   os << root << "\n";

@@ -69,6 +69,7 @@ std::string Server::stats_json(bool shards_only) const {
     }
     shards.push_back(
         json{{"index", s.index},
+             {"slow_lane", s.slow_lane},
              {"state", s.state},
              {"pid", s.pid},
              {"uptime_s", s.uptime_ms < 0 ? -1.0 : static_cast<double>(s.uptime_ms) / 1000.0},
@@ -111,6 +112,7 @@ std::string Server::stats_json(bool shards_only) const {
   }
   const RegistryStats reg = host_->registry_stats();
   const CompilerStats comp = host_->compiler_stats();
+  const SlowLaneStats lane = host_->slow_lane_stats();
   json j{
       {"version", OUTRUN_VERSION},
       {"pid", getpid()},
@@ -143,6 +145,13 @@ std::string Server::stats_json(bool shards_only) const {
         {"idle", comp.idle}}},
       {"evaluations", by_status},
       {"latency_us", latency_json(h)},
+      {"slow_lane",
+       {{"shard", lane.shard},
+        {"scripts", lane.scripts},
+        {"moves_in", lane.moves_in},
+        {"moves_out", lane.moves_out},
+        {"evaluations", lane.evaluations},
+        {"refused_full", lane.refused_full}}},
       {"shards", shards}};
   return dump(j);
 }
@@ -187,7 +196,8 @@ Error Server::scripts_json(std::string_view after, uint32_t limit, std::string* 
                                          {"evaluations", total},
                                          {"by_status", by_status},
                                          {"crashes", crashes.crashes},
-                                         {"quarantined", crashes.quarantined}});
+                                         {"quarantined", crashes.quarantined},
+                                         {"slow_lane", crashes.slow_lane}});
       if (n > 0 && doc.size() + 1 + item.size() + kTail > kMaxPageBytes) {
         next = encode_cursor(it->first, static_cast<uint32_t>(i));
         break;
