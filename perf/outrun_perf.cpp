@@ -42,8 +42,8 @@
 #include "profiler.h"
 #include "redis_peer.h"
 #include "report.h"
-#include "scale.h"
 #include "runaway_drill.h"
+#include "scale.h"
 #include "tags_perf.h"
 
 namespace fs = std::filesystem;

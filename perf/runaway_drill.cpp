@@ -87,13 +87,14 @@ DrillFig run_arm(const RunawayDrillParams& p, HostOptions ho) {
 }  // namespace
 
 int runaway_drill(const RunawayDrillParams& p, const HostOptions& base) {
-  std::printf("runaway drill: %d shard(s), T=%lld ms, G=%lld ms, runaway %s, neighbour %.0f/s, "
-              "%.1f s per arm\n",
-              base.shards, static_cast<long long>(base.timeout.count()),
-              static_cast<long long>(base.grace.count()),
-              p.runaway_kind == 0 ? "`while true do end` (timeout at T)"
-                                  : "stuck in a C call (killed at T+G)",
-              p.rate, p.seconds);
+  std::printf(
+      "runaway drill: %d shard(s), T=%lld ms, G=%lld ms, runaway %s, neighbour %.0f/s, "
+      "%.1f s per arm\n",
+      base.shards, static_cast<long long>(base.timeout.count()),
+      static_cast<long long>(base.grace.count()),
+      p.runaway_kind == 0 ? "`while true do end` (timeout at T)"
+                          : "stuck in a C call (killed at T+G)",
+      p.rate, p.seconds);
   std::printf("%-14s %10s %10s %10s %12s %10s %10s %14s\n", "arm", "p50_us", "p99_us", "max_us",
               "neighbour/s", "sent", "wrong", "runaway_ends");
   int rc = 0;

@@ -128,8 +128,7 @@ Error Host::Impl::start() {
   });
   MutexLock lock(start_mu);
   const bool ready = start_cv.wait_until(
-      start_mu, std::chrono::steady_clock::now() + opts.start_timeout,
-      [&]() REQUIRES(start_mu) {
+      start_mu, std::chrono::steady_clock::now() + opts.start_timeout, [&]() REQUIRES(start_mu) {
         return hellos >= static_cast<int>(shards.size()) || !start_error.empty();
       });
   if (!start_error.empty()) return {ErrorCode::unavailable, start_error};
@@ -324,8 +323,8 @@ SlowLaneStats Host::slow_lane_stats() const {
   // Each move is counted once, by the exchange that made it; read apart, they may cross.
   const uint64_t left = s.moves_out + h.registry.freed_slow();  // moved out, or freed there
   s.scripts = s.moves_in > left ? s.moves_in - left : 0;
-  s.evaluations = h.shards[static_cast<std::size_t>(h.lane)]->evaluations.load(
-      std::memory_order_relaxed);
+  s.evaluations =
+      h.shards[static_cast<std::size_t>(h.lane)]->evaluations.load(std::memory_order_relaxed);
   s.refused_full = h.lane_refused.load(std::memory_order_relaxed);
   return s;
 }

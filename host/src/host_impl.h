@@ -57,7 +57,7 @@ struct Host::Impl final : detail::WorkerEvents {
   uv_async_t wakeup{};
   uv_timer_t shutdown_timer{};
   std::thread loop_thread;
-  ThreadRole loop_role;  // the loop thread: bound when it starts
+  ThreadRole loop_role;                                // the loop thread: bound when it starts
   std::vector<std::unique_ptr<detail::Shard>> shards;  // the home shards, then the slow lane
   // The slow lane (design/decisions.md D-slow-lane): its index in `shards` (opts.shards), or -1.
   int lane = -1;
@@ -65,8 +65,7 @@ struct Host::Impl final : detail::WorkerEvents {
   // Where an evaluation of `r` goes now: one relaxed load of a flag the record already shares a
   // cache line with (unregistered, quarantine), no hashing, no lookup.
   detail::Shard& route(const detail::ScriptRecord& r) const {
-    return *shards[r.slow.load(std::memory_order_relaxed) ? static_cast<uint32_t>(lane)
-                                                           : r.shard];
+    return *shards[r.slow.load(std::memory_order_relaxed) ? static_cast<uint32_t>(lane) : r.shard];
   }
   // What a result of `r` says about it (slow_lane.cpp): it timed out, was killed at T+G or was
   // charged with a crash (into the lane), or it behaved in the lane (out after

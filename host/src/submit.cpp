@@ -132,8 +132,7 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
                                std::move(encoded));
         resume = !waiter && must_resume(sh);
       }
-    } else if (sh.index == lane && sh.table.in_use() >= opts.slow_lane_max_in_flight)
-        [[unlikely]] {
+    } else if (sh.index == lane && sh.table.in_use() >= opts.slow_lane_max_in_flight) [[unlikely]] {
       lane_refused.fetch_add(1, std::memory_order_relaxed);
       refusal = {Status::busy, {}, lane_full_message(), sh.index};
     } else if (sh.state == ShardState::kDown &&

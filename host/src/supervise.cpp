@@ -186,7 +186,8 @@ void Host::Impl::flush_forgets() {
     Shard& sh = *shards[static_cast<std::size_t>(lane)];
     MutexLock lock(sh.mu);
     for (uint32_t id : all)
-      if (id < sh.known.size() && sh.known[id]) by_shard[static_cast<std::size_t>(lane)].push_back(id);
+      if (id < sh.known.size() && sh.known[id])
+        by_shard[static_cast<std::size_t>(lane)].push_back(id);
   }
   constexpr std::size_t kMaxIdsPerFrame = 1u << 16;  // 256 KiB of ids: far below kMaxFrameSize
   auto& f = loop_fbb;

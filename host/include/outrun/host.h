@@ -276,12 +276,12 @@ struct ScriptCrashStats {
 // HostOptions::slow_lane: the lane and the scripts that went through it (all zeros and shard -1
 // without a lane). Per-shard figures of the lane's worker: shard_stats(shard).
 struct SlowLaneStats {
-  int shard = -1;              // its index (the last shard)
-  uint64_t scripts = 0;        // scripts in the lane now
-  uint64_t moves_in = 0;       // scripts moved in (a timeout, a kill at T+G, a charged crash)
-  uint64_t moves_out = 0;      // scripts moved back to their home shard after behaving
-  uint64_t evaluations = 0;    // evaluations submitted to the lane
-  uint64_t refused_full = 0;   // ended `busy`: the lane held slow_lane_max_in_flight already
+  int shard = -1;             // its index (the last shard)
+  uint64_t scripts = 0;       // scripts in the lane now
+  uint64_t moves_in = 0;      // scripts moved in (a timeout, a kill at T+G, a charged crash)
+  uint64_t moves_out = 0;     // scripts moved back to their home shard after behaving
+  uint64_t evaluations = 0;   // evaluations submitted to the lane
+  uint64_t refused_full = 0;  // ended `busy`: the lane held slow_lane_max_in_flight already
 };
 
 // Thread-safe: every member may be called from any thread, concurrently, including from inside
