@@ -138,7 +138,7 @@ TEST_CASE("Slow lane: a script comes back to its home shard after behaving in th
   CHECK(st.evaluations == 6);
 }
 
-TEST_CASE("Slow lane: a script killed at T+G moves too; a batch and a future follow it") {
+TEST_CASE("Slow lane: a script killed at T+G moves too, a batch and a future follow it") {
   HostOptions o = lane_options();
   o.grace = 100ms;
   auto host = test::start_host(o);
@@ -172,7 +172,7 @@ TEST_CASE("Slow lane: a script killed at T+G moves too; a batch and a future fol
   CHECK(host->shard_stats(0).retried == 0);
 }
 
-TEST_CASE("Slow lane: bounded; a flood of a runaway ends busy at once, each evaluation once") {
+TEST_CASE("Slow lane: bounded, a flood of a runaway ends busy at once, each evaluation once") {
   HostOptions o = lane_options();
   o.single_flight = SingleFlight::off;
   o.slow_lane_max_in_flight = 3;
