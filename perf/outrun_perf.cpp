@@ -256,6 +256,9 @@ bool apply_knob(HostOptions& o, const std::string& name, const std::string& valu
     } else if (name == "callbacks_on_loop") {
       if (!parse_bool(value, &b)) throw std::invalid_argument("bool");
       o.callbacks_on_loop = b;
+    } else if (name == "slow_lane") {
+      if (!parse_bool(value, &b)) throw std::invalid_argument("bool");
+      o.slow_lane = b;
     } else if (name == "max_queued_while_down") {
       o.max_queued_while_down = std::stoull(value);
     } else if (name == "restart_delay") {

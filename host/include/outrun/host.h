@@ -23,8 +23,8 @@ enum class SingleFlight : uint8_t {
 };
 
 struct HostOptions {
-  // Number of worker processes. Scripts are routed to a shard by a stable hash of their key, so
-  // each shard keeps its scripts compiled. 1..64.
+  // Number of worker processes (one more with slow_lane, below). Scripts are routed to a shard by
+  // a stable hash of their key, so each shard keeps its scripts compiled. 1..64.
   int shards = 2;
 
   // Where the host's log lines go (a worker's death, its stderr, a callback that threw; never
