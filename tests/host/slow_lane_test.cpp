@@ -301,3 +301,28 @@ TEST_CASE("Slow lane: a tag whose script runs away stops delaying the other tags
   REQUIRE(!engine->read("Double", &dv));
   CHECK(dv.value == Value(20.0));
 }
+
+TEST_CASE("Slow lane: a script that crashed its worker moves there, its neighbours stay home") {
+  test::FaultEnv fault("crash-on-source=CRASH-ME");  // outrun-test-worker: SIGSEGV on that source
+  HostOptions o = test::with_test_faults(lane_options());
+  o.timeout = 2000ms;
+  o.restart_delay = 5ms;
+  auto host = test::start_host(o);
+  const int lane = host->slow_lane_shard();
+  Script bad = test::reg(*host, "bad", "return 'CRASH-ME'");
+  Script honest = test::reg(*host, "honest", kHonest);
+  Result first = get(host->evaluate(bad, {}));
+  CHECK(first.status == Status::worker_lost);
+  CHECK(first.shard == 0);
+  CHECK(host->shard_of(bad) == lane);
+  // Its second crash is the lane worker's, and quarantines it there; shard 0 died once.
+  Result second = get(host->evaluate(bad, {}));
+  CHECK(second.status == Status::worker_lost);
+  CHECK(second.shard == lane);
+  CHECK(host->script_crashes(bad).quarantined);
+  CHECK(host->shard_stats(0).deaths == 1);
+  CHECK(host->shard_stats(lane).crashes_charged == 1);
+  Result r = get(host->evaluate(honest, {{"x", 1}}));
+  CHECK(r.value == Value(2));
+  CHECK(r.shard == 0);
+}
