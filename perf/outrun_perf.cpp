@@ -42,6 +42,7 @@
 #include "profiler.h"
 #include "redis_peer.h"
 #include "report.h"
+#include "runaway_drill.h"
 #include "scale.h"
 #include "tags_perf.h"
 
@@ -81,6 +82,8 @@ struct Options {
   std::vector<std::string> profile_rows = {"paced", "closed"};
   bool profile = false;
   double profile_seconds = 8;
+  bool runaway_drill = false;  // --runaway-drill: only that (runaway_drill.h)
+  RunawayDrillParams drill;
 };
 
 // What `all` measures; `scale` (minutes at 100,000 scripts) only when asked for by name.
@@ -254,6 +257,9 @@ bool apply_knob(HostOptions& o, const std::string& name, const std::string& valu
     } else if (name == "callbacks_on_loop") {
       if (!parse_bool(value, &b)) throw std::invalid_argument("bool");
       o.callbacks_on_loop = b;
+    } else if (name == "slow_lane") {
+      if (!parse_bool(value, &b)) throw std::invalid_argument("bool");
+      o.slow_lane = b;
     } else if (name == "max_queued_while_down") {
       o.max_queued_while_down = std::stoull(value);
     } else if (name == "restart_delay") {
@@ -1189,6 +1195,17 @@ std::optional<int> parse_options(int argc, char** argv, Options* out) {
   app.add_option("--profile-seconds", o.profile_seconds,
                  "length of each profiled window (the kernel tick caps samples per CPU-second)")
       ->capture_default_str();
+  app.add_flag("--runaway-drill", o.runaway_drill,
+               "only the runaway drill: a runaway and an honest neighbour on one shard, the "
+               "neighbour's latency with the slow lane off and on (--shards, --timeout, --grace)");
+  app.add_option("--drill-rate", o.drill.rate, "runaway drill: neighbour evaluations/s")
+      ->capture_default_str();
+  app.add_option("--drill-seconds", o.drill.seconds, "runaway drill: seconds per arm")
+      ->capture_default_str();
+  app.add_option("--drill-runaway", o.drill.runaway_kind,
+                 "runaway drill: 0 = `while true do end` (timeout at T), 1 = stuck in a C call "
+                 "(killed at T+G)")
+      ->capture_default_str();
   app.add_flag("--verbose", o.verbose,
                "keep the host's warnings (kills during the drills) on stderr");
   try {
@@ -1603,6 +1620,14 @@ int run(int argc, char** argv) {
   if (!o.verbose) spdlog::set_level(spdlog::level::err);
   // The hosts it starts log only errors (all with --verbose), to stderr.
   const LogSink host_log = stderr_log_sink(o.verbose ? LogLevel::debug : LogLevel::error);
+  if (o.runaway_drill) {
+    HostOptions ho;
+    ho.shards = o.shards;
+    ho.timeout = std::chrono::milliseconds(o.timeout_ms);
+    ho.grace = std::chrono::milliseconds(o.grace_ms);
+    ho.log = host_log;
+    return runaway_drill(o.drill, ho);
+  }
   Arms arm_specs;
   if (!build_arms(o, host_log, &arm_specs)) return 2;
 

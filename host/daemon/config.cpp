@@ -296,6 +296,13 @@ bool read_host(const toml::table& t, DaemonConfig* c, Reader& r) {
     } else if (key == "crash_log_per_second") {
       if ((ok = r.integer(n, key, 1, 1'000'000, &v)))
         c->crash_log_per_second = static_cast<uint32_t>(v);
+    } else if (key == "slow_lane") {
+      ok = r.boolean(n, key, &h->slow_lane);
+    } else if (key == "slow_lane_release_after") {
+      if ((ok = r.integer(n, key, 1, 10'000, &v))) h->slow_lane_release_after = static_cast<int>(v);
+    } else if (key == "slow_lane_max_in_flight") {
+      if ((ok = r.integer(n, key, 1, 100'000, &v)))
+        h->slow_lane_max_in_flight = static_cast<std::size_t>(v);
     } else {
       r.err = "unknown key host." + std::string(key);
       ok = false;
@@ -482,7 +489,10 @@ std::string to_toml(const DaemonConfig& c) {
       {"crash_loop_cooldown_ms", static_cast<int64_t>(h.crash_loop_cooldown.count())},
       {"quarantine_after", h.quarantine_after},
       {"quarantine_cooldown_ms", static_cast<int64_t>(h.quarantine_cooldown.count())},
-      {"crash_log_per_second", static_cast<int64_t>(c.crash_log_per_second)}};
+      {"crash_log_per_second", static_cast<int64_t>(c.crash_log_per_second)},
+      {"slow_lane", h.slow_lane},
+      {"slow_lane_release_after", h.slow_lane_release_after},
+      {"slow_lane_max_in_flight", static_cast<int64_t>(h.slow_lane_max_in_flight)}};
   toml::table root{{"daemon", d}, {"host", ho}};
   std::ostringstream os;
   os << root << "\n";

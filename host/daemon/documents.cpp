@@ -69,6 +69,7 @@ std::string Server::stats_json(bool shards_only) const {
     }
     shards.push_back(
         json{{"index", s.index},
+             {"slow_lane", s.slow_lane},
              {"state", s.state},
              {"pid", s.pid},
              {"uptime_s", s.uptime_ms < 0 ? -1.0 : static_cast<double>(s.uptime_ms) / 1000.0},
@@ -119,6 +120,7 @@ std::string Server::stats_json(bool shards_only) const {
     MutexLock lock(sh.mu);
     lane_queued += tags_lane_->sched[i].q.size();
   }
+  const SlowLaneStats lane = host_->slow_lane_stats();
   json j{
       {"version", OUTRUN_VERSION},
       {"pid", getpid()},
@@ -161,6 +163,13 @@ std::string Server::stats_json(bool shards_only) const {
       {"tags_lane_queued", lane_queued},
       {"evaluations", by_status},
       {"latency_us", latency_json(h)},
+      {"slow_lane",
+       {{"shard", lane.shard},
+        {"scripts", lane.scripts},
+        {"moves_in", lane.moves_in},
+        {"moves_out", lane.moves_out},
+        {"evaluations", lane.evaluations},
+        {"refused_full", lane.refused_full}}},
       {"shards", shards}};
   if (tags_) {
     // The tags engine's own counters. Its evaluations also count in "evaluations" by status,
@@ -236,7 +245,8 @@ Error Server::scripts_json(std::string_view after, uint32_t limit, std::string* 
                                          {"evaluations", total},
                                          {"by_status", by_status},
                                          {"crashes", crashes.crashes},
-                                         {"quarantined", crashes.quarantined}});
+                                         {"quarantined", crashes.quarantined},
+                                         {"slow_lane", crashes.slow_lane}});
       if (n > 0 && doc.size() + 1 + item.size() + kTail > kMaxPageBytes) {
         next = encode_cursor(it->first, static_cast<uint32_t>(i));
         break;

@@ -117,7 +117,8 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_pt
       send_result(*c, e->id(), refused);
       continue;
     }
-    const uint32_t shard = entry->script.shard();
+    // Its home shard, or the slow lane while it is there (D-slow-lane): its own window.
+    const auto shard = static_cast<uint32_t>(host_->shard_of(entry->script));
     admit_[shard].push_back(Queued{Request{entry->script, std::move(inputs), std::move(encoded)},
                                    scripts_[idx], e->id(), t0, c->uid});
     ++admitted;

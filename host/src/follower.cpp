@@ -130,9 +130,9 @@ Result HostFuture::take() NO_THREAD_SAFETY_ANALYSIS {
 
 Result Host::Impl::evaluate_sync(const Script& script, Inputs&& inputs) {
   const detail::ScriptRecord* r = script.record();
-  Shard& sh = *shards[r && r->owner == this ? r->shard : 0];
+  Shard& sh = r && r->owner == this ? route(*r) : *shards[0];
   SyncWaiter me(sh.reading);
-  submit(script, std::move(inputs), detail::Completion(&me));
+  submit(script, std::move(inputs), detail::Completion(&me), {}, &sh);  // waits on that shard
   wait_for_result(sh, me);
   MutexLock lock(me.rd.mu);
   return std::move(me.result);

@@ -88,7 +88,8 @@ Error Host::Impl::start() {
   restart.retries = opts.retries;
   restart.timeout = opts.timeout;
   restart.grace = opts.grace;
-  for (int i = 0; i < opts.shards; ++i) {
+  if (opts.slow_lane) lane = opts.shards;  // one more shard, the last (D-slow-lane)
+  for (int i = 0; i < opts.shards + (opts.slow_lane ? 1 : 0); ++i) {
     auto sh = std::make_unique<Shard>(i, restart);
     sh->dispatcher = std::make_unique<detail::Dispatcher>(log);
     uv_timer_init(&loop, &sh->restart_timer);
@@ -127,8 +128,9 @@ Error Host::Impl::start() {
   });
   MutexLock lock(start_mu);
   const bool ready = start_cv.wait_until(
-      start_mu, std::chrono::steady_clock::now() + opts.start_timeout,
-      [&]() REQUIRES(start_mu) { return hellos >= opts.shards || !start_error.empty(); });
+      start_mu, std::chrono::steady_clock::now() + opts.start_timeout, [&]() REQUIRES(start_mu) {
+        return hellos >= static_cast<int>(shards.size()) || !start_error.empty();
+      });
   if (!start_error.empty()) return {ErrorCode::unavailable, start_error};
   if (!ready) return {ErrorCode::unavailable, "workers did not say hello within the start timeout"};
   return {};
@@ -202,6 +204,10 @@ Error validate(const HostOptions& options) {
     return {ErrorCode::invalid_argument, "max_script_bytes must be positive"};
   if (options.busy_poll.count() < 0 || options.busy_poll > std::chrono::milliseconds(10))
     return {ErrorCode::invalid_argument, "busy_poll must be 0..10 ms"};
+  if (options.slow_lane_release_after < 1 || options.slow_lane_release_after > 10000)
+    return {ErrorCode::invalid_argument, "slow_lane_release_after must be 1..10000"};
+  if (options.slow_lane_max_in_flight < 1 || options.slow_lane_max_in_flight > 100000)
+    return {ErrorCode::invalid_argument, "slow_lane_max_in_flight must be 1..100000"};
   return {};
 }
 
@@ -265,6 +271,7 @@ ScriptCrashStats Host::script_crashes(const Script& script) const {
   const detail::ScriptRecord* r = script.record();
   if (!r || r->owner != impl_.get()) return s;
   s.crashes = r->crashes.load(std::memory_order_relaxed);
+  s.slow_lane = r->slow.load(std::memory_order_relaxed);
   if (in_quarantine(*r)) {
     s.quarantined = true;
     s.quarantine_left_ms = std::max<int64_t>(
@@ -279,9 +286,9 @@ void Host::evaluate(const Script& script, Inputs inputs, Callback done) {
 
 Future Host::evaluate(const Script& script, Inputs inputs) {
   const detail::ScriptRecord* r = script.record();
-  Shard& sh = *impl_->shards[r && r->owner == impl_.get() ? r->shard : 0];
+  Shard& sh = r && r->owner == impl_.get() ? impl_->route(*r) : *impl_->shards[0];
   auto state = std::make_shared<detail::HostFuture>(*impl_, sh);
-  impl_->submit(script, std::move(inputs), Completion(state));
+  impl_->submit(script, std::move(inputs), Completion(state), {}, &sh);  // waits on that shard
   return Future(std::move(state));
 }
 
@@ -295,6 +302,31 @@ void Host::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
 
 int Host::shards() const {
   return static_cast<int>(impl_->shards.size());
+}
+
+int Host::slow_lane_shard() const {
+  return impl_->lane;
+}
+
+int Host::shard_of(const Script& script) const {
+  const detail::ScriptRecord* r = script.record();
+  return r && r->owner == impl_.get() ? impl_->route(*r).index : 0;
+}
+
+SlowLaneStats Host::slow_lane_stats() const {
+  SlowLaneStats s;
+  const Impl& h = *impl_;
+  if (h.lane < 0) return s;
+  s.shard = h.lane;
+  s.moves_in = h.lane_moves_in.load(std::memory_order_relaxed);
+  s.moves_out = h.lane_moves_out.load(std::memory_order_relaxed);
+  // Each move is counted once, by the exchange that made it; read apart, they may cross.
+  const uint64_t left = s.moves_out + h.registry.freed_slow();  // moved out, or freed there
+  s.scripts = s.moves_in > left ? s.moves_in - left : 0;
+  s.evaluations =
+      h.shards[static_cast<std::size_t>(h.lane)]->evaluations.load(std::memory_order_relaxed);
+  s.refused_full = h.lane_refused.load(std::memory_order_relaxed);
+  return s;
 }
 
 bool Host::on_loop_thread() const {
@@ -311,6 +343,7 @@ ShardStats Host::shard_stats(int i) const {
   Shard& sh = *impl_->shards[static_cast<std::size_t>(i)];
   auto rd = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
   s.index = i;
+  s.slow_lane = i == impl_->lane;
   s.state = detail::to_string(
       static_cast<detail::ShardState>(sh.public_state.load(std::memory_order_relaxed)));
   s.pid = sh.pid.load(std::memory_order_relaxed);

@@ -57,8 +57,22 @@ struct Host::Impl final : detail::WorkerEvents {
   uv_async_t wakeup{};
   uv_timer_t shutdown_timer{};
   std::thread loop_thread;
-  ThreadRole loop_role;  // the loop thread: bound when it starts
-  std::vector<std::unique_ptr<detail::Shard>> shards;
+  ThreadRole loop_role;                                // the loop thread: bound when it starts
+  std::vector<std::unique_ptr<detail::Shard>> shards;  // the home shards, then the slow lane
+  // The slow lane (design/decisions.md D-slow-lane): its index in `shards` (opts.shards), or -1.
+  int lane = -1;
+  std::atomic<uint64_t> lane_moves_in{0}, lane_moves_out{0}, lane_refused{0};
+  // Where an evaluation of `r` goes now: one relaxed load of a flag the record already shares a
+  // cache line with (unregistered, quarantine), no hashing, no lookup.
+  detail::Shard& route(const detail::ScriptRecord& r) const {
+    return *shards[r.slow.load(std::memory_order_relaxed) ? static_cast<uint32_t>(lane) : r.shard];
+  }
+  // What a result of `r` says about it (slow_lane.cpp): it timed out, was killed at T+G or was
+  // charged with a crash (into the lane), or it behaved in the lane (out after
+  // slow_lane_release_after in a row). Atomics on the record only: any reader of results.
+  void misbehaved(const detail::ScriptRecord& r);
+  void behaved_in_lane(const detail::ScriptRecord& r);
+  std::string lane_full_message() const;
   // Threads waiting on this host's futures (shutdown closes it before the shards go).
   std::shared_ptr<detail::WaitGate> future_gate = std::make_shared<detail::WaitGate>();
   // The compile-only process (null: bytecode_cache_bytes 0). Created before the loop thread
@@ -103,8 +117,9 @@ struct Host::Impl final : detail::WorkerEvents {
 
   // submit.cpp (any thread)
   // `encoded` not empty: sent instead of `inputs`, as they are (EncodedInputs).
+  // `to` not null: the shard route() chose for it already (a waiter waits on that shard).
   void submit(const Script& script, Inputs&& inputs, detail::Completion&& done,
-              EncodedInputs&& encoded = {});
+              EncodedInputs&& encoded = {}, detail::Shard* to = nullptr);
   // Has the loop poll `sh` again if it stopped for a leader that has gone and nobody else asked.
   void resume_if_paused(detail::Shard& sh);
   void submit_batch(std::vector<Request>&& requests, BatchCallback&& cb);

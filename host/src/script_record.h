@@ -50,7 +50,12 @@ struct ScriptRecord {
   void (*free_engine)(void*) = nullptr;  // frees `engine` with the record
   std::size_t bytes = 0;                 // what it costs in the registry's account
   mutable std::atomic<uint32_t> refs{0};
-  std::atomic<bool> unregistered{false};     // evaluations of it end `invalid_argument`
+  std::atomic<bool> unregistered{false};  // evaluations of it end `invalid_argument`
+  // Host only: its evaluations go to the slow lane (design/decisions.md D-slow-lane), and (below,
+  // `slow_behaved`) how many in a row behaved there. Written by whoever reads a result of it (the
+  // loop thread or a leader; exchange, so each move is counted once); read, relaxed, when it is
+  // routed. Mutable like the crash fields: what the script did. In padding: no bigger record.
+  mutable std::atomic<bool> slow{false};
   std::shared_ptr<RegistryShared> registry;  // null: freed by the last reference alone
 
   // Crashes of a worker while it ran this script (Host only; design/supervision.md "Crash
@@ -61,7 +66,8 @@ struct ScriptRecord {
   mutable std::atomic<uint32_t> window_crashes{0};  // of them, since first_crash_ns
   mutable std::atomic<int64_t> first_crash_ns{0};   // start of the current crash window
   mutable std::atomic<int64_t> last_crash_ns{0};
-  mutable std::atomic<int32_t> last_crash{0};  // its exit: signal, or exit code << 8
+  mutable std::atomic<int32_t> last_crash{0};     // its exit: signal, or exit code << 8
+  mutable std::atomic<uint32_t> slow_behaved{0};  // see `slow`
   // Quarantined until then (0: not quarantined): its evaluations end `runtime_error` before any
   // worker sees them. Set by the loop thread; cleared by the first evaluation after it passed.
   mutable std::atomic<int64_t> quarantined_until_ns{0};

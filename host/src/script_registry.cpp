@@ -60,6 +60,7 @@ void ScriptRegistry::freed(ScriptRecord* r) {
   if (r->id < by_id_.size() && by_id_[r->id] == r) by_id_[r->id] = nullptr;
   bytes_ -= r->bytes;
   --records_;
+  if (r->slow.load(std::memory_order_relaxed)) freed_slow_.fetch_add(1, std::memory_order_relaxed);
   if (--key_refs_[r->key_id] == 0) free_key_ids_.push_back(r->key_id);
   if (deferred_ids_) {
     retired_.emplace_back(r->shard, r->id);

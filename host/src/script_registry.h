@@ -2,6 +2,7 @@
 // reference counted and freed with their last reference (design/decisions.md D-unreg).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -70,6 +71,8 @@ class ScriptRegistry {
   void take_retired(std::vector<std::pair<uint32_t, uint32_t>>* out) EXCLUDES(shared_->mu);
   // deferred_ids: these ids may be given to new records now.
   void recycle(const std::vector<uint32_t>& ids) EXCLUDES(shared_->mu);
+  // Records freed while they were in a Host's slow lane (ScriptRecord::slow): SlowLaneStats.
+  uint64_t freed_slow() const { return freed_slow_.load(std::memory_order_relaxed); }
 
  private:
   friend void release_script_record(const ScriptRecord* rec);
@@ -80,6 +83,7 @@ class ScriptRegistry {
   const std::size_t max_bytes_;
   const bool deferred_ids_;
   const std::shared_ptr<RegistryShared> shared_;
+  std::atomic<uint64_t> freed_slow_{0};
   std::size_t bytes_ GUARDED_BY(shared_->mu) = 0;    // what live records cost
   std::size_t records_ GUARDED_BY(shared_->mu) = 0;  // live records
   uint32_t next_id_ GUARDED_BY(shared_->mu) = 0;

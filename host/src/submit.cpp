@@ -72,14 +72,14 @@ void Host::Impl::deliver_now(Shard& sh, Completion&& done, Result&& r) {
 }
 
 void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done,
-                        EncodedInputs&& encoded) {
+                        EncodedInputs&& encoded, Shard* to) {
   const detail::ScriptRecord* r = script.record();
   if (!r || r->owner != this) {
     deliver_now(*shards[0], std::move(done),
                 Result{Status::invalid_argument, {}, "script handle is not from this host", -1});
     return;
   }
-  Shard& sh = *shards[r->shard];
+  Shard& sh = to ? *to : route(*r);
   if (r->unregistered.load(std::memory_order_relaxed)) [[unlikely]] {
     deliver_now(sh, std::move(done),
                 Result{Status::invalid_argument, {}, unregistered_message(r), sh.index});
@@ -132,6 +132,9 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
                                std::move(encoded));
         resume = !waiter && must_resume(sh);
       }
+    } else if (sh.index == lane && sh.table.in_use() >= opts.slow_lane_max_in_flight) [[unlikely]] {
+      lane_refused.fetch_add(1, std::memory_order_relaxed);
+      refusal = {Status::busy, {}, lane_full_message(), sh.index};
     } else if (sh.state == ShardState::kDown &&
                sh.table.waiting_count() >= opts.max_queued_while_down) {
       refusal = {Status::unavailable,
@@ -212,7 +215,7 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
                   Result{Status::runtime_error, {}, quarantine_message(*r), sh.index});
       continue;
     }
-    by_shard[r->shard].push_back(i);
+    by_shard[static_cast<std::size_t>(route(*r).index)].push_back(i);
   }
   auto& f = thread_builder();
   std::vector<detail::InputsOffset> inputs;
@@ -258,8 +261,9 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
         MutexLock lock(sh.mu);
         evs.clear();
         const bool single = opts.single_flight != SingleFlight::off;
-        const bool direct =
-            sh.state == ShardState::kRunning && !stopping.load(std::memory_order_relaxed);
+        // The slow lane's bound is submit()'s to check.
+        const bool direct = sh.state == ShardState::kRunning &&
+                            !stopping.load(std::memory_order_relaxed) && sh.index != lane;
         bool full = false;  // sources filled the frame: the rest go one by one, in order
         for (std::size_t k = 0; k < chunk.size(); ++k) {
           Request& req = requests[chunk[k]];

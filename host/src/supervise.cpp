@@ -181,6 +181,14 @@ void Host::Impl::flush_forgets() {
     by_shard[shard].push_back(id);
     all.push_back(id);
   }
+  if (lane >= 0) {
+    // The slow lane may hold any script's state: a Forget for those it was sent.
+    Shard& sh = *shards[static_cast<std::size_t>(lane)];
+    MutexLock lock(sh.mu);
+    for (uint32_t id : all)
+      if (id < sh.known.size() && sh.known[id])
+        by_shard[static_cast<std::size_t>(lane)].push_back(id);
+  }
   constexpr std::size_t kMaxIdsPerFrame = 1u << 16;  // 256 KiB of ids: far below kMaxFrameSize
   auto& f = loop_fbb;
   for (std::size_t s = 0; s < shards.size(); ++s) {

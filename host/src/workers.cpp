@@ -335,6 +335,12 @@ void Host::Impl::handle_results(Shard& sh, WorkerProcess*,
         resend.push_back(idx);
         continue;
       }
+      // The slow lane (D-slow-lane): a timeout moves the script there; in the lane, one that
+      // behaved counts towards its way back. One compare of a status already decoded elsewhere.
+      if (r.status == wire::Status::Timeout) [[unlikely]]
+        misbehaved(*slot.script.record());
+      else if (sh.index == lane) [[unlikely]]
+        behaved_in_lane(*slot.script.record());
       // Release the slot (and the key's flight) now: a caller that awaited this result and
       // submits again must never be refused by its own finished evaluation.
       done.emplace_back(sh.table.release(idx, &promoted), r);
@@ -458,6 +464,7 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
     if (suspect) {
       charge_crash(sh, *suspect, *w);
       death.charged = true;
+      misbehaved(*suspect);  // the slow lane, while (or once) it is not quarantined
     }
     // The evaluation the death is charged to (Result::killed_worker): the crash's suspect, or the
     // one that overran; 0: none (evaluation ids start at 1).
@@ -470,6 +477,7 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
       Slot& slot = sh.table[idx];
       detail::EvaluationFate fate =
           sh.policy.fate(death, stop, sh.table.id(idx), running, w->overrun_id(), slot.retries);
+      if (fate.status == Status::killed) misbehaved(*slot.script.record());  // overran T+G
       if (fate.retry) {
         ++slot.retries;
         slot.place = SlotPlace::kWaiting;

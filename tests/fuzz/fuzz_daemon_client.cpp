@@ -171,6 +171,7 @@ constexpr std::size_t kMaxRegisters = 16;
 constexpr std::size_t kMaxValues = 100000;
 constexpr uint32_t kMaxInflight = 4;
 constexpr int kShards = 2;
+constexpr int kWorkerShards = kShards + 1;  // the slow lane is the last (D-slow-lane)
 // The registry only grows (and each worker keeps a state per script it ran): a fresh daemon
 // once it holds this many scripts.
 constexpr std::size_t kRecycleScripts = 1024;
@@ -355,7 +356,7 @@ bool expect(std::span<const uint8_t> stream, Expectation* x) {
         // up to 5 s: refused; out-of-range shards go through (InvalidArgument).
         if ((q.command == wire::ControlCommand::KillShard ||
              q.command == wire::ControlCommand::RestartShard) &&
-            q.shard >= 0 && q.shard < kShards)
+            q.shard >= 0 && q.shard < kWorkerShards)
           return false;
         x->requests.push_back(std::move(q));
         break;
@@ -590,7 +591,7 @@ std::vector<uint64_t> check_answers(const Frames& frames, std::size_t cut, const
       } else {
         FUZZ_CHECK(x.hello);
         FUZZ_CHECK(h->error() == nullptr);
-        FUZZ_CHECK(h->shards() == kShards);
+        FUZZ_CHECK(h->shards() == kWorkerShards);
         FUZZ_CHECK(h->max_inflight() == kMaxInflight);
       }
       continue;
@@ -701,7 +702,7 @@ std::vector<uint64_t> check_answers(const Frames& frames, std::size_t cut, const
               FUZZ_CHECK(j.value("inflight", uint64_t{99}) <= kMaxInflight);
             }
             if (q.command != wire::ControlCommand::ListScripts) {
-              FUZZ_CHECK(j["shards"].is_array() && j["shards"].size() == kShards);
+              FUZZ_CHECK(j["shards"].is_array() && j["shards"].size() == kWorkerShards);
             } else {  // one page: at most `limit` (0: 1000; at most 10000) and 4 MiB
               const uint32_t limit = q.limit == 0 ? 1000 : std::min<uint32_t>(q.limit, 10000);
               FUZZ_CHECK(r->json()->size() <= (std::size_t{4} << 20));

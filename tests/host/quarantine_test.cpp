@@ -33,6 +33,9 @@ HostOptions options() {
   o.restart_delay = 5ms;
   o.crash_loop_limit = 3;  // fewer than the crashes below, were they the shard's
   o.crash_loop_window = 10s;
+  // The crashes and their quarantine on one shard; the slow lane, where a charged crash moves a
+  // script to (D-slow-lane), has tests of its own.
+  o.slow_lane = false;
   // These tests are about crashes, not kills: no T+G kill on a loaded machine or under TSan.
   o.timeout = 2000ms;
   o.grace = 5000ms;

@@ -779,6 +779,7 @@ HostOptions host_options(const ProfileOptions& p) {
   o.grace = 5000ms;  // the worker must stop every case itself: never a kill on a loaded machine
   o.memory_limit = p.memory_limit;
   o.worker_path = OUTRUN_TEST_WORKER;
+  o.slow_lane = false;  // one worker runs every case: the one whose soundness is checked
   return o;
 }
 

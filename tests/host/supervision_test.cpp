@@ -377,6 +377,7 @@ TEST_CASE("Supervision: the group kill takes a worker's children with it") {
   auto o = base_options();
   o.worker_path = wrapper;
   o.bytecode_cache_bytes = 0;  // no compile-only process: the pidfile is the shard's worker's
+  o.slow_lane = false;         // nor a slow lane's worker
   auto host = start(o);
   int child = 0;
   std::ifstream(pidfile) >> child;

@@ -23,8 +23,8 @@ enum class SingleFlight : uint8_t {
 };
 
 struct HostOptions {
-  // Number of worker processes. Scripts are routed to a shard by a stable hash of their key, so
-  // each shard keeps its scripts compiled. 1..64.
+  // Number of worker processes (one more with slow_lane, below). Scripts are routed to a shard by
+  // a stable hash of their key, so each shard keeps its scripts compiled. 1..64.
   int shards = 2;
 
   // Where the host's log lines go (a worker's death, its stderr, a callback that threw; never
@@ -189,6 +189,23 @@ struct HostOptions {
   // quarantine_after: 1..1000; quarantine_cooldown: positive.
   int quarantine_after = 2;
   std::chrono::milliseconds quarantine_cooldown{60000};
+
+  // The slow lane (design/decisions.md D-slow-lane): one more worker process, the last shard
+  // (index `shards`), where a script runs from the moment one of its evaluations timed out, was
+  // killed at T+G or crashed its worker, until it behaves again, so that the honest scripts of
+  // its home shard never wait behind its overruns (a worker runs one evaluation at a time).
+  // Its evaluations keep their timeout, grace, kills and retries; its worker is supervised and
+  // restarted like any other. Costs one worker process (~5 MB idle) and nothing per evaluation
+  // of a script that never misbehaved (one flag on the script record, read when it is routed).
+  // false: no lane; every script always runs on its home shard.
+  bool slow_lane = true;
+  // A script leaves the lane after this many evaluations in a row there that ended without
+  // `timeout` or `killed` (and without a charged crash). 1..10000.
+  int slow_lane_release_after = 8;
+  // Evaluations the lane holds at once (sent to its worker or waiting for it); more end `busy`
+  // at once instead of queueing behind the runaways: a flood from misbehaving scripts is bounded.
+  // 1..100000.
+  std::size_t slow_lane_max_in_flight = 64;
 };
 
 // Every limit Host::create enforces, and only those (each is written next to its option above):
@@ -198,6 +215,7 @@ Error validate(const HostOptions& options);
 // State and counters of one shard, for tests, the CLI and the perf harness.
 struct ShardStats {
   int index = 0;
+  bool slow_lane = false;  // this shard is the slow lane (HostOptions::slow_lane)
   std::string state;       // "running", "down", "crash_loop", "stopping", "stopped"
   int pid = 0;             // current worker, 0 while down
   int64_t uptime_ms = -1;  // how long the current worker has run; -1 while down
@@ -247,11 +265,23 @@ struct CompilerStats {
   bool idle = true;           // every registered script was compiled or refused (or no process)
 };
 
-// Crashes charged to one script record (HostOptions::quarantine_after).
+// Crashes charged to one script record (HostOptions::quarantine_after), and its lane.
 struct ScriptCrashStats {
   uint32_t crashes = 0;            // crashes of a worker while it ran this script
   bool quarantined = false;        // its evaluations end `runtime_error` now
   int64_t quarantine_left_ms = 0;  // how long that lasts (0: not quarantined)
+  bool slow_lane = false;          // its evaluations run in the slow lane now
+};
+
+// HostOptions::slow_lane: the lane and the scripts that went through it (all zeros and shard -1
+// without a lane). Per-shard figures of the lane's worker: shard_stats(shard).
+struct SlowLaneStats {
+  int shard = -1;             // its index (the last shard)
+  uint64_t scripts = 0;       // scripts in the lane now
+  uint64_t moves_in = 0;      // scripts moved in (a timeout, a kill at T+G, a charged crash)
+  uint64_t moves_out = 0;     // scripts moved back to their home shard after behaving
+  uint64_t evaluations = 0;   // evaluations submitted to the lane
+  uint64_t refused_full = 0;  // ended `busy`: the lane held slow_lane_max_in_flight already
 };
 
 // Thread-safe: every member may be called from any thread, concurrently, including from inside
@@ -293,7 +323,14 @@ class Host final : public Runner {
   Result evaluate_sync(const Script& script, Inputs inputs) override;
   void evaluate_batch(std::vector<Request> requests, BatchCallback done) override;
 
+  // Shards, the slow lane included (it is the last one: slow_lane_shard()).
   int shards() const;
+  // The slow lane's shard index; -1 without one.
+  int slow_lane_shard() const;
+  // The shard an evaluation of `script` submitted now goes to: its home shard, or the slow lane
+  // while it is there (0 for a handle of another runner). outrund schedules by it.
+  int shard_of(const Script& script) const;
+  SlowLaneStats slow_lane_stats() const;
   // True on the I/O loop thread: where callbacks run with callbacks_on_loop (a refusal at
   // submission still arrives on a dispatcher). Callable from a callback, also from the last ones,
   // which run while the Host is destroyed.
