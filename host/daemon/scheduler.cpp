@@ -88,7 +88,9 @@ void Server::submit_tag_evaluation(Request rq, Callback done) {
     host_->evaluate(rq.script, std::move(rq.inputs), std::move(done));
     return;
   }
-  const int s = static_cast<int>(rq.script.shard());
+  // Where the Host runs it now: a tag script in the slow lane takes the lane's window, not its
+  // home shard's (D-slow-lane), as a client's evaluation does.
+  const int s = host_->shard_of(rq.script);
   {
     ShardSched& sh = sched_[s];
     MutexLock lock(sh.mu);
