@@ -57,6 +57,15 @@ bool wait_restarted(const Host& h, int i, uint64_t starts) {
   return true;
 }
 
+bool wait_running(const Host& h, int i) {
+  const int64_t deadline = mono_ns() + 10'000'000'000;
+  while (h.shard_stats(i).state != "running") {
+    if (mono_ns() > deadline) return false;
+    sleep_ns(50'000);
+  }
+  return true;
+}
+
 int64_t run_all(Host& h, const std::vector<Script>& s, int64_t round, const Expect& expect,
                 std::chrono::seconds wait) {
   std::vector<Request> reqs;

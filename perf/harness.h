@@ -37,6 +37,8 @@ double max_rss_mb(const std::vector<int>& pids);
 
 // Waits until shard `i` has started a worker after `starts` (bounded: 10 s).
 bool wait_restarted(const Host& h, int i, uint64_t starts);
+// Waits (up to 10 s) until shard i has a worker running. False on timeout.
+bool wait_running(const Host& h, int i);
 
 // Evaluates every script of `s` once (one batch) with inputs {a = round, b = 0}; returns the
 // ones not ok, or, with `expect`, the ones whose value is not expect(k) (k: index in `s`), and
