@@ -375,17 +375,6 @@ std::vector<std::string> check_environment(const DaemonConfig& cfg) {
   return out;
 }
 
-std::string log_dir_problem(const std::string& log_file) {
-  if (log_file.empty()) return {};
-  const auto slash = log_file.rfind('/');
-  const std::string dir = slash == std::string::npos ? "."
-                          : slash == 0               ? "/"
-                                                     : log_file.substr(0, slash);
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) return "directory " + dir + ": " + std::strerror(errno);
-  if (!S_ISDIR(st.st_mode)) return dir + " is not a directory";
-  return {};
-}
 
 std::string finalize_config(DaemonConfig* cfg) {
   if (cfg->socket.empty()) {

@@ -92,6 +92,19 @@ Server::~Server() {
   if (listen_fd_ >= 0) ::close(listen_fd_);
 }
 
+// In server.cpp, not config.cpp: the fuzz target links the daemon without config.cpp.
+std::string log_dir_problem(const std::string& log_file) {
+  if (log_file.empty()) return {};
+  const auto slash = log_file.rfind('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : log_file.substr(0, slash);
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return "directory " + dir + ": " + std::strerror(errno);
+  if (!S_ISDIR(st.st_mode)) return dir + " is not a directory";
+  return {};
+}
+
 void Server::reopen_logs() {
   std::shared_ptr<spdlog::logger> lg;
   try {

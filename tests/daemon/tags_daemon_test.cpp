@@ -352,7 +352,9 @@ TEST_CASE("outrun reload waits for the tags file's reload and fails when it did 
   std::string changed = kTags;
   changed.replace(changed.find("inputs.a * 2"), 12, "inputs.a * 3");
   write_file(dir, "tags.toml", changed);
-  auto [rc, out] = run_command(cli + " 2>&1");
+  int rc = 0;
+  std::string out;  // not a structured binding: CHECK_MESSAGE captures it (clang 14)
+  std::tie(rc, out) = run_command(cli + " 2>&1");
   CHECK_MESSAGE(rc == 0, out);
   CHECK(out == "reloaded\n");
   std::string json;
@@ -596,7 +598,9 @@ TEST_CASE("outrund tags: outrun tags define, update, read, list and watch throug
           nullptr);
     _exit(127);
   }
-  auto [rc, out] = run_command(cli + "define -f " + file);
+  int rc = 0;
+  std::string out;  // not a structured binding: CHECK_MESSAGE captures it (clang 14)
+  std::tie(rc, out) = run_command(cli + "define -f " + file);
   CHECK(rc == 0);
   CHECK_MESSAGE(out.find("defined or changed: 2  f, u\n") != std::string::npos, out);
   std::tie(rc, out) = run_command(cli + "define --json -f " + file);
@@ -1028,7 +1032,9 @@ TEST_CASE("outrund tags: tag evaluations count in stats and metrics, timeouts in
   // Where an alert on timeouts looks: the daemon's evaluations by status.
   CHECK(j["evaluations"]["timeout"].get<uint64_t>() >= 1);
   const std::string cli = std::string(OUTRUN_TEST_CLI) + " --socket " + d.socket + " ";
-  auto [rc, out] = run_command(cli + "stats --prometheus");
+  int rc = 0;
+  std::string out;  // not a structured binding: CHECK_MESSAGE captures it (clang 14)
+  std::tie(rc, out) = run_command(cli + "stats --prometheus");
   CHECK(rc == 0);
   CHECK_MESSAGE(out.find("outrun_tag_evaluations_total{status=\"timeout\"} ") != std::string::npos,
                 out);
