@@ -375,7 +375,6 @@ std::vector<std::string> check_environment(const DaemonConfig& cfg) {
   return out;
 }
 
-
 std::string finalize_config(DaemonConfig* cfg) {
   if (cfg->socket.empty()) {
     cfg->socket = default_socket_path();
