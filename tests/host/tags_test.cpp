@@ -1080,6 +1080,9 @@ TEST_CASE("tags: NaN notifies once, deadbands per array element, timestamp-only 
 TEST_CASE("tags: merged updates set the Overflow bit, every_update sees each update in order") {
   HostOptions ho;
   ho.shards = 2;
+  // The scripts spin on CPU time: on a loaded machine 20 ms of it can take longer than the
+  // default T (100 ms) of wall time. This test is about merging, not timeouts.
+  ho.timeout = std::chrono::seconds(5);
   auto host = start_host(ho);
   Changes changes;
   tags::TagsOptions to;
@@ -1122,6 +1125,7 @@ TEST_CASE("tags: merged updates set the Overflow bit, every_update sees each upd
 TEST_CASE("tags: every_update's queue is bounded: the oldest is dropped, counted and flagged") {
   HostOptions ho;
   ho.shards = 1;
+  ho.timeout = std::chrono::seconds(5);  // CPU-time spins, not about timeouts (above)
   auto host = start_host(ho);
   Changes changes;
   tags::TagsOptions to;
