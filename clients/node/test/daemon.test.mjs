@@ -20,7 +20,7 @@ describe('outrund', () => {
   test('hello: server info', () => {
     const info = client.serverInfo;
     assert.equal(info.protocolVersion, 2);
-    assert.equal(info.shards, 2);
+    assert.equal(info.shards, 3); // 2 shards and the slow lane, the last one (D-slow-lane)
     assert.equal(info.maxInflight, 10000);
     assert.ok(info.serverVersion.length > 0);
     assert.equal(client.connected, true);
@@ -199,8 +199,9 @@ describe('outrund', () => {
     assert.equal(typeof st.pid, 'number');
     assert.ok(st.evaluations.ok > 0);
     const sh = await client.shards();
-    assert.equal(sh.shards.length, 2);
+    assert.equal(sh.shards.length, 3); // the slow lane's worker is the last
     assert.equal(sh.shards[0].index, 0);
+    assert.equal(sh.shards[2].slow_lane, true);
     const sc = await client.scripts();
     assert.ok(sc.scripts.some((s) => s.key === 'Line1.Avg'));
   });

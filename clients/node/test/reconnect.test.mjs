@@ -59,7 +59,7 @@ test('SIGKILL mid-flight: in flight ends unavailable, then the client reconnects
     other = await connect(tmp.socket, { reconnect: false });
     await other.register('Other.First', 'return "other"');
     const [info] = await connected;
-    assert.equal(info.shards, 2);
+    assert.equal(info.shards, 3); // 2 shards and the slow lane (design/supervision.md)
     assert.equal(c.connected, true);
 
     assert.deepEqual(await waiting, { status: 'ok', value: 40, error: '', shard: b.shard });
