@@ -192,10 +192,11 @@ std::span<const uint8_t> encode_hello(flatbuffers::FlatBufferBuilder& fbb, int32
 flatbuffers::Offset<wire::Result> build_result(flatbuffers::FlatBufferBuilder& fbb, uint64_t id,
                                                wire::Status status,
                                                flatbuffers::Offset<wire::Value> value,
-                                               std::string_view error) {
+                                               std::string_view error, LogLinesOffset logs,
+                                               uint32_t logs_dropped) {
   flatbuffers::Offset<flatbuffers::String> err;
   if (!error.empty()) err = fbb.CreateString(error.data(), error.size());
-  return wire::CreateResult(fbb, id, status, value, err);
+  return wire::CreateResult(fbb, id, status, value, err, logs, logs_dropped);
 }
 
 std::span<const uint8_t> finish_results(flatbuffers::FlatBufferBuilder& fbb,
@@ -231,6 +232,8 @@ bool decode_worker_result(const wire::Result* r, ResultView* out, std::string* w
   out->status = r->status();
   out->value = r->status() == wire::Status::Ok ? r->value() : nullptr;
   out->error = r->error() ? r->error()->string_view() : std::string_view();
+  out->logs = r->logs();
+  out->logs_dropped = r->logs_dropped();
   return true;
 }
 

@@ -11,9 +11,21 @@
 #include <new>
 
 #include "lua_values.h"
+#include "outrun/protocol/script_log.h"
 #include "status_codes.h"
 
 namespace outrun::sandbox {
+
+ScriptLog::ScriptLog() : lines(protocol::kMaxLogLinesPerEvaluation) {
+  for (Line& l : lines) l.text.reserve(protocol::kMaxLogLineBytes);
+}
+
+void ScriptLog::reset(std::size_t max) {
+  count = 0;
+  bytes = 0;
+  dropped = 0;
+  max_lines = std::min(max, lines.size());
+}
 
 int64_t monotonic_ns() {
   timespec ts;
@@ -80,8 +92,45 @@ void count_hook(lua_State* L, lua_Debug*) {
   luaL_error(L, "timeout");
 }
 
-int noop(lua_State*) {
+// print(...) and log.<level>(...): the arguments as tostring shows them, joined by spaces (not
+// print's tab: it would be escaped), escaped
+// and cut at kMaxLogLineBytes, recorded in the run's ScriptLog (design/sandbox.md "Script
+// logs"). Past the run's caps a call only counts itself (cheap: a script that logs in a loop
+// costs its own time). No C++ object with a destructor lives across the Lua calls here
+// (luaL_tolstring may raise through a __tostring): the line's storage is the log's, reserved.
+int record_log(lua_State* L, uint8_t level) {
+  auto* ctx = *static_cast<RunContext**>(lua_getextraspace(L));
+  ScriptLog* log = ctx->log;
+  if (!log) return 0;
+  if (log->count >= log->max_lines || log->bytes >= protocol::kMaxLogBytesPerEvaluation) {
+    if (log->dropped != UINT32_MAX) ++log->dropped;
+    return 0;
+  }
+  ScriptLog::Line& line = log->lines[log->count];
+  line.level = level;
+  line.text.clear();
+  const std::size_t room =
+      std::min(protocol::kMaxLogLineBytes, protocol::kMaxLogBytesPerEvaluation - log->bytes);
+  const int n = lua_gettop(L);
+  for (int i = 1; i <= n; ++i) {
+    std::size_t len = 0;
+    const char* s = luaL_tolstring(L, i, &len);
+    const bool fit = (i == 1 || protocol::append_log_text(&line.text, " ", room)) &&
+                     protocol::append_log_text(&line.text, std::string_view(s, len), room);
+    lua_pop(L, 1);
+    if (!fit) break;
+  }
+  log->bytes += line.text.size();
+  ++log->count;
   return 0;
+}
+
+int script_print(lua_State* L) {
+  return record_log(L, static_cast<uint8_t>(wire::LogLevel::Info));
+}
+
+int script_log(lua_State* L) {
+  return record_log(L, static_cast<uint8_t>(lua_tointeger(L, lua_upvalueindex(1))));
 }
 
 // xpcall's message handler runs while the error is being raised. When that error is the
@@ -385,9 +434,9 @@ void wrap_global(lua_State* L, const char* name, lua_CFunction fn) {
 int setup_sandbox(lua_State* L) {
   // Base and string now (string methods go through the string metatable, which needs the
   // library); the others on first use (make_lazy).
-  // The globals table, sized once for what the sandbox puts there (31 names) plus `inputs`:
+  // The globals table, sized once for what the sandbox puts there (32 names) plus `inputs`:
   // filling lua_newstate's empty one rehashed it five times (a new state costs ~15 % less).
-  lua_createtable(L, 0, 32);
+  lua_createtable(L, 0, 33);
   lua_rawseti(L, LUA_REGISTRYINDEX, LUA_RIDX_GLOBALS);
   // Opened directly rather than with luaL_requiref: no loaded-modules table is made, so none can
   // hand out the real libraries (scripts have no `require` anyway).
@@ -403,8 +452,21 @@ int setup_sandbox(lua_State* L) {
     lua_pushnil(L);
     lua_setglobal(L, name);
   }
-  lua_pushcfunction(L, noop);
+  lua_pushcfunction(L, script_print);
   lua_setglobal(L, "print");
+  // log.debug/info/warn/error: read-only like string (make_read_only below).
+  lua_createtable(L, 0, 4);
+  static constexpr std::pair<const char*, wire::LogLevel> kLevels[] = {
+      {"debug", wire::LogLevel::Debug},
+      {"info", wire::LogLevel::Info},
+      {"warn", wire::LogLevel::Warn},
+      {"error", wire::LogLevel::Error}};
+  for (const auto& [name, level] : kLevels) {
+    lua_pushinteger(L, static_cast<lua_Integer>(level));
+    lua_pushcclosure(L, script_log, 1);
+    lua_setfield(L, -2, name);
+  }
+  lua_setglobal(L, "log");
   lua_pushcfunction(L, safe_collectgarbage);
   lua_setglobal(L, "collectgarbage");
   lua_pushcfunction(L, safe_xpcall);
@@ -428,6 +490,7 @@ int setup_sandbox(lua_State* L) {
   lua_pop(L, 2);
 
   make_read_only(L, LUA_STRLIBNAME);
+  make_read_only(L, "log");
   make_lazy_libs(L);
   return 0;
 }
@@ -639,8 +702,11 @@ Outcome ScriptState::load(std::string_view text, const char* chunk_name, const c
 }
 
 Outcome ScriptState::run(PushInputsFn push_inputs, const void* inputs, int64_t timeout_ns,
-                         int64_t start_ns) {
+                         int64_t start_ns, ScriptLog* log) {
   lua_settop(L_, 1);
+  // Only during the run: a __gc that prints while the state is closed (evicted while another
+  // script runs) must not write into that script's log; what finalizers print after it is lost.
+  ctx_->log = log;
   RunArgs args{push_inputs, inputs, true};
   lua_pushcfunction(L_, run_trampoline);
   lua_pushlightuserdata(L_, &args);
@@ -652,6 +718,7 @@ Outcome ScriptState::run(PushInputsFn push_inputs, const void* inputs, int64_t t
   account_->system_refused = false;
   account_->budget_refused = false;
   const int status = lua_pcall(L_, 2, 1, 0);
+  ctx_->log = nullptr;
   ctx_->stack_base = 0;
   const bool timed_out = ctx_->timed_out;
   if (lua_gethookcount(L_) != kHookInterval)

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "outrun/protocol/outrun_generated.h"
 
@@ -54,8 +55,31 @@ struct MemoryAccount {
   bool budget_refused = false;     // the budget refused growth (nothing left to reclaim), this run
 };
 
+// What print(...) and log.debug/info/warn/error(...) record during one run (design/sandbox.md
+// "Script logs"): at most `max_lines` lines (<= kMaxLogLinesPerEvaluation) and
+// kMaxLogBytesPerEvaluation bytes of escaped text; calls past them only count `dropped`. Owned by
+// the runner and reused: its storage is reserved once, so recording a line never allocates (an
+// allocation failure would be a C++ exception inside Lua's C frames).
+struct ScriptLog {
+  struct Line {
+    uint8_t level = 1;  // wire::LogLevel
+    std::string text;
+  };
+  ScriptLog();
+  // Forgets the last run's lines; this run may keep at most `max` (the runner's rate limit).
+  void reset(std::size_t max);
+  std::vector<Line> lines;  // lines[0, count) are this run's
+  std::size_t count = 0;
+  std::size_t bytes = 0;
+  std::size_t max_lines = 0;
+  uint32_t dropped = 0;
+};
+
 // Per-evaluation state the count hook reads through the lua_State's extra space.
 struct RunContext {
+  // Where print and log.* record during run() (null outside it, and when the runner keeps no
+  // log: then they do nothing).
+  ScriptLog* log = nullptr;
   int64_t deadline_ns = 0;  // CLOCK_MONOTONIC
   bool timed_out = false;
   // How many coroutine.close calls are running, nested inside one another (through __close
@@ -104,8 +128,9 @@ class ScriptState {
   // returned value is on the top of the stack until the next call; convert it with
   // lua_values.h. T starts at `start_ns` (CLOCK_MONOTONIC; 0: now), so a caller that already
   // read the clock for this evaluation does not read it again.
+  // What the script prints or logs goes to `log` (reset by the caller; null: nowhere).
   Outcome run(PushInputsFn push_inputs, const void* inputs, int64_t timeout_ns,
-              int64_t start_ns = 0);
+              int64_t start_ns = 0, ScriptLog* log = nullptr);
 
   lua_State* L() const { return L_; }
   const MemoryAccount& memory() const { return *account_; }

@@ -11,6 +11,7 @@
 
 #include "lua_values.h"
 #include "outrun/protocol/messages.h"
+#include "outrun/protocol/script_log.h"
 #include "wire_values.h"
 
 namespace outrun::worker {
@@ -372,7 +373,23 @@ Worker::Script* Worker::script_for(const wire::Evaluation* e) {
 void Worker::add_result(uint64_t id, wire::Status status, flatbuffers::Offset<wire::Value> value,
                         std::string_view error) {
   if (results_.empty()) first_result_ns_ = now_ns_;
-  results_.push_back(protocol::build_result(out_, id, status, value, error));
+  protocol::LogLinesOffset logs = 0;
+  if (log_.count != 0) [[unlikely]] {
+    flatbuffers::Offset<wire::LogLine> lines[protocol::kMaxLogLinesPerEvaluation];
+    for (std::size_t i = 0; i < log_.count; ++i)
+      lines[i] = wire::CreateLogLine(out_, static_cast<wire::LogLevel>(log_.lines[i].level),
+                                     out_.CreateString(log_.lines[i].text));
+    logs = out_.CreateVector(lines, log_.count);
+  }
+  results_.push_back(protocol::build_result(out_, id, status, value, error, logs, log_.dropped));
+  log_.reset(0);  // an error answer for another evaluation (hooks) carries none of these
+}
+
+std::size_t Worker::log_allowance(Script* s) {
+  const double elapsed_s = static_cast<double>(now_ns_ - s->log_refill_ns) * 1e-9;
+  s->log_refill_ns = now_ns_;
+  s->log_tokens = std::min(kLogBurst, s->log_tokens + elapsed_s * kLogLinesPerSecond);
+  return std::min(protocol::kMaxLogLinesPerEvaluation, static_cast<std::size_t>(s->log_tokens));
 }
 
 void Worker::mark_running(uint64_t id) {
@@ -419,8 +436,10 @@ void Worker::evaluate(const wire::Evaluation* e) {
     return;
   }
   mark_running(e->id());  // T counts from here, for the worker's soft deadline and the host's
+  log_.reset(log_allowance(s));
   const auto outcome = s->state->run(sandbox::push_wire_inputs, list ? list->inputs() : e->inputs(),
-                                     timeout_ns(e->timeout_us()), now_ns_);
+                                     timeout_ns(e->timeout_us()), now_ns_, &log_);
+  s->log_tokens -= static_cast<double>(log_.count);
   if (page) {
     page->running_id.store(0, std::memory_order_release);
     page->evaluations.fetch_add(1, std::memory_order_relaxed);

@@ -108,7 +108,15 @@ class Worker {
     std::unique_ptr<sandbox::ScriptState> state;
     sandbox::Outcome compile_outcome;  // Ok, or why it cannot run (kept: compile once)
     std::string chunk;                 // lua_dump of its chunk, while it has no state
+    // Its log rate limit (design/sandbox.md "Script logs"): lines it may still log, refilled
+    // at kLogLinesPerSecond up to kLogBurst, as of log_refill_ns.
+    double log_tokens = kLogBurst;
+    int64_t log_refill_ns = 0;
   };
+  static constexpr double kLogLinesPerSecond = 50;
+  static constexpr double kLogBurst = 100;
+  // The lines `s` may log in the evaluation starting now (its bucket refilled).
+  std::size_t log_allowance(Script* s);
 
   bool send_hello();
   void handle(const wire::Frame* frame);
@@ -143,6 +151,7 @@ class Worker {
   protocol::FrameReader reader_;
   protocol::HotBuilder out_{64 * 1024};
   std::vector<flatbuffers::Offset<wire::Result>> results_;
+  sandbox::ScriptLog log_;  // the running evaluation's print/log lines (add_result sends them)
   int64_t first_result_ns_ = 0;
   int64_t now_ns_ = 0;  // read once per evaluation: its start (T), the batch hold, the page
   // Declared before scripts_: every state charges it, until its destructor has run.

@@ -1,9 +1,11 @@
 #include "wire_codec.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "outrun/protocol/frame.h"
 #include "outrun/protocol/input_list.h"
+#include "outrun/protocol/script_log.h"
 #include "outrun/protocol/wire_value.h"
 
 namespace outrun::detail {
@@ -328,6 +330,45 @@ ResultDecode decode_result(bool ok, const wire::Value* in, std::string_view erro
   if (!charge(budget, error.size())) return ResultDecode::spent;
   message->assign(error);
   return ResultDecode::ok;
+}
+
+void decode_logs(const flatbuffers::Vector<flatbuffers::Offset<wire::LogLine>>* in,
+                 std::vector<LogLine>* out, uint32_t* dropped, std::size_t* budget) {
+  if (!in || in->size() == 0) return;
+  const auto add_dropped = [&](std::size_t n) {
+    const uint64_t sum = uint64_t{*dropped} + n;
+    *dropped = sum > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(sum);
+  };
+  const std::size_t n = std::min<std::size_t>(in->size(), protocol::kMaxLogLinesPerEvaluation);
+  add_dropped(in->size() - n);
+  out->reserve(n);
+  for (flatbuffers::uoffset_t i = 0; i < n; ++i) {
+    const wire::LogLine* line = in->Get(i);
+    const std::string_view text = line->text() ? line->text()->string_view() : std::string_view();
+    if (!charge(budget, 16 + std::min(text.size(), 4 * protocol::kMaxLogLineBytes))) {
+      add_dropped(n - i);
+      return;
+    }
+    LogLine& l = out->emplace_back();
+    const auto level = static_cast<uint8_t>(line->level());
+    l.level = level <= static_cast<uint8_t>(LogLevel::error) ? static_cast<LogLevel>(level)
+                                                             : LogLevel::info;
+    if (protocol::log_text_clean(text, protocol::kMaxLogLineBytes))
+      l.text.assign(text);
+    else
+      protocol::append_log_text(&l.text, text, protocol::kMaxLogLineBytes);
+  }
+}
+
+flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::LogLine>>> encode_logs(
+    flatbuffers::FlatBufferBuilder& fbb, const std::vector<LogLine>& logs) {
+  if (logs.empty()) return 0;
+  flatbuffers::Offset<wire::LogLine> lines[protocol::kMaxLogLinesPerEvaluation];
+  const std::size_t n = std::min(logs.size(), protocol::kMaxLogLinesPerEvaluation);
+  for (std::size_t i = 0; i < n; ++i)
+    lines[i] = wire::CreateLogLine(fbb, static_cast<wire::LogLevel>(logs[i].level),
+                                   fbb.CreateString(logs[i].text));
+  return fbb.CreateVector(lines, n);
 }
 
 bool decode_inputs(const flatbuffers::Vector<flatbuffers::Offset<wire::Input>>* in, Inputs* out,

@@ -92,6 +92,17 @@ enum class ResultDecode : uint8_t { ok, invalid, spent };
 ResultDecode decode_result(bool ok, const wire::Value* in, std::string_view error, Value* value,
                            std::string* message, std::size_t* budget);
 
+// A received result's log lines (Result.logs, untrusted): at most
+// protocol::kMaxLogLinesPerEvaluation kept (more are added to `*dropped`), each line's text copied
+// when it is clean (protocol::log_text_clean) and escaped again otherwise, an unknown level read
+// as info; each line's bytes (plus 16) are taken from `*budget`, and once it is spent the rest are
+// dropped. `*dropped` starts as the result's logs_dropped.
+void decode_logs(const flatbuffers::Vector<flatbuffers::Offset<wire::LogLine>>* in,
+                 std::vector<LogLine>* out, uint32_t* dropped, std::size_t* budget);
+// A result's log lines on the wire (0 when there are none).
+flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::LogLine>>> encode_logs(
+    flatbuffers::FlatBufferBuilder& fbb, const std::vector<LogLine>& logs);
+
 // A client's protocol 1 `inputs` (verified structurally): at most kMaxInputs, each input's name
 // (16 bytes plus its size) and value taken from `*budget` (null: none) at each use, as
 // decode_value takes. False with *error: too many, a value that is not valid, or the budget

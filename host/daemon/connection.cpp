@@ -21,10 +21,10 @@ namespace {
 flatbuffers::Offset<wire::Result> build_item(flatbuffers::FlatBufferBuilder& f, uint64_t id,
                                              const Result& r) {
   const bool ok = r.status == Status::ok;
-  return protocol::build_result(
-      f, id, static_cast<wire::Status>(r.status),
-      ok ? detail::encode_value(f, r.value) : flatbuffers::Offset<wire::Value>(),
-      ok ? std::string_view() : std::string_view(r.error));
+  const auto value = ok ? detail::encode_value(f, r.value) : flatbuffers::Offset<wire::Value>();
+  return protocol::build_result(f, id, static_cast<wire::Status>(r.status), value,
+                                ok ? std::string_view() : std::string_view(r.error),
+                                detail::encode_logs(f, r.logs), r.logs_dropped);
 }
 }  // namespace
 

@@ -196,6 +196,10 @@ struct Client::Impl {
         if (d != detail::ResultDecode::ok)
           out = Result{
               Status::runtime_error, {}, d == detail::ResultDecode::spent ? spent : invalid, -1};
+        if (item->logs() || item->logs_dropped()) [[unlikely]] {  // the script printed or logged
+          out.logs_dropped = item->logs_dropped();
+          detail::decode_logs(item->logs(), &out.logs, &out.logs_dropped, &budget);
+        }
         cb(std::move(out));
       }
     } else if (auto* reg = std::get_if<protocol::RegisteredMsg>(&m)) {

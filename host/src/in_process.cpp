@@ -4,6 +4,7 @@
 
 #include "future_state.h"
 #include "lua_values.h"
+#include "outrun/protocol/script_log.h"
 #include "outrun/thread_annotations.h"
 #include "sandbox.h"
 #include "script_record.h"
@@ -129,16 +130,33 @@ Result InProcess::run(const Script& script, const Inputs& inputs) {
     return {static_cast<Status>(e->compile_outcome.status), {}, e->compile_outcome.error, -1};
   const int64_t timeout_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(impl_->opts.timeout).count();
-  auto outcome = e->state->run(push_inputs, &inputs, timeout_ns);
-  if (outcome.status != wire::Status::Ok)
-    return {static_cast<Status>(outcome.status), {}, std::move(outcome.error), -1};
+  // What it prints or logs, with the worker's per-evaluation caps (no rate limit: it runs on
+  // the caller's thread, its cost is the caller's).
+  thread_local sandbox::ScriptLog log;
+  log.reset(protocol::kMaxLogLinesPerEvaluation);
+  auto outcome = e->state->run(push_inputs, &inputs, timeout_ns, 0, &log);
+  Result res;
+  if (log.count != 0 || log.dropped != 0) [[unlikely]] {
+    res.logs.reserve(log.count);
+    for (std::size_t i = 0; i < log.count; ++i)
+      res.logs.push_back({static_cast<LogLevel>(log.lines[i].level), log.lines[i].text});
+    res.logs_dropped = log.dropped;
+  }
+  if (outcome.status != wire::Status::Ok) {
+    res.status = static_cast<Status>(outcome.status);
+    res.error = std::move(outcome.error);
+    return res;
+  }
   lua_State* L = e->state->L();
   detail::ValueBuilder builder;
   sandbox::ResultConverter conv(L, builder);
-  Result res;
   const bool ok = conv.convert(lua_gettop(L), &res.value);
   lua_settop(L, 1);
-  if (!ok) return {Status::runtime_error, {}, conv.error(), -1};
+  if (!ok) {
+    res.value = Value{};
+    res.status = Status::runtime_error;
+    res.error = conv.error();
+  }
   return res;
 }
 

@@ -375,6 +375,10 @@ void Host::Impl::handle_results(Shard& sh, WorkerProcess*,
     const detail::ResultDecode d = detail::decode_result(res.status == Status::ok, r.value, r.error,
                                                          &res.value, &res.error, &budget);
     if (d != detail::ResultDecode::ok) lost(res, d == detail::ResultDecode::spent);
+    if (r.logs || r.logs_dropped) [[unlikely]] {  // the script printed or logged
+      res.logs_dropped = r.logs_dropped;
+      detail::decode_logs(r.logs, &res.logs, &res.logs_dropped, &budget);
+    }
     deliver_read(std::move(completion), std::move(res), to_dispatch);
   }
   done.clear();

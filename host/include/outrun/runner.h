@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "outrun/log.h"
 #include "outrun/status.h"
 #include "outrun/value.h"
 
@@ -102,6 +103,15 @@ constexpr std::size_t script_record_bytes(std::string_view key, std::string_view
 // (Host::register_script's overload: outrund's per-uid registry quotas).
 using AdmitFn = std::function<Error(std::size_t bytes)>;
 
+// What a script said during one evaluation with print(...) (info) or log.debug/info/warn/error(...)
+// (design/sandbox.md "Script logs"). `text` is UTF-8 without control characters (they are
+// escaped as \n, \t, \xNN) and at most 256 bytes; an evaluation keeps at most 16 lines and 2 KiB.
+// LogLevel is log.h's (debug, info, warn, error, numbered as on the wire).
+struct LogLine {
+  LogLevel level = LogLevel::info;
+  std::string text;
+};
+
 struct Result {
   Status status = Status::ok;
   Value value;        // when status == ok
@@ -115,6 +125,11 @@ struct Result {
   // not carry it). outrund charges such a crash to the client that sent the evaluation
   // (design/decisions.md D-crash-budget).
   bool killed_worker = false;
+  // What the script logged during this evaluation, whatever its status (empty when it logged
+  // nothing, or its worker died before it answered); `logs_dropped` lines more were not kept
+  // (per-evaluation caps, the per-script rate limit).
+  std::vector<LogLine> logs{};
+  uint32_t logs_dropped = 0;
 };
 
 namespace detail {

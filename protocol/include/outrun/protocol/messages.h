@@ -113,11 +113,15 @@ bool decode_host_frame(const wire::Frame* frame, HostMessage* out, std::string* 
 
 std::span<const uint8_t> encode_hello(flatbuffers::FlatBufferBuilder& fbb, int32_t pid,
                                       uint16_t protocol_version = kProtocolVersion);
-// One Result: `value` (built before) with Ok, `error` (written when not empty) otherwise.
+using LogLinesOffset =
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::LogLine>>>;
+// One Result: `value` (built before) with Ok, `error` (written when not empty) otherwise; the
+// script's log lines (built before; 0: none) and how many more it dropped, whatever the status.
 flatbuffers::Offset<wire::Result> build_result(flatbuffers::FlatBufferBuilder& fbb, uint64_t id,
                                                wire::Status status,
                                                flatbuffers::Offset<wire::Value> value,
-                                               std::string_view error);
+                                               std::string_view error, LogLinesOffset logs = 0,
+                                               uint32_t logs_dropped = 0);
 // Results { items }: the results built in `fbb` before, in order. Also daemon -> client.
 std::span<const uint8_t> finish_results(flatbuffers::FlatBufferBuilder& fbb,
                                         std::span<const flatbuffers::Offset<wire::Result>> items);
@@ -160,6 +164,9 @@ struct ResultView {
   wire::Status status = wire::Status::Ok;
   const wire::Value* value = nullptr;  // Ok: the value (null: Nil)
   std::string_view error;              // otherwise: the message (may be empty)
+  // What the script logged (null: nothing), unchecked: see script_log.h.
+  const flatbuffers::Vector<flatbuffers::Offset<wire::LogLine>>* logs = nullptr;
+  uint32_t logs_dropped = 0;
 };
 // A Result from a worker, its status checked by check_worker_status (false: a violation).
 bool decode_worker_result(const wire::Result* r, ResultView* out, std::string* why);
