@@ -73,9 +73,11 @@ std::span<const uint8_t> encode_unregister(flatbuffers::FlatBufferBuilder& fbb, 
 
 std::span<const uint8_t> encode_control(flatbuffers::FlatBufferBuilder& fbb, uint64_t request_id,
                                         wire::ControlCommand command, int32_t shard,
-                                        std::string_view after, uint32_t limit) {
+                                        std::string_view after, uint32_t limit,
+                                        std::string_view key, uint64_t since) {
   auto a = string_or_none(fbb, after);
-  auto body = wire::CreateControl(fbb, request_id, command, shard, a, limit);
+  auto k = string_or_none(fbb, key);
+  auto body = wire::CreateControl(fbb, request_id, command, shard, a, limit, k, since);
   return finish_frame(fbb, wire::Body::Control, body.Union());
 }
 
@@ -144,8 +146,9 @@ bool decode_client_frame(const wire::Frame* frame, ClientMessage* out, std::stri
     }
     case wire::Body::Control: {
       const auto* c = frame->body_as_Control();
-      *out = ControlMsg{c->request_id(), c->command(), c->shard(), view_or_empty(c->after()),
-                        c->limit()};
+      *out = ControlMsg{
+          c->request_id(),         c->command(), c->shard(), view_or_empty(c->after()), c->limit(),
+          view_or_empty(c->key()), c->since()};
       return true;
     }
     case wire::Body::DefineTags: {

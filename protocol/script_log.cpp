@@ -34,7 +34,9 @@ std::size_t utf8_length(const unsigned char* s, std::size_t n) {
   return len;
 }
 
-bool is_control(unsigned char c) { return c < 0x20 || c == 0x7F; }
+bool is_control(unsigned char c) {
+  return c < 0x20 || c == 0x7F;
+}
 
 }  // namespace
 

@@ -29,6 +29,7 @@
 #include "drill.h"
 #include "json_values.h"
 #include "latency_histogram.h"
+#include "logs_cmd.h"
 #include "outrun/client.h"
 #include "outrun/host.h"
 #include "outrun/in_process.h"
@@ -182,8 +183,25 @@ int run_eval(const EvalArgs& a) {
                      {"error", r.status == Status::ok ? nlohmann::json() : nlohmann::json(r.error)},
                      {"shard", r.shard},
                      {"latency_us", latency_us}};
+    if (!r.logs.empty() || r.logs_dropped != 0) {
+      nlohmann::json logs = nlohmann::json::array();
+      for (const LogLine& l : r.logs)
+        logs.push_back(
+            {{"level", l.level == LogLevel::warn ? "warn" : to_string(l.level)}, {"text", l.text}});
+      j["logs"] = std::move(logs);
+      j["logs_dropped"] = r.logs_dropped;
+    }
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-  } else if (r.status == Status::ok) {
+    return r.status == Status::ok ? 0 : kExitFailed;
+  }
+  // What the script printed or logged, on stderr before the result (stdout keeps the value).
+  for (const LogLine& l : r.logs)
+    std::cerr << (l.level == LogLevel::warn ? "warn" : to_string(l.level)) << ": " << l.text
+              << "\n";
+  if (r.logs_dropped != 0)
+    std::cerr << "(" << r.logs_dropped
+              << " more lines were dropped: an evaluation keeps at most 16 lines and 2 KiB)\n";
+  if (r.status == Status::ok) {
     std::cout << escape_control(to_display_string(r.value)) << "\n";
   } else {
     std::cerr << to_string(r.status) << ": " << escape_control(r.error) << "\n";
@@ -528,6 +546,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   reload->callback([&] { rc = run_reload(reload_timeout); });
   add_tags_commands(app, &rc, &g_socket);
+  add_logs_commands(app, &rc, &g_socket);
   bench->callback([&] { rc = run_bench(ba); });
   eval->callback([&] {
     if (ea.source.empty() && ea.file.empty() && eval->count("-e") == 0)

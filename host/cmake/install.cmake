@@ -6,7 +6,8 @@ set_target_properties(outrun_host PROPERTIES EXPORT_NAME host)
 set_target_properties(outrun_sandbox PROPERTIES EXPORT_NAME sandbox)
 set_target_properties(outrun_protocol PROPERTIES EXPORT_NAME protocol)
 set_target_properties(outrun_codec PROPERTIES EXPORT_NAME codec)
-install(TARGETS outrun_host outrun_sandbox outrun_codec outrun_protocol EXPORT outrunTargets
+set_target_properties(outrun_log_ring PROPERTIES EXPORT_NAME log_ring)
+install(TARGETS outrun_host outrun_sandbox outrun_codec outrun_protocol outrun_log_ring EXPORT outrunTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(EXPORT outrunTargets NAMESPACE outrun:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/outrun)
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/outrunConfig.cmake.in

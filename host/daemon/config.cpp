@@ -160,6 +160,9 @@ bool read_daemon(const toml::table& t, DaemonConfig* c, Reader& r) {
     } else if (key == "max_state_store_bytes") {
       if ((ok = r.integer(n, key, 4096, int64_t{1} << 40, &v)))
         c->max_state_store_bytes = static_cast<std::size_t>(v);
+    } else if (key == "max_log_bytes") {
+      if ((ok = r.integer(n, key, 65536, int64_t{1} << 34, &v)))
+        c->max_log_bytes = static_cast<std::size_t>(v);
     } else if (key == "max_subscriber_bytes") {
       if ((ok = r.integer(n, key, 4096, int64_t{1} << 32, &v)))
         c->max_subscriber_bytes = static_cast<std::size_t>(v);
@@ -432,6 +435,7 @@ std::string to_toml(const DaemonConfig& c) {
                 {"state_dir", c.state_dir},
                 {"state_flush_ms", static_cast<int64_t>(c.state_flush.count())},
                 {"max_state_store_bytes", static_cast<int64_t>(c.max_state_store_bytes)},
+                {"max_log_bytes", static_cast<int64_t>(c.max_log_bytes)},
                 {"max_subscriber_bytes", static_cast<int64_t>(c.max_subscriber_bytes)},
                 {"max_client_queued_bytes", static_cast<int64_t>(c.max_client_queued_bytes)}};
   for (const auto& [k, v] : {std::pair<const char*, std::size_t>{"max_tags", c.max_tags},

@@ -49,6 +49,9 @@ struct DaemonConfig {
   // What the stored rows may hold together; past it a tag's row is not stored (logged, and in
   // its diagnostics).
   std::size_t max_state_store_bytes = std::size_t{256} << 20;
+  // What the log rings of the registered scripts hold together, and those of the tags (each its
+  // own budget): `outrun logs`, `outrun tags log` (design/daemon.md "Script logs").
+  std::size_t max_log_bytes = std::size_t{32} << 20;
   // A tags subscriber whose connection has more than this queued keeps only the latest value of
   // each tag until it drains (design/daemon.md "Subscribers").
   std::size_t max_subscriber_bytes = 4u << 20;

@@ -2,6 +2,8 @@
 // (documents.cpp), and the admin commands KillShard and RestartShard.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "conn.h"
@@ -35,6 +37,12 @@ void Server::handle_control(const std::shared_ptr<Conn>& c, const protocol::Cont
       case wire::ControlCommand::ListScripts:
         e = scripts_json(ctl.after, ctl.limit, &json);
         break;
+      case wire::ControlCommand::ScriptLogs:
+        e = script_logs_json(*c, ctl.key, ctl.since, ctl.limit, &json);
+        break;
+      case wire::ControlCommand::TagLogs:
+        e = tag_logs_json(ctl.key, ctl.since, ctl.limit, &json);
+        break;
       case wire::ControlCommand::KillShard:
         e = host_->kill_shard(ctl.shard);
         if (!e) spdlog::info("client {} (pid {}): kill shard {}", c->id, c->pid, ctl.shard);
@@ -59,6 +67,50 @@ void Server::handle_control(const std::shared_ptr<Conn>& c, const protocol::Cont
   f.Clear();
   c->writer.write(protocol::encode_control_reply(f, ctl.request_id, detail::wire_status(e.code),
                                                  e.message, json));
+}
+
+namespace {
+// {"key"|"tag": ..., "lines": [{"seq", "time", "level", "text"}], "next", "missed", "dropped"}
+// (design/protocol.md "Script logs").
+std::string log_page_json(const char* what, std::string_view name, const LogPage& page) {
+  nlohmann::json lines = nlohmann::json::array();
+  for (const LogRecord& l : page.lines)
+    lines.push_back({{"seq", l.seq},
+                     {"time", format_datetime(DateTime::from_unix_micros(l.unix_us))},
+                     {"level", detail::script_level_name(l.level)},
+                     {"text", l.text}});
+  nlohmann::json doc = {{what, name},
+                        {"lines", std::move(lines)},
+                        {"next", page.next},
+                        {"missed", page.missed},
+                        {"dropped", page.dropped}};
+  return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+// A page is at most 1000 lines (64 are kept per ring: `limit` only ever shortens it).
+constexpr uint32_t kMaxLogPage = 1000;
+}  // namespace
+
+Error Server::script_logs_json(const Conn& c, std::string_view key, uint64_t since, uint32_t limit,
+                               std::string* out) {
+  auto it = key_entries_.find(key);
+  if (key.empty() || it == key_entries_.end() || it->second.empty())
+    return {ErrorCode::invalid_argument,
+            "no script is registered under '" + std::string(key.substr(0, 256)) + "'"};
+  ScriptEntry& e = *scripts_[it->second.back()];
+  // A script's lines may hold its inputs: only the uid that registered it or an admin reads them.
+  if (Error o = check_owner(c, key, e.uid, "read the logs of")) return o;
+  *out = log_page_json("key", key,
+                       e.logs.read(since, std::min(limit ? limit : kMaxLogPage, kMaxLogPage)));
+  return {};
+}
+
+Error Server::tag_logs_json(std::string_view id, uint64_t since, uint32_t limit, std::string* out) {
+  if (!tags_) return {ErrorCode::unavailable, "the tags engine is not running"};
+  LogPage page;
+  if (Error e = tags_->logs(id, since, std::min(limit ? limit : kMaxLogPage, kMaxLogPage), &page))
+    return e;
+  *out = log_page_json("tag", id, page);
+  return {};
 }
 
 }  // namespace outrun::daemon

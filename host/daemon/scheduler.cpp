@@ -226,6 +226,8 @@ void Server::complete(Run& run, std::size_t i, Result&& r) {
   const int st = static_cast<int>(r.status);
   counters_.by_status[st].fetch_add(1, std::memory_order_relaxed);
   it.entry->by_status[st].fetch_add(1, std::memory_order_relaxed);
+  if (!r.logs.empty() || r.logs_dropped != 0) [[unlikely]]
+    record_script_logs(*it.entry, r);
   // Released before the result is written: a client that sends its next evaluation as soon as
   // this one's result arrives is never counted over its limit (and answered busy).
   c.inflight.fetch_sub(1, std::memory_order_relaxed);
@@ -243,6 +245,16 @@ void Server::complete(Run& run, std::size_t i, Result&& r) {
   }
   const Done d{run.sent_us, now, ran};
   refill(run.shard, &d);
+}
+
+void Server::record_script_logs(ScriptEntry& e, const Result& r) {
+  const int64_t unix_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                              std::chrono::system_clock::now().time_since_epoch())
+                              .count();
+  e.logs.append(r.logs, r.logs_dropped, unix_us, &script_log_budget_);
+  if (!spdlog::should_log(spdlog::level::debug)) return;
+  for (const LogLine& l : r.logs)
+    spdlog::debug("script '{}': {}: {}", e.key, detail::script_level_name(l.level), l.text);
 }
 
 void Server::charge_crash(uint32_t uid, uint64_t now) {

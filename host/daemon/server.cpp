@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "conn.h"
+#include "log_ring.h"
 #include "outrun/spdlog_sink.h"
 #include "tags_file.h"
 #include "tags_lane.h"
@@ -86,7 +87,9 @@ Server::Server(DaemonConfig cfg)
       crash_budget_(
           CrashBudget::Limits{cfg_.max_crashes_per_uid, cfg_.crash_window, cfg_.crash_cooldown}),
       host_log_limit_(std::make_shared<LogRateLimit>(cfg_.crash_log_per_second,
-                                                     std::chrono::steady_clock::now())) {}
+                                                     std::chrono::steady_clock::now())) {
+  script_log_budget_.limit = cfg_.max_log_bytes;
+}
 
 Server::~Server() {
   if (listen_fd_ >= 0) ::close(listen_fd_);
@@ -282,6 +285,12 @@ int Server::run() {
     to.max_sources = cfg_.max_tag_sources;
     to.max_source_bytes = cfg_.max_tag_source_bytes;
     to.max_source_value_bytes = cfg_.max_tag_source_value_bytes;
+    to.max_log_bytes = cfg_.max_log_bytes;
+    to.on_log = [](std::string_view id, const std::vector<LogLine>& lines) {
+      if (!spdlog::should_log(spdlog::level::debug)) return;
+      for (const LogLine& l : lines)
+        spdlog::debug("tag '{}': {}: {}", id, detail::script_level_name(l.level), l.text);
+    };
     if (!cfg_.state_dir.empty() && !open_state_store(&to)) {
       destroy_host();
       return 1;

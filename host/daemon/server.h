@@ -21,6 +21,7 @@
 #include "crash_budget.h"
 #include "latency_histogram.h"
 #include "log_rate_limit.h"
+#include "log_ring.h"
 #include "outrun/host.h"
 #include "outrun/tags.h"
 #include "outrun/thread_annotations.h"
@@ -81,6 +82,9 @@ struct ScriptEntry {
   uint32_t uid = 0;
   std::size_t charge = 0;
   std::array<std::atomic<uint64_t>, kStatusCount> by_status{};
+  // What its script printed or logged lately (`outrun logs KEY`): appended on the thread that
+  // completes an evaluation, read on the loop thread.
+  detail::LogRing logs;
 };
 inline constexpr int kHandleIdBits = 22;  // record ids are < 2^22
 inline constexpr uint32_t kHandleIdMask = (1u << kHandleIdBits) - 1;
@@ -362,6 +366,15 @@ class Server {
   std::shared_ptr<LogRateLimit> host_log_limit_;
   // Charges a result that killed its worker to `uid`; logs the cool-down it starts.
   void charge_crash(uint32_t uid, uint64_t now_us);
+  // A result's log lines into its script's ring (and outrund's log at debug level). Any thread.
+  void record_script_logs(ScriptEntry& e, const Result& r);
+  // What the scripts' rings hold together (daemon.max_log_bytes). Static: an entry (and its
+  // ring) may be let go after the Server (one per process).
+  static inline detail::LogBudget script_log_budget_;
+  // ScriptLogs: the ring of `key`'s current registration (its owner or an admin); TagLogs.
+  Error script_logs_json(const Conn& c, std::string_view key, uint64_t since, uint32_t limit,
+                         std::string* out) REQUIRES(loop_thread);
+  Error tag_logs_json(std::string_view id, uint64_t since, uint32_t limit, std::string* out);
 
   Counters counters_;
 

@@ -302,9 +302,9 @@ struct Client::Impl {
   }
 
   Reply control(wire::ControlCommand cmd, int shard, std::string_view after = {},
-                uint32_t limit = 0) {
+                uint32_t limit = 0, std::string_view key = {}, uint64_t since = 0) {
     return request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
-      return protocol::encode_control(f, id, cmd, shard, after, limit);
+      return protocol::encode_control(f, id, cmd, shard, after, limit, key, since);
     });
   }
 };
@@ -607,6 +607,56 @@ Error Client::scripts_page_json(std::string_view after, uint32_t limit, std::str
   *out = std::move(r.json);
   return to_error(r);
 }
+namespace {
+// A ScriptLogs/TagLogs document (design/protocol.md "Script logs") into a LogPage.
+Error parse_log_page(const std::string& json, LogPage* out) {
+  const auto doc = nlohmann::json::parse(json, nullptr, false);
+  const auto bad =
+      Error{ErrorCode::protocol_error, "outrund sent a log page that is not valid JSON"};
+  if (doc.is_discarded() || !doc.is_object() || !doc.contains("lines") || !doc["lines"].is_array())
+    return bad;
+  *out = LogPage{};
+  out->next = doc.value("next", uint64_t{1});
+  out->missed = doc.value("missed", uint64_t{0});
+  out->dropped = doc.value("dropped", uint64_t{0});
+  for (const auto& l : doc["lines"]) {
+    if (!l.is_object()) return bad;
+    LogRecord& r = out->lines.emplace_back();
+    r.seq = l.value("seq", uint64_t{0});
+    DateTime t;
+    if (parse_datetime(l.value("time", std::string()), &t)) r.unix_us = t.unix_micros();
+    const std::string level = l.value("level", std::string("info"));
+    r.level = level == "debug"   ? LogLevel::debug
+              : level == "warn"  ? LogLevel::warn
+              : level == "error" ? LogLevel::error
+                                 : LogLevel::info;
+    r.text = l.value("text", std::string());
+  }
+  return {};
+}
+}  // namespace
+
+Error Client::script_logs_json(std::string_view key, uint64_t since, std::string* out) {
+  Reply r = impl_->control(wire::ControlCommand::ScriptLogs, 0, {}, 0, key, since);
+  *out = std::move(r.json);
+  return to_error(r);
+}
+Error Client::tag_logs_json(std::string_view id, uint64_t since, std::string* out) {
+  Reply r = impl_->control(wire::ControlCommand::TagLogs, 0, {}, 0, id, since);
+  *out = std::move(r.json);
+  return to_error(r);
+}
+Error Client::script_logs(std::string_view key, uint64_t since, LogPage* out) {
+  std::string json;
+  if (Error e = script_logs_json(key, since, &json)) return e;
+  return parse_log_page(json, out);
+}
+Error Client::tag_logs(std::string_view id, uint64_t since, LogPage* out) {
+  std::string json;
+  if (Error e = tag_logs_json(id, since, &json)) return e;
+  return parse_log_page(json, out);
+}
+
 Error Client::scripts_json(std::string* out) {
   out->assign("{\"scripts\":[");
   std::string after, page;

@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "log_ring.h"
 #include "outrun/tags.h"
 #include "outrun/thread_annotations.h"
 #include "prelude.h"
@@ -236,6 +237,8 @@ struct Node {
   std::vector<bool> used_set;
   int topo = 0;
   TagCounters counters;
+  // Its script's recent log lines (Engine::logs), made at its first line.
+  std::unique_ptr<outrun::detail::LogRing> logs;
   bool evaluated = false;  // at least one evaluation completed
   // Whether the script's source mentions status, source_time, prev: only then are they sent.
   bool uses_status = true, uses_times = true, uses_prev = true;
@@ -293,7 +296,9 @@ struct Component {
 };
 
 struct Engine::Impl {
-  Impl(Runner& r, TagsOptions o) : runner(r), opts(std::move(o)) {}
+  Impl(Runner& r, TagsOptions o) : runner(r), opts(std::move(o)) {
+    log_budget.limit = opts.max_log_bytes;
+  }
 
   Runner& runner;
   TagsOptions opts;
@@ -305,6 +310,8 @@ struct Engine::Impl {
   // The timer thread's own (a new timer, closing): on `cv` it woke at every evaluation's end
   // and wave's end for nothing, 33k times a second at 10k updates/s.
   CondVar timer_cv;
+  // What the tags' log rings hold together (TagsOptions::max_log_bytes); outlives the nodes.
+  outrun::detail::LogBudget log_budget;
   std::vector<std::unique_ptr<Node>> nodes GUARDED_BY(mu);
   std::vector<uint32_t> free_nodes GUARDED_BY(mu);
   std::unordered_map<std::string, uint32_t, StringHash, std::equal_to<>> by_id GUARDED_BY(mu);
@@ -469,6 +476,7 @@ struct Engine::Impl {
     disown(n);
     by_id.erase(n.id);
     n.alive = false;
+    n.logs.reset();
     n.script = Script();
     n.def = TagDefinition();
     n.dependents.clear();
@@ -1041,6 +1049,30 @@ struct Engine::Impl {
     cv.notify_all();
   }
 
+  // The script's lines into the tag's ring, and to TagsOptions::on_log.
+  void record_logs(Node& t, const Result& r) REQUIRES(mu) {
+    if (!t.logs) t.logs = std::make_unique<outrun::detail::LogRing>();
+    const int64_t now_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+    t.logs->append(r.logs, r.logs_dropped, now_us, &log_budget);
+    if (opts.on_log) opts.on_log(t.id, r.logs);
+  }
+
+  // A failed evaluation's diagnostics end with the last lines its script logged (at most 3).
+  static std::string log_tail(const Result& r) {
+    if (r.logs.empty()) return {};
+    std::string s = "; last log lines:";
+    const std::size_t from = r.logs.size() > 3 ? r.logs.size() - 3 : 0;
+    for (std::size_t i = from; i < r.logs.size(); ++i) {
+      s += i == from ? " [" : " | [";
+      s += outrun::detail::script_level_name(r.logs[i].level);
+      s += "] ";
+      s += r.logs[i].text;
+    }
+    return s;
+  }
+
   void complete(uint32_t idx, DateTime time, Result r, std::vector<Dispatch>* out) REQUIRES(mu) {
     Node& t = *nodes[idx];
     t.has_import = false;
@@ -1051,6 +1083,8 @@ struct Engine::Impl {
       ++t.counters.by_status[si];
       ++counters.by_status[si];
     }
+    if (!r.logs.empty() || r.logs_dropped != 0) [[unlikely]]
+      record_logs(t, r);
 
     if (r.status == Status::ok) {
       const Value* ns = field(r.value, "\0ns"sv);
@@ -1099,7 +1133,7 @@ struct Engine::Impl {
       dv.source_time = source_time_for(t, time);
       if (r.status != Status::ok) {
         dv.status = status_code_for(r.status);
-        dv.diagnostics = std::string(to_string(r.status)) + ": " + r.error;
+        dv.diagnostics = std::string(to_string(r.status)) + ": " + r.error + log_tail(r);
         t.counters.last_error = dv.diagnostics;
       } else {
         result_to_datavalue(t, r.value, &dv);
@@ -2159,6 +2193,16 @@ bool Engine::wait_idle(std::chrono::milliseconds timeout) {
   Impl& m = *impl_;
   MutexLock lock(m.mu);
   return m.cv.wait_for(m.mu, timeout, [&]() REQUIRES(m.mu) { return m.idle_locked(); });
+}
+
+Error Engine::logs(std::string_view id, uint64_t since, std::size_t limit, LogPage* out) const {
+  const Impl& m = *impl_;
+  MutexLock lock(m.mu);
+  const Node* n = m.find(id);
+  if (n == nullptr || !n->is_virtual)
+    return {ErrorCode::invalid_argument, "unknown tag '" + std::string(id) + "'"};
+  *out = n->logs ? n->logs->read(since, limit) : LogPage{};
+  return {};
 }
 
 Error Engine::info(std::string_view id, TagInfo* out) const {

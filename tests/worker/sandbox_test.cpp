@@ -5,7 +5,6 @@
 // Every assertion is about behaviour (status and message), never about wall-clock time. Timeout
 // tests use a 50 ms soft timeout; should a runaway swallow it, a watchdog names the script and
 // aborts the binary instead of letting it hang.
-#include "outrun/protocol/script_log.h"
 #include "sandbox.h"
 
 #include <doctest/doctest.h>
@@ -32,6 +31,7 @@
 #include "lua_support.h"
 #include "lua_values.h"
 #include "outrun/in_process.h"
+#include "outrun/protocol/script_log.h"
 #include "value_builder.h"
 
 using namespace std::chrono_literals;
@@ -1368,7 +1368,8 @@ TEST_CASE("sandbox script logs: control characters and bad UTF-8 are escaped, li
   CHECK(res.logs[2].text == std::string(outrun::protocol::kMaxLogLineBytes, 'x'));
 }
 
-TEST_CASE("sandbox script logs: a script that logs in a loop keeps the first lines, counts the rest") {
+TEST_CASE(
+    "sandbox script logs: a script that logs in a loop keeps the first lines, counts the rest") {
   Runner r;
   const Result res = r.eval("for i = 1, 100000 do print('line', i) end return 1");
   CHECK_VALUE(res, 1);
@@ -1384,7 +1385,8 @@ TEST_CASE("sandbox script logs: a script that logs in a loop keeps the first lin
   CHECK(big.logs_dropped > 0);
 }
 
-TEST_CASE("sandbox script logs: the lines of a failed evaluation come with its error, log is read-only") {
+TEST_CASE(
+    "sandbox script logs: the lines of a failed evaluation come with its error, log is read-only") {
   Runner r;
   const Result res = r.eval("log.warn('about to fail') error('boom')");
   CHECK(res.status == outrun::Status::runtime_error);

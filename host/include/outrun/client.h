@@ -63,6 +63,14 @@ class Client final : public Runner {
   // `limit` the most scripts in it (0: the daemon's default, 1000; at most 10,000). The page's
   // "next" is null on the last page.
   Error scripts_page_json(std::string_view after, uint32_t limit, std::string* out);
+  // The recent log lines of the script registered under `key` (its owner's uid or an admin) or
+  // of a virtual tag (anyone): those numbered `since` and after (0: the oldest kept; a
+  // follower passes the last page's `next`). `*_json`: the document as outrund sent it
+  // (design/protocol.md "Script logs").
+  Error script_logs(std::string_view key, uint64_t since, LogPage* out);
+  Error tag_logs(std::string_view id, uint64_t since, LogPage* out);
+  Error script_logs_json(std::string_view key, uint64_t since, std::string* out);
+  Error tag_logs_json(std::string_view id, uint64_t since, std::string* out);
   Error kill_shard(int shard);
   Error restart_shard(int shard);
 

@@ -112,6 +112,26 @@ struct LogLine {
   std::string text;
 };
 
+// A script's or a tag's recent log lines, as outrund keeps them (`outrun logs KEY`,
+// `outrun tags log ID`; design/daemon.md "Script logs"): each line numbered in its ring from 1 and
+// stamped with the time it was received (µs since the Unix epoch).
+struct LogRecord {
+  uint64_t seq = 0;
+  int64_t unix_us = 0;
+  LogLevel level = LogLevel::info;
+  std::string text;
+};
+// One read of a ring: its lines numbered `since` and after, oldest first. `next`: the `since` of
+// the next read (one past the newest line). `missed`: lines from `since` on that the ring no
+// longer had (overwritten before this read). `dropped`: lines the script logged that never
+// reached the ring at all (caps and rate limits), in the ring's life.
+struct LogPage {
+  std::vector<LogRecord> lines;
+  uint64_t next = 1;
+  uint64_t missed = 0;
+  uint64_t dropped = 0;
+};
+
 struct Result {
   Status status = Status::ok;
   Value value;        // when status == ok

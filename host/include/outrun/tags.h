@@ -292,6 +292,12 @@ struct TagsOptions {
   // Given to every tag defined without a restored row (the store was unusable and was set
   // aside): its diagnostics say so. "": none.
   std::string restore_note;
+  // What the log rings of all tags hold together (Engine::logs), bytes: past it a tag's new
+  // lines replace its own oldest ones.
+  std::size_t max_log_bytes = std::size_t{32} << 20;
+  // Called with the lines a tag's evaluation logged (outrund: its own log, at debug level), on
+  // the thread that completed it and with the engine's lock held: it must not call the engine.
+  std::function<void(std::string_view id, const std::vector<LogLine>& lines)> on_log;
 };
 
 // Who writes an update (outrund: the connection and its peer uid), for the per-writer bounds.
@@ -405,6 +411,10 @@ class Engine {
   bool wait_idle(std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
 
   Error info(std::string_view id, TagInfo* out) const;
+  // A virtual tag's recent log lines (what its script printed or logged; LogPage in runner.h):
+  // those numbered `since` and after (0: the oldest kept), at most `limit` (0: all). Each tag
+  // keeps its last 64 lines, all tags together at most TagsOptions::max_log_bytes.
+  Error logs(std::string_view id, uint64_t since, std::size_t limit, LogPage* out) const;
   std::vector<std::string> ids() const;  // virtual tags, in topological order
   // One page of the virtual tags in topological order: those after the tag `after` ("" from the
   // first), at most `limit`, and no more once their values and inputs pass `max_bytes` (at least

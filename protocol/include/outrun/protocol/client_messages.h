@@ -42,7 +42,8 @@ std::span<const uint8_t> encode_unregister(flatbuffers::FlatBufferBuilder& fbb, 
 // `after` is written when not empty.
 std::span<const uint8_t> encode_control(flatbuffers::FlatBufferBuilder& fbb, uint64_t request_id,
                                         wire::ControlCommand command, int32_t shard,
-                                        std::string_view after = {}, uint32_t limit = 0);
+                                        std::string_view after = {}, uint32_t limit = 0,
+                                        std::string_view key = {}, uint64_t since = 0);
 std::span<const uint8_t> encode_define_tags(flatbuffers::FlatBufferBuilder& fbb,
                                             uint64_t request_id, std::string_view toml,
                                             bool replace_all);
@@ -77,6 +78,8 @@ struct ControlMsg {
   int32_t shard = 0;
   std::string_view after;  // absent: empty
   uint32_t limit = 0;
+  std::string_view key;  // ScriptLogs, TagLogs; absent: empty
+  uint64_t since = 0;
 };
 struct DefineTagsMsg {
   uint64_t request_id = 0;

@@ -113,8 +113,7 @@ bool decode_host_frame(const wire::Frame* frame, HostMessage* out, std::string* 
 
 std::span<const uint8_t> encode_hello(flatbuffers::FlatBufferBuilder& fbb, int32_t pid,
                                       uint16_t protocol_version = kProtocolVersion);
-using LogLinesOffset =
-    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::LogLine>>>;
+using LogLinesOffset = flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::LogLine>>>;
 // One Result: `value` (built before) with Ok, `error` (written when not empty) otherwise; the
 // script's log lines (built before; 0: none) and how many more it dropped, whatever the status.
 flatbuffers::Offset<wire::Result> build_result(flatbuffers::FlatBufferBuilder& fbb, uint64_t id,
