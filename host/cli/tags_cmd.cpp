@@ -485,6 +485,7 @@ void add_tags_commands(CLI::App& app, int* rc, const std::string* socket) {
       ->check(CLI::Range(1, 3600000))
       ->capture_default_str();
   run->callback([args, rc] { *rc = run_tags(*args); });
+  add_tags_test_command(*tags_cmd, rc);
 
   auto d = std::make_shared<DaemonArgs>();
   d->socket = socket;

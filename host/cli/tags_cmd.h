@@ -9,4 +9,7 @@ namespace outrun::cli {
 // outrund at *socket, empty: $OUTRUN_SOCKET or the default); the exit code goes to *rc.
 void add_tags_commands(CLI::App& app, int* rc, const std::string* socket);
 
+// Adds `tags test` (host/cli/tags_test_cmd.cpp) to the `tags` subcommand.
+void add_tags_test_command(CLI::App& tags_cmd, int* rc);
+
 }  // namespace outrun::cli

@@ -1016,6 +1016,7 @@ struct Engine::Impl {
       t.has_import = true;
     }
     Inputs inputs = build_inputs(t, "", c.time);
+    if (opts.on_submit) opts.on_submit(t.id, &inputs);
     t.in_flight = true;
     t.submitted = Clock::now();
     ++in_flight;
@@ -1075,6 +1076,7 @@ struct Engine::Impl {
 
   void complete(uint32_t idx, DateTime time, Result r, std::vector<Dispatch>* out) REQUIRES(mu) {
     Node& t = *nodes[idx];
+    if (opts.on_result) opts.on_result(t.id, r);
     t.has_import = false;
     t.counters.last_duration =
         std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t.submitted);

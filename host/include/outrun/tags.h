@@ -298,6 +298,12 @@ struct TagsOptions {
   // Called with the lines a tag's evaluation logged (outrund: its own log, at debug level), on
   // the thread that completed it and with the engine's lock held: it must not call the engine.
   std::function<void(std::string_view id, const std::vector<LogLine>& lines)> on_log;
+  // Observers of one tag's evaluations (`outrun tags test`, design/tags.md "Testing one tag").
+  // on_submit sees the inputs an evaluation is about to send (the prelude's `__c` last,
+  // host/tags/prelude.h) and may change them; on_result sees each Result as it comes back, its
+  // logs included. Both run under the engine's lock: they must not call the engine.
+  std::function<void(const std::string& id, Inputs* inputs)> on_submit;
+  std::function<void(const std::string& id, const Result& result)> on_result;
 };
 
 // Who writes an update (outrund: the connection and its peer uid), for the per-writer bounds.
