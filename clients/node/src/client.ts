@@ -26,7 +26,38 @@ export interface Result {
   error: string;
   /** The shard the daemon routes this script to; -1 when the evaluation never reached a script. */
   shard: number;
+  /**
+   * What the script printed or logged during this evaluation (print, log.debug/info/warn/error),
+   * whatever its status; absent when it logged nothing (design/sandbox.md "Script logs").
+   */
+  logs?: LogLine[];
+  /** Lines it logged past the per-evaluation caps or its rate limit, not kept. */
+  logsDropped?: number;
 }
+
+export type LogLevel = 'debug' | 'info' | 'warn' | 'error';
+export interface LogLine {
+  level: LogLevel;
+  text: string;
+}
+/** One line of a script's or a tag's ring (scriptLogs, tagLogs). */
+export interface LogRecord extends LogLine {
+  seq: number;
+  /** ISO 8601 UTC: when outrund received it. */
+  time: string;
+}
+/** A read of a ring: lines from `since` on; `next` is the following read's `since`. */
+export interface LogPage {
+  lines: LogRecord[];
+  next: number;
+  /** Lines from `since` on that the ring no longer had. */
+  missed: number;
+  /** Lines never kept (caps, rate limit), in the ring's life. */
+  dropped: number;
+}
+
+const LOG_LEVELS: readonly LogLevel[] = ['debug', 'info', 'warn', 'error'];
+const MAX_LOG_LINES = 16; // per evaluation (protocol/include/outrun/protocol/script_log.h)
 
 /** One item of evaluateBatch(). */
 export interface Request {
@@ -272,6 +303,19 @@ interface PendingRequest {
 
 type State = 'connecting' | 'ready' | 'down' | 'closed';
 
+function logPage(doc: any): LogPage {
+  const lines: LogRecord[] = [];
+  if (Array.isArray(doc?.lines))
+    for (const l of doc.lines)
+      lines.push({
+        seq: Number(l?.seq ?? 0),
+        time: String(l?.time ?? ''),
+        level: LOG_LEVELS.includes(l?.level) ? l.level : 'info',
+        text: String(l?.text ?? ''),
+      });
+  return { lines, next: Number(doc?.next ?? 1), missed: Number(doc?.missed ?? 0), dropped: Number(doc?.dropped ?? 0) };
+}
+
 function result(status: StatusName, error: string, shard = -1): Result {
   return { status, value: null, error, shard };
 }
@@ -417,6 +461,17 @@ export class Client extends EventEmitter<ClientEvents> {
    */
   scriptsPage(after = '', limit = 0): Promise<any> {
     return this.controlJson(w.ControlCommand.ListScripts, after, limit);
+  }
+  /**
+   * The recent log lines of the script registered under `key` (its owner's uid or an admin), from
+   * line `since` on (0: the oldest kept; a follower passes the last page's `next`).
+   */
+  async scriptLogs(key: string, since = 0): Promise<LogPage> {
+    return logPage(await this.controlJson(w.ControlCommand.ScriptLogs, '', 0, key, since));
+  }
+  /** The recent log lines of a virtual tag's script, as scriptLogs. */
+  async tagLogs(id: string, since = 0): Promise<LogPage> {
+    return logPage(await this.controlJson(w.ControlCommand.TagLogs, '', 0, id, since));
   }
   /** Drill: SIGKILL shard `shard`'s worker (it restarts). */
   async killShard(shard: number): Promise<void> {
@@ -918,6 +973,19 @@ export class Client extends EventEmitter<ClientEvents> {
       } else {
         out = result(st, r.error() ?? '', p.script._shard);
       }
+      const nl = r.logsLength();
+      if (nl > 0 || r.logsDropped() > 0) {
+        // Untrusted like the rest: at most MAX_LOG_LINES kept, the others counted as dropped.
+        const logs: LogLine[] = [];
+        const line = new w.LogLine();
+        for (let i = 0; i < Math.min(nl, MAX_LOG_LINES); i++) {
+          const l = r.logs(i, line);
+          if (!l) continue;
+          logs.push({ level: LOG_LEVELS[l.level()] ?? 'info', text: (l.text() ?? '').slice(0, 1024) });
+        }
+        out.logs = logs;
+        out.logsDropped = r.logsDropped() + Math.max(0, nl - MAX_LOG_LINES);
+      }
       done.push([id, p, out]);
     }
     for (const [id] of done) this.inflight.delete(id);
@@ -1022,15 +1090,16 @@ export class Client extends EventEmitter<ClientEvents> {
     }
   }
 
-  private async control(cmd: w.ControlCommand, shard: number, after = '', limit = 0): Promise<ControlReplyData> {
+  private async control(cmd: w.ControlCommand, shard: number, after = '', limit = 0, key = '',
+                        since = 0): Promise<ControlReplyData> {
     await this.whenReady();
-    const r = (await this.request(CONTROL, (id) => wire.control(id, cmd, shard, after, limit))) as ControlReplyData;
+    const r = (await this.request(CONTROL, (id) => wire.control(id, cmd, shard, after, limit, key, since))) as ControlReplyData;
     this.check(r);
     return r;
   }
 
-  private async controlJson(cmd: w.ControlCommand, after = '', limit = 0): Promise<any> {
-    const r = await this.control(cmd, 0, after, limit);
+  private async controlJson(cmd: w.ControlCommand, after = '', limit = 0, key = '', since = 0): Promise<any> {
+    const r = await this.control(cmd, 0, after, limit, key, since);
     return parseDocument(r.json, 'control');
   }
 

@@ -1,6 +1,6 @@
 // @outrun/client: a Node.js client for outrund (README.md).
 export { connect, defaultSocketPath, Client, Script, Subscription, PUSHED_BODIES } from './client';
-export type { DefineResult } from './client';
+export type { DefineResult, LogLevel, LogLine, LogRecord, LogPage } from './client';
 export { dateToTicks, ticksToDate, EPOCH_TICKS } from './tags';
 export type { TagChange, SourceUpdate, TagOutputValue, TagInputValue } from './tags';
 export { STATUS_CODES, statusCodeName, toStatusCode, isGood, isUncertain, isBad } from './opcua-status';

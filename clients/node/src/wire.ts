@@ -34,11 +34,17 @@ export function register(requestId: number, key: string, source: string): Uint8A
   return finish(b, w.Body.Register, w.Register.createRegister(b, BigInt(requestId), k, s));
 }
 
-/** `after`/`limit`: ListScripts paging (design/protocol.md "Paged ListScripts"); '' and 0: absent. */
-export function control(requestId: number, command: w.ControlCommand, shard: number, after = '', limit = 0): Uint8Array {
-  const b = new flatbuffers.Builder(64 + after.length);
+/**
+ * `after`/`limit`: ListScripts paging (design/protocol.md "Paged ListScripts"); '' and 0: absent.
+ * `key`/`since`: ScriptLogs and TagLogs (design/protocol.md "Script logs").
+ */
+export function control(requestId: number, command: w.ControlCommand, shard: number, after = '', limit = 0,
+                        key = '', since = 0): Uint8Array {
+  const b = new flatbuffers.Builder(64 + after.length + key.length);
   const a = after === '' ? 0 : b.createString(after);
-  return finish(b, w.Body.Control, w.Control.createControl(b, BigInt(requestId), command, shard, a, limit));
+  const k = key === '' ? 0 : b.createString(key);
+  return finish(b, w.Body.Control,
+    w.Control.createControl(b, BigInt(requestId), command, shard, a, limit, k, BigInt(since)));
 }
 
 export function encodeValue(b: flatbuffers.Builder, v: WireValue): flatbuffers.Offset {

@@ -37,6 +37,23 @@ describe('outrund', () => {
     assert.equal(await client.register('Line1.Avg', 'return (inputs.a + inputs.b) / 2'), s);
   });
 
+  test('script logs: print and log.* come with the result and stay in the ring', async () => {
+    const s = await client.register('node.logger', "print('n =', inputs.n) log.warn('careful') return 1");
+    const r = await client.evaluate(s, { n: 7 });
+    assert.equal(r.status, 'ok');
+    assert.deepEqual(r.logs, [{ level: 'info', text: 'n = 7' }, { level: 'warn', text: 'careful' }]);
+    assert.equal(r.logsDropped, 0);
+    const page = await client.scriptLogs('node.logger');
+    assert.deepEqual(page.lines.map((l) => [l.seq, l.level, l.text]), [[1, 'info', 'n = 7'], [2, 'warn', 'careful']]);
+    assert.match(page.lines[0].time, /^\d{4}-\d\d-\d\dT.*Z$/);
+    assert.equal(page.next, 3);
+    assert.deepEqual((await client.scriptLogs('node.logger', page.next)).lines, []);
+    await assert.rejects(client.scriptLogs('node.nope'), (e) => e instanceof OutrunError && e.status === 'invalid_argument');
+    // A script that logs nothing: no logs field at all.
+    const quiet = await client.register('node.quiet', 'return 1');
+    assert.equal('logs' in (await client.evaluate(quiet)), false);
+  });
+
   test('every value kind round-trips', async () => {
     const echo = await client.register('Echo', 'return inputs.x');
     const kind = await client.register('Kind', 'return math.type(inputs.x) or type(inputs.x)');

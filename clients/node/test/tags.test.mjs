@@ -191,6 +191,23 @@ describe('tags against outrund', async () => {
     }
   });
 
+  test('tagLogs: what a tag\'s script logged', async (t) => {
+    if (skip) return t.skip(skip);
+    await client.defineTags('[[tag]]\nid = "T.Log"\ninputs = ["T.LogIn"]\nscript = "log.info(\'got\', inputs[\'T.LogIn\']) return 1"\n');
+    await client.updateSources([{ tag: 'T.LogIn', value: 5 }]);
+    const end = Date.now() + 5000;
+    let page;
+    do {
+      page = await client.tagLogs('T.Log');
+      if (page.lines.length) break;
+      await new Promise((r) => setTimeout(r, 10));
+    } while (Date.now() < end);
+    assert.equal(page.lines.length, 1);
+    assert.equal(page.lines[0].level, 'info');
+    assert.match(page.lines[0].text, /^got 5(\.0)?$/); // as Lua prints the number it got
+    await assert.rejects(client.tagLogs('T.Nope'), (e) => e instanceof OutrunError && e.status === 'invalid_argument');
+  });
+
   test('removeTags', async (t) => {
     if (skip) return t.skip(skip);
     const r = await client.removeTags(['T.Err']);
