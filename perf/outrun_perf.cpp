@@ -92,6 +92,7 @@ const std::vector<std::string> kAllSections = {"pipe",   "floor", "redis",   "id
 const std::vector<std::string> kSections = [] {
   std::vector<std::string> s = kAllSections;
   s.push_back("scale");
+  s.push_back("logs");
   return s;
 }();
 
@@ -143,6 +144,7 @@ const std::map<std::string, std::vector<std::string>> kAliases = {
     {"scale_paced_p99", {"scale"}},
     {"scale_warm_restart", {"scale"}},
     {"scale_kill_all", {"scale"}},
+    {"log_script", {"logs"}},
 };
 
 // ---------------------------------------------------------------- helpers
@@ -597,7 +599,8 @@ void inprocess_sections(const Options& o, const std::set<std::string>& sel, Figs
 
 bool host_main_sections(const Options& o, const HostOptions& ho, const std::set<std::string>& sel,
                         Figs& f, const HookFactory& hooks_for, const std::string& arm_name = "") {
-  if (!sel.count("idle") && !sel.count("paced") && !sel.count("closed")) return true;
+  if (!sel.count("idle") && !sel.count("paced") && !sel.count("closed") && !sel.count("logs"))
+    return true;
   std::unique_ptr<Host> host;
   if (Error err = Host::create(ho, &host)) {
     std::fprintf(stderr, "outrun-perf: cannot start the host: %s\n", err.message.c_str());
@@ -652,6 +655,27 @@ bool host_main_sections(const Options& o, const HostOptions& ho, const std::set<
     f["host.closed_wakeups_per_eval"] = c.wakeups;
     f["workers.closed_wakeups_per_eval"] = c.other_wakeups;
     count_checked(f, static_cast<double>(c.evaluations), static_cast<double>(c.wrong));
+  }
+  if (sel.count("logs")) {
+    // What a script that prints on every evaluation costs (design/sandbox.md "Script logs"):
+    // the same closed loop over the same scripts with and without a print, one after the other
+    // on this host. Each script keeps 50 lines a second; its other prints are only counted.
+    std::vector<Script> ls(s.size());
+    for (std::size_t k = 0; k < s.size(); ++k)
+      setup_ok(host->register_script("perf.log." + std::to_string(k),
+                                     std::string("print('avg of', inputs.a, inputs.b) ") + kScript,
+                                     &ls[k]),
+               "register perf.log." + std::to_string(k));
+    count_checked(f, static_cast<double>(ls.size()), static_cast<double>(warm(*host, ls)));
+    const ClosedFig plain = closed_loop(*host, s, o.closed_duration, host->worker_pids(), {});
+    const ClosedFig logging = closed_loop(*host, ls, o.closed_duration, host->worker_pids(), {});
+    f["logs.plain_host_us_per_eval"] = plain.host_us;
+    f["logs.plain_workers_us_per_eval"] = plain.others_us;
+    f["logs.print_host_us_per_eval"] = logging.host_us;
+    f["logs.print_workers_us_per_eval"] = logging.others_us;
+    f["logs.print_per_s"] = logging.per_s;
+    count_checked(f, static_cast<double>(plain.evaluations + logging.evaluations),
+                  static_cast<double>(plain.wrong + logging.wrong));
   }
   // No worker may die under these loads: a death here is a finding, not noise.
   uint64_t deaths = 0;
@@ -1067,6 +1091,7 @@ bool row_expected(const std::string& fig, const std::set<std::string>& sections)
   if (starts("tags.")) return ran("tags");
   if (starts("daemon.")) return ran("daemon");
   if (starts("scale.")) return ran("scale");
+  if (starts("logs.")) return ran("logs");
   if (fig == "all.wrong") return true;
   return false;
 }
