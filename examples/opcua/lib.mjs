@@ -835,6 +835,14 @@ function addTagDiagnostics(state, id) {
     coalesced: mk(o, 'Coalesced', `s=Diagnostics.${id}.Coalesced`, 'Double', 0),
     lastError: mk(o, 'LastError', `s=Diagnostics.${id}.LastError`, 'String', ''),
     lastDurationUs: mk(o, 'LastDurationUs', `s=Diagnostics.${id}.LastDurationUs`, 'Double', 0),
+    // The rest of what `outrun tags list` shows (design/tags.md "Counters").
+    failed: mk(o, 'Failed', `s=Diagnostics.${id}.Failed`, 'Double', 0),
+    timeouts: mk(o, 'Timeouts', `s=Diagnostics.${id}.Timeouts`, 'Double', 0),
+    changes: mk(o, 'Changes', `s=Diagnostics.${id}.Changes`, 'Double', 0),
+    overflows: mk(o, 'Overflows', `s=Diagnostics.${id}.Overflows`, 'Double', 0),
+    skippedBad: mk(o, 'SkippedBad', `s=Diagnostics.${id}.SkippedBad`, 'Double', 0),
+    busy: mk(o, 'Busy', `s=Diagnostics.${id}.Busy`, 'Double', 0),
+    stateStore: mk(o, 'StateStore', `s=Diagnostics.${id}.StateStore`, 'String', ''),
   });
 }
 
@@ -878,6 +886,17 @@ async function refreshDiagnostics(state) {
     d.coalesced.setValueFromSource({ dataType: DataType.Double, value: Number(c.coalesced ?? 0) });
     d.lastError.setValueFromSource({ dataType: DataType.String, value: String(c.last_error ?? '') });
     d.lastDurationUs.setValueFromSource({ dataType: DataType.Double, value: Number(c.last_duration_us ?? 0) });
+    const by = c.by_status ?? {};
+    let failed = 0;
+    for (const [st, n] of Object.entries(by)) if (st !== 'ok') failed += Number(n) || 0;
+    const num = (v) => ({ dataType: DataType.Double, value: Number(v ?? 0) || 0 });
+    d.failed.setValueFromSource(num(failed));
+    d.timeouts.setValueFromSource(num((Number(by.timeout) || 0) + (Number(by.killed) || 0)));
+    d.changes.setValueFromSource(num(c.changes));
+    d.overflows.setValueFromSource(num(c.overflows));
+    d.skippedBad.setValueFromSource(num(c.skipped_bad));
+    d.busy.setValueFromSource(num(c.busy));
+    d.stateStore.setValueFromSource({ dataType: DataType.String, value: String(c.state_store ?? '') });
   }
 }
 

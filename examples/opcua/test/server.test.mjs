@@ -220,4 +220,9 @@ test('Diagnostics folder: counters and health', { skip }, async () => {
     return v ? v : null;
   }, 3000, 100);
   assert.match(le, /boom/);
+  // The counters `outrun tags list` shows: a failing tag counts its failures, a tag its changes.
+  await until(async () => (await read(ua.session, ns, 'Diagnostics.Test.Error.Failed')).value.value > 0, 3000, 100);
+  await until(async () => (await read(ua.session, ns, 'Diagnostics.Tank1.Level.Changes')).value.value > 0, 3000, 100);
+  assert.equal((await read(ua.session, ns, 'Diagnostics.Tank1.Level.Failed')).value.value, 0);
+  assert.equal((await read(ua.session, ns, 'Diagnostics.Tank1.Level.StateStore')).value.value, '');
 });
