@@ -57,11 +57,12 @@ std::span<const uint8_t> encode_client_hello(flatbuffers::FlatBufferBuilder& fbb
 }
 
 std::span<const uint8_t> encode_register(flatbuffers::FlatBufferBuilder& fbb, uint64_t request_id,
-                                         std::string_view key, std::string_view source) {
+                                         std::string_view key, std::string_view source,
+                                         bool check) {
   auto k = fbb.CreateString(key.data(), key.size());
   auto s = fbb.CreateString(source.data(), source.size());
   return finish_frame(fbb, wire::Body::Register,
-                      wire::CreateRegister(fbb, request_id, k, s).Union());
+                      wire::CreateRegister(fbb, request_id, k, s, check).Union());
 }
 
 std::span<const uint8_t> encode_unregister(flatbuffers::FlatBufferBuilder& fbb, uint64_t request_id,
@@ -133,7 +134,7 @@ bool decode_client_frame(const wire::Frame* frame, ClientMessage* out, std::stri
     }
     case wire::Body::Register: {
       const auto* r = frame->body_as_Register();
-      *out = RegisterMsg{r->request_id(), view(r->key()), view(r->source())};
+      *out = RegisterMsg{r->request_id(), view(r->key()), view(r->source()), r->check()};
       return true;
     }
     case wire::Body::Evaluate:

@@ -4,7 +4,7 @@
 //               (-e SOURCE | -f FILE) [-i NAME=VALUE]... [--inputs-json JSON] [--json]
 //               [--in-process]
 //   outrun [--socket PATH] stats [--json | --prometheus] | shards | scripts | kill-shard N |
-//               restart-shard N | unregister KEY
+//               restart-shard N | unregister KEY | register KEY (-e SOURCE | -f FILE) [--check]
 //   outrun [--socket PATH] bench [--clients C] [--count N] [--shards K] [--in-process]
 //   outrun [--socket PATH] drill NAME [--rate R] [--duration S] [--shards K] [--json]
 // --socket (or $OUTRUN_SOCKET) sends eval through outrund; the administration commands always
@@ -361,6 +361,49 @@ int run_unregister(const std::string& key) {
   return 0;
 }
 
+// `outrun register KEY (-e SOURCE | -f FILE) [--check]`: registers a script in outrund (it stays
+// after this command). Exit codes (README): 0 registered; 1 `--check` found that the source does
+// not compile (compile_error: KEY:LINE: ...); 2 bad usage or a registration refused
+// (invalid_argument); 3 outrund unavailable (or the check could not be made).
+struct RegisterArgs {
+  std::string key, source, file;
+  bool check = false;
+};
+
+int run_register(const RegisterArgs& a) {
+  std::string source = a.source;
+  if (!a.file.empty()) {
+    std::ifstream f(a.file, std::ios::binary);
+    if (!f) {
+      std::cerr << "invalid_argument: cannot read '" << a.file << "'\n";
+      return kExitUsage;
+    }
+    std::stringstream ss;
+    ss << f.rdbuf();
+    source = ss.str();
+  }
+  std::unique_ptr<Client> c;
+  if (int rc = connect_client(&c)) return rc;
+  Script script;
+  RegisterOptions ro;
+  ro.check = a.check;
+  if (Error err = c->register_script(a.key, source, &script, ro)) {
+    std::cerr << to_string(err.code) << ": " << escape_control(err.message) << "\n";
+    return err.code == ErrorCode::compile_error ? kExitFailed
+           : err.code == ErrorCode::unavailable ? kExitNoRunner
+                                                : kExitUsage;
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string sha;
+  for (uint8_t b : script.sha256()) {
+    sha += kHex[b >> 4];
+    sha += kHex[b & 15];
+  }
+  std::cout << "registered " << escape_control(a.key) << " (shard " << script.shard() << ", sha256 "
+            << sha << ")\n";
+  return 0;
+}
+
 struct BenchArgs {
   int clients = 1;
   int count = 20000;
@@ -491,6 +534,21 @@ int main(int argc, char** argv) {
       "unregister", "outrund: unregister a script key (its handles end invalid_argument)");
   unreg->add_option("key", unregister_key, "the script key")->required();
   unreg->callback([&] { rc = run_unregister(unregister_key); });
+  RegisterArgs ra;
+  auto* reg = app.add_subcommand(
+      "register",
+      "outrund: register a script under a key (it stays registered after this command)");
+  reg->add_option("key", ra.key, "the script key")->required();
+  auto* re = reg->add_option("-e,--source", ra.source, "Lua source");
+  auto* rf = reg->add_option("-f,--file", ra.file, "file with the Lua source");
+  re->excludes(rf);
+  reg->add_flag("--check", ra.check,
+                "compile-check the source first: exit 1 with compile_error KEY:LINE: ... and "
+                "register nothing when it does not compile");
+  reg->callback([&] {
+    if (reg->count("-e") == 0 && ra.file.empty()) throw CLI::RequiredError("-e SOURCE or -f FILE");
+    rc = run_register(ra);
+  });
   BenchArgs ba;
   auto* bench = app.add_subcommand(
       "bench", "closed-loop round trips: through outrund with --socket, else embedded");

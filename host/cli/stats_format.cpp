@@ -105,6 +105,27 @@ std::string stats_prometheus(const nlohmann::json& j) {
     }
     p.family("outrun_tag_last_wave_seconds", "gauge", "Duration of the last wave that ended.");
     p.sample("outrun_tag_last_wave_seconds", "", t.value("last_wave_us", 0) / 1e6);
+    // outrund's metrics_per_tag_series: families of their own, so that a sum over
+    // outrun_tag_evaluations_total still counts each evaluation once.
+    if (t.contains("per_tag") && t["per_tag"].is_array()) {
+      const auto& per = t["per_tag"];
+      p.family("outrun_tag_evaluations_by_tag_total", "counter",
+               "Evaluations of one tag, by status (metrics_per_tag_series tags only).");
+      for (const auto& x : per)
+        if (x.contains("by_status") && x["by_status"].is_object())
+          for (auto it = x["by_status"].begin(); it != x["by_status"].end(); ++it)
+            p.sample("outrun_tag_evaluations_by_tag_total",
+                     "tag=\"" + esc(x.value("id", "")) + "\",status=\"" + esc(it.key()) + "\"",
+                     it.value());
+      p.family("outrun_tag_last_duration_seconds", "gauge",
+               "Submit to result of one tag's last evaluation (metrics_per_tag_series tags only).");
+      for (const auto& x : per)
+        p.sample("outrun_tag_last_duration_seconds", "tag=\"" + esc(x.value("id", "")) + "\"",
+                 x.value("last_duration_us", 0) / 1e6);
+      p.family("outrun_tag_series_omitted", "gauge",
+               "Tags left without per-tag series (past metrics_per_tag_series).");
+      p.sample("outrun_tag_series_omitted", "", t.value("per_tag_omitted", 0));
+    }
   }
   if (j.contains("latency_us")) {
     const auto& l = j["latency_us"];

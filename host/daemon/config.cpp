@@ -169,6 +169,9 @@ bool read_daemon(const toml::table& t, DaemonConfig* c, Reader& r) {
     } else if (key == "max_tags") {
       if ((ok = r.integer(n, key, 1, int64_t{1} << 20, &v)))
         c->max_tags = static_cast<std::size_t>(v);
+    } else if (key == "metrics_per_tag_series") {
+      if ((ok = r.integer(n, key, 0, 10'000, &v)))
+        c->metrics_per_tag_series = static_cast<std::size_t>(v);
     } else if (key == "max_tags_per_define") {
       if ((ok = r.integer(n, key, 1, int64_t{1} << 20, &v)))
         c->max_tags_per_define = static_cast<std::size_t>(v);
@@ -440,6 +443,7 @@ std::string to_toml(const DaemonConfig& c) {
                 {"max_client_queued_bytes", static_cast<int64_t>(c.max_client_queued_bytes)}};
   for (const auto& [k, v] : {std::pair<const char*, std::size_t>{"max_tags", c.max_tags},
                              {"max_tags_per_define", c.max_tags_per_define},
+                             {"metrics_per_tag_series", c.metrics_per_tag_series},
                              {"max_tag_sources", c.max_tag_sources},
                              {"max_tag_source_bytes", c.max_tag_source_bytes},
                              {"max_tag_source_value_bytes", c.max_tag_source_value_bytes},

@@ -58,6 +58,9 @@ struct DaemonConfig {
   // Tags bounds (design/daemon.md "Tags bounds"). Virtual tags in the engine (DefineTags and the
   // tags file), and definitions in one DefineTags.
   std::size_t max_tags = 100'000;
+  // Per-tag series in the stats document (tags.per_tag) and so in `outrun stats --prometheus`:
+  // at most this many tags, the first in `outrun tags list` order; 0: none (design/daemon.md).
+  std::size_t metrics_per_tag_series = 0;
   std::size_t max_tags_per_define = 20'000;
   // Source tags: how many, what they hold together (ids, values, updates waiting), one value.
   // Only an admin creates one with SourceUpdates (others update those that exist); per uid: the

@@ -70,6 +70,9 @@ struct Conn : std::enable_shared_from_this<Conn> {
   std::size_t paused_budget GUARDED_BY(loop_thread) = 0;
   // What the frame's inputs_buffers may still copy (each use of one counts).
   std::size_t paused_copy_budget GUARDED_BY(loop_thread) = 0;
+  // A Register with `check` waits for the compile-only process's verdict (D-register-check):
+  // neither read nor its frames handled meanwhile, so that its answers stay in order.
+  bool checking GUARDED_BY(loop_thread) = false;
   // Polling for writability (the socket was full).
   bool write_wait GUARDED_BY(loop_thread) = false;
   bool closing GUARDED_BY(loop_thread) = false;

@@ -62,10 +62,11 @@ void Server::update_poll(Conn* c) {
   const bool held = c->held.load(std::memory_order_relaxed);
   if (c->write_wait)
     ev |= UV_WRITABLE;
-  else if (c->reading && !held)
+  else if (c->reading && !held && !c->checking)
     ev |= UV_READABLE;  // a client that does not read its results is not read
-  // Not read while over its budget: its disconnect is still seen (and cancels its queue).
-  if (held) ev |= UV_DISCONNECT;
+  // Not read while over its budget (or checking): its disconnect is still seen (and cancels its
+  // queue).
+  if (held || c->checking) ev |= UV_DISCONNECT;
   if (ev == c->events) return;
   c->events = ev;
   if (ev == 0)
@@ -91,6 +92,10 @@ void Server::conn_event(Conn* c, int status, int events) {
     close_conn(c, "disconnected while over max_client_queued_bytes");
     return;
   }
+  if ((events & UV_DISCONNECT) && c->checking) {
+    close_conn(c, "disconnected while its register --check waited");
+    return;
+  }
   if (events & UV_WRITABLE) {
     switch (c->writer.flush_from_loop()) {
       case protocol::FrameWriter::Flush::kDone:
@@ -109,7 +114,7 @@ void Server::conn_event(Conn* c, int status, int events) {
     update_poll(c);
   }
   if ((events & UV_READABLE) && c->reading && !c->held.load(std::memory_order_relaxed) &&
-      !c->paused_frame) {
+      !c->paused_frame && !c->checking) {
     const long n = c->reader.read_from(c->fd);
     if (n == -EAGAIN) return;
     if (n <= 0) {
@@ -149,6 +154,7 @@ void Server::handle_frames(const std::shared_ptr<Conn>& c) {
   frames_now_us_ = 0;  // the frames of one read arrived at once: one clock read serves them
   while (!c->closing) {
     if (c->held.load(std::memory_order_relaxed)) return;  // maybe_resume() goes on
+    if (c->checking) return;  // the check's answer goes on (handle_register)
     if (const auto* ev = c->paused_frame) {
       c->paused_frame = nullptr;
       if (!evaluate_items(c, ev, c->paused_item)) return;  // over its budget again

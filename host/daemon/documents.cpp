@@ -193,6 +193,27 @@ std::string Server::stats_json(bool shards_only) const {
                  {"overflows", tc.overflows},
                  {"skipped_bad", tc.skipped_bad},
                  {"busy", tc.busy}};
+    // metrics_per_tag_series: each tag's own counters, for at most that many tags (the first
+    // in `outrun tags list` order, cut sooner past 64 MiB of values), and how many were left out.
+    if (const std::size_t limit = cfg_.metrics_per_tag_series; limit > 0) {
+      std::vector<tags::TagInfo> page;
+      bool more = false;
+      json per_tag = json::array();
+      if (!tags_->page("", limit, std::size_t{64} << 20, &page, &more))
+        for (const tags::TagInfo& t : page) {
+          json by = json::object();
+          for (int i = 0; i < kStatusCount; ++i)
+            if (t.counters.by_status[i] != 0)
+              by[std::string(to_string(static_cast<Status>(i)))] = t.counters.by_status[i];
+          per_tag.push_back({{"id", t.definition.id},
+                             {"evaluations", t.counters.evaluations},
+                             {"by_status", std::move(by)},
+                             {"last_duration_us", t.counters.last_duration.count()}});
+        }
+      const std::size_t total = tags_->size();
+      j["tags"]["per_tag_omitted"] = total > per_tag.size() ? total - per_tag.size() : 0;
+      j["tags"]["per_tag"] = std::move(per_tag);
+    }
   }
   {
     // SIGHUPs seen, and the last finished reload: which of them it covered, its result.

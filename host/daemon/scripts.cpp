@@ -38,6 +38,35 @@ Error Server::check_owner(const Conn& c, std::string_view key, uint32_t owner,
 }
 
 void Server::handle_register(const std::shared_ptr<Conn>& c, const protocol::RegisterMsg& r) {
+  // `check` (D-register-check): the compile-only process compiles the source first, and the
+  // loop goes on meanwhile; this connection alone waits (not read, its frames not handled) so
+  // that its answers stay in order. A source that does not compile is answered CompileError
+  // and registers nothing; one that does is registered as without `check`.
+  if (r.check && r.key && r.source && !check_client_key(*r.key)) {
+    c->checking = true;
+    update_poll(c.get());
+    std::weak_ptr<Conn> weak = c;
+    host_->check_source(*r.key, *r.source,
+                        [this, weak, id = r.request_id, key = std::string(*r.key),
+                         source = std::string(*r.source)](Error e) {
+                          loop_thread.assert_here();  // Host::check_source answers on the loop
+                          const std::shared_ptr<Conn> conn = weak.lock();
+                          if (!conn || conn->closing) return;
+                          conn->checking = false;
+                          if (e) {
+                            flatbuffers::FlatBufferBuilder& fb = t_fbb;
+                            fb.Clear();
+                            conn->writer.write(protocol::encode_registered(
+                                fb, id, detail::wire_status(e.code), e.message, 0, 0, {}, 0));
+                          } else {
+                            handle_register(conn, protocol::RegisterMsg{id, key, source, false});
+                          }
+                          if (conn->closing) return;
+                          update_poll(conn.get());
+                          handle_frames(conn);  // what it sent meanwhile
+                        });
+    return;
+  }
   flatbuffers::FlatBufferBuilder& f = t_fbb;
   Script script;
   Error e;

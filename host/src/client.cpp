@@ -407,6 +407,11 @@ bool Client::connected() const {
 }
 
 Error Client::register_script(std::string_view key, std::string_view source, Script* out) {
+  return register_script(key, source, out, RegisterOptions{});
+}
+
+Error Client::register_script(std::string_view key, std::string_view source, Script* out,
+                              const RegisterOptions& options) {
   *out = Script();
   // A key of the internal namespace (a tags engine over this client) is this client's own key
   // in the daemon, which refuses the namespace's byte (runner.h kInternalKeyPrefix).
@@ -417,7 +422,7 @@ Error Client::register_script(std::string_view key, std::string_view source, Scr
   if (source.size() > kMaxSourceSize)
     return Error{ErrorCode::invalid_argument, "script source larger than 1 MiB"};
   Reply r = impl_->request([&](flatbuffers::FlatBufferBuilder& f, uint64_t id) {
-    return protocol::encode_register(f, id, key, source);
+    return protocol::encode_register(f, id, key, source, options.check);
   });
   if (r.error) return std::move(r.error);
   Script dropped;  // released after the lock

@@ -44,10 +44,45 @@ void Compiler::enqueue(const ScriptRecord& r) {
   {
     MutexLock lock(mu_);
     first = incoming_.empty();
-    incoming_.push_back({r.id, r.serial});
+    incoming_.push_back({r.id, r.serial, false, nullptr});
     idle_pub_.store(false, std::memory_order_release);
   }
   if (first) wake_();
+}
+
+void Compiler::check(std::string source, std::string chunk_name, CheckDone done) {
+  Pending p;
+  p.check =
+      std::make_shared<Check>(Check{std::move(source), std::move(chunk_name), std::move(done)});
+  bool first;
+  {
+    MutexLock lock(mu_);
+    first = incoming_.empty();
+    incoming_.push_back(std::move(p));
+    idle_pub_.store(false, std::memory_order_release);
+  }
+  if (first) wake_();
+}
+
+void Compiler::run_verdicts() {
+  // Their `done` may call into the host (register, check again): nothing of ours is in use.
+  auto v = std::move(verdicts_);
+  verdicts_.clear();
+  for (auto& [c, e] : v) c->done(std::move(e));
+}
+
+void Compiler::answer_queued_checks(const std::string& why) {
+  auto answer = [&](auto& pendings) {
+    for (auto it = pendings.begin(); it != pendings.end();)
+      if (it->check) {
+        verdict(*it, Error{ErrorCode::unavailable, why});
+        it = pendings.erase(it);
+      } else {
+        ++it;
+      }
+  };
+  answer(queue_);
+  answer(singles_);
 }
 
 Error Compiler::start() {
@@ -80,8 +115,14 @@ void Compiler::pump() {
     queue_.insert(queue_.end(), incoming_.begin(), incoming_.end());
     incoming_.clear();
   }
+  if (stopping_)
+    answer_queued_checks("cannot check the source: the host is shutting down");
+  else if (crash_loop_ && !ready_)
+    answer_queued_checks(
+        "cannot check the source: the compile-only process keeps failing (crash loop)");
   send_next();
   publish();
+  run_verdicts();
 }
 
 void Compiler::publish() {
@@ -98,6 +139,11 @@ std::size_t Compiler::cached_bytes() const {
 // Copies what the Compile frame needs of `p`'s record, if it is alive, registered, without
 // bytecode, and the cache has room; the reference taken for that is dropped at once.
 void Compiler::take(const Pending& p, std::size_t* bytes) {
+  if (p.check) {  // checked whatever the cache holds: nothing of it is kept
+    *bytes += p.check->source.size();
+    in_flight_.push_back({p, p.check->source, p.check->chunk_name});
+    return;
+  }
   const Script s = registry_->acquire(p.id, p.serial);
   if (!s.valid()) return;
   const ScriptRecord* r = s.record();
@@ -198,6 +244,7 @@ void Compiler::on_worker_readable(WorkerProcess* w) {
     return;
   }
   handle_frames();
+  run_verdicts();
 }
 
 void Compiler::handle_frames() {
@@ -211,6 +258,7 @@ void Compiler::handle_frames() {
           why = "said hello twice";
         } else if (protocol::decode_worker_frame(fv.frame, &m, &why)) {
           ready_ = true;
+          crash_loop_ = false;
           uv_timer_stop(&deadline_);
           process_->greet();
           send_next();
@@ -283,6 +331,15 @@ bool Compiler::accept(const wire::Compiled* c, std::string* why) {
   }
   for (std::size_t i = 0; i < n; ++i) {
     const wire::CompiledItem* item = items->Get(static_cast<flatbuffers::uoffset_t>(i));
+    if (in_flight_[i].name.check) {
+      // Only a CompileError is a verdict against it; MemoryLimit is this process's own limit.
+      Error e;
+      if (item->status() == wire::Status::CompileError)
+        e = Error{ErrorCode::compile_error,
+                  item->error() ? item->error()->str() : std::string("does not compile")};
+      verdict(in_flight_[i].name, std::move(e));
+      continue;
+    }
     if (item->status() != wire::Status::Ok ||
         item->bytecode()->size() > protocol::kMaxBytecodeSize ||
         cached_bytes() + item->bytecode()->size() > opts_.cache_bytes) {
@@ -321,6 +378,12 @@ void Compiler::fail(const std::string& why, DeathCause cause) {
   // (a frame of one can fail for reasons of its own: a deadline under load, a kill from outside).
   const bool alone = in_flight_.size() == 1;
   for (auto it = in_flight_.rbegin(); it != in_flight_.rend(); ++it) {
+    if (alone && it->name.retry && it->name.check) {
+      verdict(it->name, Error{ErrorCode::unavailable,
+                              "cannot check the source: the compile-only process failed on it "
+                              "twice"});
+      continue;
+    }
     if (alone && it->name.retry) {
       counters_.refused.fetch_add(1, std::memory_order_relaxed);
       if (!stopping_)
@@ -330,10 +393,13 @@ void Compiler::fail(const std::string& why, DeathCause cause) {
                 it->chunk_name);
       continue;
     }
-    singles_.push_back({it->name.id, it->name.serial, true});
+    Pending again = it->name;
+    again.retry = true;
+    singles_.push_back(std::move(again));
   }
   in_flight_.clear();
   publish();
+  run_verdicts();
   if (stopping_) return;
   Death d;
   d.cause = cause;
@@ -351,11 +417,17 @@ void Compiler::fail(const std::string& why, DeathCause cause) {
 // know --compile-only exits with the usage code). Until then new scripts wait in the queue, and
 // the workers compile every source they are sent.
 void Compiler::schedule_restart(const RestartDecision& d) {
-  if (d.kind == RestartDecision::Kind::kCrashLoop)
+  if (d.kind == RestartDecision::Kind::kCrashLoop) {
     (*log_)(LogLevel::error,
             "outrun: the compile-only process keeps failing; the next one starts in {} ms "
             "(meanwhile the workers compile every source)",
             d.delay.count());
+    // A check does not wait for the cool-down: it is answered `unavailable` until a hello.
+    crash_loop_ = true;
+    answer_queued_checks(
+        "cannot check the source: the compile-only process keeps failing (crash loop)");
+    run_verdicts();
+  }
   uv_timer_start(&restart_, &Compiler::on_restart, static_cast<uint64_t>(d.delay.count()), 0);
 }
 
@@ -390,11 +462,18 @@ void Compiler::shutdown() {
     w->mark_dead();
     w->close_io();
   }
+  {
+    MutexLock lock(mu_);
+    queue_.insert(queue_.end(), incoming_.begin(), incoming_.end());
+    incoming_.clear();
+  }
+  for (const auto& f : in_flight_)
+    if (f.name.check) verdict(f.name, Error{ErrorCode::unavailable, "the host is shutting down"});
+  answer_queued_checks("cannot check the source: the host is shutting down");
   in_flight_.clear();
   singles_.clear();
   queue_.clear();
-  MutexLock lock(mu_);
-  incoming_.clear();
+  run_verdicts();
 }
 
 }  // namespace outrun::detail

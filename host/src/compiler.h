@@ -60,6 +60,14 @@ class Compiler final : public WorkerEvents {
   // Any thread: `r` was just registered (a new record). Holds no reference to it: a record
   // freed before its turn is skipped, and one freed while it compiles gets nothing.
   void enqueue(const ScriptRecord& r) EXCLUDES(mu_);
+  // Any thread: compiles `source` as chunk `chunk_name` in the compile-only process, keeps
+  // nothing, and calls `done` on the loop thread (never inside this call) with its verdict:
+  // none, or compile_error with Lua's message ("name:LINE: ..."); `unavailable` when it cannot
+  // tell (the process is in its crash loop, failed on this source twice, or shuts down). A
+  // MemoryLimit answer (the compile-only process's own limits) is no verdict: none.
+  // (register_script with RegisterOptions::check, design/decisions.md D-register-check.)
+  using CheckDone = std::function<void(Error)>;
+  void check(std::string source, std::string chunk_name, CheckDone done) EXCLUDES(mu_);
 
   // Loop thread.
   // Spawns the process (start-up does not wait for its hello); on failure the restart timer
@@ -98,17 +106,27 @@ class Compiler final : public WorkerEvents {
   static void on_deadline(uv_timer_t* t);
   static void on_restart(uv_timer_t* t);
 
+  // A source to check only (check()): compiled like a record's, nothing kept.
+  struct Check {
+    std::string source, chunk_name;
+    CheckDone done;
+  };
   // A record to compile, by name; in flight with copies of what the Compile frame needs.
   struct Pending {
     uint32_t id = 0;
     uint64_t serial = 0;
     bool retry = false;  // it was in a frame whose process failed: a second failure gives it up
+    std::shared_ptr<Check> check;  // set: a check, not a record
   };
   struct InFlight {
     Pending name;
     std::string source, chunk_name;
   };
   void take(const Pending& p, std::size_t* bytes);
+  // Checks answered: their `done` runs once the compiler's state is consistent (run_verdicts).
+  void verdict(const Pending& p, Error e) { verdicts_.emplace_back(p.check, std::move(e)); }
+  void run_verdicts();
+  void answer_queued_checks(const std::string& why);  // every check waiting: `unavailable`
 
   uv_loop_t* loop_;
   const Log* log_;
@@ -130,6 +148,8 @@ class Compiler final : public WorkerEvents {
   int live_ = 0;
   bool ever_started_ = false;
   RestartPolicy policy_;
+  bool crash_loop_ = false;  // the policy put it in its crash loop: checks are answered at once
+  std::vector<std::pair<std::shared_ptr<Check>, Error>> verdicts_;
   uv_timer_t deadline_{};
   uv_timer_t restart_{};
   std::shared_ptr<std::atomic<int64_t>> account_;  // bytes of all kept bytecode

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <future>
 
 #include "host_impl.h"
 
@@ -230,7 +231,50 @@ Host::~Host() {
 }
 
 Error Host::register_script(std::string_view key, std::string_view source, Script* out) {
-  return register_script(key, source, out, {});
+  return register_script(key, source, out, AdmitFn{});
+}
+
+Error Host::register_script(std::string_view key, std::string_view source, Script* out,
+                            const RegisterOptions& options) {
+  *out = Script();
+  if (options.check) {
+    if (on_loop_thread())
+      return Error{ErrorCode::invalid_argument,
+                   "register_script with check waits for the compile-only process: not on the "
+                   "loop thread (check_source does not wait)"};
+    auto verdict = std::make_shared<std::promise<Error>>();
+    std::future<Error> f = verdict->get_future();
+    check_source(key, source, [verdict](Error e) { verdict->set_value(std::move(e)); });
+    // The compiler answers every check (its deadline kills a process that does not); this bound
+    // only keeps a caller from waiting on a host that went away.
+    if (f.wait_for(std::chrono::seconds(30)) != std::future_status::ready)
+      return Error{ErrorCode::unavailable, "cannot check the source: no verdict in 30 s"};
+    Error e;
+    try {
+      e = f.get();
+    } catch (const std::future_error&) {  // dropped uncalled: shutting down
+      e = Error{ErrorCode::unavailable, "cannot check the source: the host is shutting down"};
+    }
+    if (e) return e;
+  }
+  return register_script(key, source, out, AdmitFn{});
+}
+
+void Host::check_source(std::string_view key, std::string_view source,
+                        std::function<void(Error)> done) {
+  detail::Compiler* compiler = impl_->compiler.get();
+  if (key.empty() || key.size() > kMaxKeySize || source.size() > kMaxSourceSize || !compiler) {
+    // No check to make: a bad key or source is the registration's to refuse.
+    Error e;
+    if (!compiler && !key.empty() && key.size() <= kMaxKeySize && source.size() <= kMaxSourceSize)
+      e = Error{ErrorCode::unavailable,
+                "cannot check the source: no compile-only process "
+                "(HostOptions::bytecode_cache_bytes is 0)"};
+    post_to_loop(
+        [done = std::move(done), e = std::move(e)](uv_loop_s*) mutable { done(std::move(e)); });
+    return;
+  }
+  compiler->check(std::string(source), std::string(chunk_name_of(key)), std::move(done));
 }
 
 Error Host::register_script(std::string_view key, std::string_view source, Script* out,

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -937,5 +938,73 @@ TEST_CASE(
   REQUIRE(!d.client()->scripts_json(&all));
   CHECK(nlohmann::json::parse(all)["scripts"].size() == kN);
   check_client_works(d, "after.malformed");
+  CHECK(d.stop() == 0);
+}
+
+TEST_CASE("outrund: register with check answers compile_error and registers nothing") {
+  Daemon d;
+  auto c = d.client();
+  outrun::RegisterOptions check;
+  check.check = true;
+  outrun::Script good, s;
+  REQUIRE(!c->register_script("rc.k", "local a = inputs.a\nreturn a", &good, check));
+  const outrun::Error e = c->register_script("rc.k", "local a = 1\n\nreturn a +", &s, check);
+  CHECK(e.code == outrun::ErrorCode::compile_error);
+  const std::string msg = e.message;
+  CHECK_MESSAGE(msg.rfind("rc.k:3:", 0) == 0, msg);
+  CHECK(!s.valid());
+  CHECK(c->register_script("rc.never", "return = 1", &s, check).code ==
+        outrun::ErrorCode::compile_error);
+  std::string scripts;
+  REQUIRE(!c->scripts_json(&scripts));
+  const auto j = nlohmann::json::parse(scripts);
+  std::vector<std::string> keys;
+  for (const auto& x : j["scripts"]) keys.push_back(x["key"].get<std::string>());
+  CHECK(std::find(keys.begin(), keys.end(), "rc.never") == keys.end());
+  CHECK(std::find(keys.begin(), keys.end(), "rc.k") != keys.end());
+  // The key keeps its checked source.
+  const outrun::Result r = c->evaluate(good, {{"a", 4}}).get();
+  CHECK(r.status == outrun::Status::ok);
+  CHECK(r.value == outrun::Value(int64_t{4}));
+
+  // Pipelined behind a checked Register, a Control and an unchecked Register are answered after
+  // it, in order.
+  RawClient rc(d.socket);
+  flatbuffers::FlatBufferBuilder f;
+  std::vector<uint8_t> buf;
+  auto add = [&](std::span<const uint8_t> frame) {
+    buf.insert(buf.end(), frame.begin(), frame.end());
+    f.Clear();
+  };
+  add(outrun::protocol::encode_register(f, 1, "rc.raw", "return +", true));
+  add(outrun::protocol::encode_control(f, 2, wire::ControlCommand::Stats, 0));
+  add(outrun::protocol::encode_register(f, 3, "rc.raw2", "return 3", true));
+  add(outrun::protocol::encode_register(f, 4, "rc.raw3", "return +", false));
+  rc.send(buf);
+  {
+    const auto fv = rc.next();
+    REQUIRE(fv.frame->body_type() == wire::Body::Registered);
+    CHECK(fv.frame->body_as_Registered()->request_id() == 1);
+    CHECK(fv.frame->body_as_Registered()->status() == wire::Status::CompileError);
+  }
+  CHECK(rc.next().frame->body_type() == wire::Body::ControlReply);
+  for (uint64_t id : {3, 4}) {
+    const auto fv = rc.next();
+    REQUIRE(fv.frame->body_type() == wire::Body::Registered);
+    CHECK(fv.frame->body_as_Registered()->request_id() == id);
+    CHECK(fv.frame->body_as_Registered()->status() == wire::Status::Ok);
+  }
+
+  // The CLI: exit 1 and the message for a syntax error, 0 once it compiles.
+  const std::string cli = std::string(OUTRUN_TEST_CLI) + " --socket " + d.socket;
+  auto res = run_command(
+      cli + " register rc.cli --check -e \"$(printf 'local x = 1\\nreturn x +')\" 2>&1");
+  CHECK(res.first == 1);
+  CHECK_MESSAGE(res.second.find("compile_error: rc.cli:2:") != std::string::npos, res.second);
+  res = run_command(cli + " register rc.cli -e 'return 1' --check 2>&1");
+  CHECK(res.first == 0);
+  CHECK_MESSAGE(res.second.find("registered rc.cli") != std::string::npos, res.second);
+  res = run_command(cli + " register rc.cli2 -e 'return +' 2>&1");  // no check: registered
+  CHECK(res.first == 0);
   CHECK(d.stop() == 0);
 }

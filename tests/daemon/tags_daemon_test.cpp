@@ -1044,3 +1044,64 @@ TEST_CASE("outrund tags: tag evaluations count in stats and metrics, timeouts in
   CHECK(rc == 0);
   CHECK_MESSAGE(out.find("timeout=") != std::string::npos, out);
 }
+
+TEST_CASE("outrund tags: metrics_per_tag_series gives per-tag series for at most N tags") {
+  const std::string dir = temp_dir();
+  const std::string conf =
+      write_file(dir, "outrund.toml", "[daemon]\nmetrics_per_tag_series = 2\n");
+  Daemon d({"--config", conf});
+  auto c = d.client();
+  // The first id has a quote and a backslash: escaped in the label value.
+  REQUIRE(
+      !c->define_tags("[[tag]]\nid = 'w\"q\\x'\ninputs = [\"a\"]\nscript = \"return inputs.a\"\n"
+                      "[[tag]]\nid = \"t2\"\ninputs = [\"a\"]\nscript = \"return inputs.a + 1\"\n"
+                      "[[tag]]\nid = \"t3\"\ninputs = [\"a\"]\nscript = \"return inputs.a + 2\"\n",
+                      false));
+  REQUIRE(!c->update_sources({good("a", outrun::Value(1.0))}));
+  nlohmann::json j;
+  for (int i = 0; i < 500; ++i) {
+    std::string doc;
+    REQUIRE(!c->stats_json(&doc));
+    j = nlohmann::json::parse(doc);
+    if (j["tags"]["by_status"]["ok"].get<uint64_t>() >= 3) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE(j["tags"].contains("per_tag"));
+  CHECK(j["tags"]["per_tag"].size() == 2);
+  CHECK(j["tags"]["per_tag_omitted"] == 1);
+  const std::string cli = std::string(OUTRUN_TEST_CLI) + " --socket " + d.socket + " ";
+  int rc = 0;
+  std::string out;  // not a structured binding: CHECK_MESSAGE captures it
+  std::tie(rc, out) = run_command(cli + "stats --prometheus");
+  CHECK(rc == 0);
+  CHECK_MESSAGE(
+      out.find("outrun_tag_evaluations_by_tag_total{tag=\"w\\\"q\\\\x\",status=\"ok\"} 1\n") !=
+          std::string::npos,
+      out);
+  CHECK_MESSAGE(out.find("outrun_tag_last_duration_seconds{tag=\"t2\"} ") != std::string::npos,
+                out);
+  CHECK(out.find("tag=\"t3\"") == std::string::npos);
+  CHECK_MESSAGE(out.find("outrun_tag_series_omitted 1\n") != std::string::npos, out);
+  std::size_t series = 0;
+  for (std::size_t at = 0;
+       (at = out.find("outrun_tag_last_duration_seconds{", at)) != std::string::npos; ++at)
+    ++series;
+  CHECK(series == 2);
+}
+
+TEST_CASE("outrund tags: without metrics_per_tag_series there are no per-tag series") {
+  Daemon d;
+  auto c = d.client();
+  REQUIRE(!c->define_tags("[[tag]]\nid = \"x\"\ninputs = [\"a\"]\nscript = \"return inputs.a\"\n",
+                          false));
+  std::string doc;
+  REQUIRE(!c->stats_json(&doc));
+  CHECK(!nlohmann::json::parse(doc)["tags"].contains("per_tag"));
+  int rc = 0;
+  std::string out;
+  std::tie(rc, out) =
+      run_command(std::string(OUTRUN_TEST_CLI) + " --socket " + d.socket + " stats --prometheus");
+  CHECK(rc == 0);
+  CHECK(out.find("tag=\"") == std::string::npos);
+  CHECK(out.find("outrun_tag_series_omitted") == std::string::npos);
+}

@@ -1,9 +1,14 @@
 // The outrun command line, run as a real process.
 #include <doctest/doctest.h>
 
+#include <cctype>
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "test_support.h"
 
@@ -200,4 +205,44 @@ TEST_CASE("CLI: control characters in text output are escaped") {
   r = run_cli("eval -e 'error(\"bad\\27[2J\", 0)'");
   CHECK(r.code == 1);
   CHECK(r.out.find('\x1b') == std::string::npos);
+}
+
+// README.md's `outrun eval` section names every flag `outrun eval --help` prints (but -h/--help),
+// so that the two cannot drift apart.
+TEST_CASE("CLI: every flag of eval --help is in README.md's eval section") {
+  const Run r = run_cli("eval --help");
+  REQUIRE(r.code == 0);
+  std::ifstream in(std::string(OUTRUN_TEST_SOURCE_DIR) + "/README.md");
+  REQUIRE(in);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string readme = ss.str();
+  const std::size_t from = readme.find("`outrun eval [");
+  REQUIRE(from != std::string::npos);
+  const std::size_t to = readme.find("| code | when |", from);
+  REQUIRE(to != std::string::npos);
+  const std::string section = readme.substr(from, to - from);
+  // A flag in the section: not followed by another letter, digit or '-' (--json is not
+  // --json-x), not preceded by one (-e is not in --inputs-json... as "-json").
+  auto named = [&](const std::string& flag) {
+    auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-'; };
+    for (std::size_t at = section.find(flag); at != std::string::npos;
+         at = section.find(flag, at + 1)) {
+      const bool left = at == 0 || !word(section[at - 1]);
+      const std::size_t end = at + flag.size();
+      const bool right = end == section.size() || !word(section[end]);
+      if (left && right) return true;
+    }
+    return false;
+  };
+  std::vector<std::string> flags;
+  const std::regex flag_re("(^|[\\s,\\[])(--?[A-Za-z][A-Za-z0-9-]*)");
+  for (std::sregex_iterator it(r.out.begin(), r.out.end(), flag_re), end; it != end; ++it)
+    flags.push_back((*it)[2].str());
+  CHECK(flags.size() >= 10);
+  for (const std::string& f : flags) {
+    if (f == "-h" || f == "--help") continue;
+    const std::string why = "README.md's `outrun eval` section lacks " + f;
+    CHECK_MESSAGE(named(f), why);
+  }
 }

@@ -274,3 +274,59 @@ TEST_CASE("compiler: a script whose bytecode its worker dropped comes back as by
   CHECK(st.worker_bytecode_loads > 1000);  // the first round's, and the dropped ones' again
   CHECK(st.deaths == 0);
 }
+
+TEST_CASE("compiler: register_script with check refuses a syntax error and registers nothing") {
+  auto host = test::start_host(options());
+  RegisterOptions check;
+  check.check = true;
+  Script good;
+  REQUIRE(!host->register_script("checked", "local a = inputs.a\nreturn a", &good, check));
+  CHECK(good.valid());
+  const RegistryStats before = host->registry_stats();
+  // The key keeps its record: a failed check changes nothing.
+  Script s;
+  const Error e = host->register_script("checked", "local a = 1\n\nreturn a +", &s, check);
+  CHECK(e.code == ErrorCode::compile_error);
+  CHECK_MESSAGE(e.message.rfind("checked:3:", 0) == 0, e.message);
+  CHECK(!s.valid());
+  const Error e2 = host->register_script("never", "return = 1", &s, check);
+  CHECK(e2.code == ErrorCode::compile_error);
+  CHECK_MESSAGE(e2.message.rfind("never:1:", 0) == 0, e2.message);
+  const RegistryStats after = host->registry_stats();
+  CHECK(after.scripts == before.scripts);
+  CHECK(after.bytes == before.bytes);
+  CHECK(get(host->evaluate(good, {{"a", 5}})).value == Value(int64_t{5}));
+  CHECK(host->unregister_script("never").code == ErrorCode::invalid_argument);  // unknown key
+  // Without check: registered as before; the worker reports the error.
+  Script unchecked;
+  REQUIRE(!host->register_script("unchecked", "return = 1", &unchecked));
+  CHECK(get(host->evaluate(unchecked, {})).status == Status::compile_error);
+}
+
+TEST_CASE("compiler: register_script with check and no compile-only process is unavailable") {
+  HostOptions o = options();
+  o.bytecode_cache_bytes = 0;
+  auto host = test::start_host(o);
+  RegisterOptions check;
+  check.check = true;
+  Script s;
+  const Error e = host->register_script("k", "return 1", &s, check);
+  CHECK(e.code == ErrorCode::unavailable);
+  CHECK_MESSAGE(e.message.find("bytecode_cache_bytes") != std::string::npos, e.message);
+  CHECK(host->registry_stats().scripts == 0);
+  REQUIRE(!host->register_script("k", "return 1", &s));  // without check, as always
+}
+
+TEST_CASE("compiler: register_script with check survives a compile-only process killed meanwhile") {
+  auto host = test::start_host(options());
+  REQUIRE(eventually([&] { return host->compiler_stats().pid > 0; }));
+  REQUIRE(kill(host->compiler_stats().pid, SIGKILL) == 0);
+  RegisterOptions check;
+  check.check = true;
+  Script s;
+  const Error e = host->register_script("after.kill", "return +", &s, check);
+  CHECK(e.code == ErrorCode::compile_error);
+  CHECK_MESSAGE(e.message.rfind("after.kill:1:", 0) == 0, e.message);
+  REQUIRE(!host->register_script("after.kill", "return 2", &s, check));
+  CHECK(get(host->evaluate(s, {})).value == Value(int64_t{2}));
+}

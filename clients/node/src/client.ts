@@ -60,6 +60,12 @@ const LOG_LEVELS: readonly LogLevel[] = ['debug', 'info', 'warn', 'error'];
 const MAX_LOG_LINES = 16; // per evaluation (protocol/include/outrun/protocol/script_log.h)
 
 /** One item of evaluateBatch(). */
+/** Options of `Client.register`. */
+export interface RegisterOptions {
+  /** Compile-check the source in the daemon first: a syntax error rejects `compile_error` and registers nothing. */
+  check?: boolean;
+}
+
 export interface Request {
   script: Script;
   inputs?: Inputs;
@@ -398,14 +404,17 @@ export class Client extends EventEmitter<ClientEvents> {
   /**
    * Registers (or finds) a script. Rejects with OutrunError: `invalid_argument` for a bad key or
    * source, `unavailable` when the daemon cannot be reached or refuses, `cancelled` after close().
+   * With `{check: true}` the daemon compile-checks the source first: one that does not compile
+   * rejects `compile_error` ("key:LINE: ...") and nothing is registered.
    */
-  async register(key: string, source: string): Promise<Script> {
+  async register(key: string, source: string, options: RegisterOptions = {}): Promise<Script> {
     if (typeof key !== 'string' || key.length === 0 || Buffer.byteLength(key) > MAX_KEY_BYTES)
       throw new OutrunError('invalid_argument', `script key must be 1..${MAX_KEY_BYTES} bytes`);
     if (typeof source !== 'string' || Buffer.byteLength(source) > MAX_SOURCE_BYTES)
       throw new OutrunError('invalid_argument', 'script source must be a string of at most 1 MiB');
     await this.whenReady();
-    const r = (await this.request(REGISTER, (id) => wire.register(id, key, source))) as RegisteredReply;
+    const check = options.check === true;
+    const r = (await this.request(REGISTER, (id) => wire.register(id, key, source, check))) as RegisteredReply;
     this.check(r);
     const known = this.byHandle.get(r.handle);
     if (known && known.key === key && known.sha256 === r.sha256) return known;

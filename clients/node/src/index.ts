@@ -4,7 +4,7 @@ export type { DefineResult, LogLevel, LogLine, LogRecord, LogPage } from './clie
 export { dateToTicks, ticksToDate, EPOCH_TICKS } from './tags';
 export type { TagChange, SourceUpdate, TagOutputValue, TagInputValue } from './tags';
 export { STATUS_CODES, statusCodeName, toStatusCode, isGood, isUncertain, isBad } from './opcua-status';
-export type { Result, Request, ConnectOptions, ServerInfo, ClientEvents } from './client';
+export type { Result, Request, ConnectOptions, ServerInfo, ClientEvents, RegisterOptions } from './client';
 export { OutrunError, STATUS_NAMES, statusName } from './status';
 export type { StatusName } from './status';
 export { Double, double } from './values';

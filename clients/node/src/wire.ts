@@ -27,11 +27,11 @@ export function clientHello(name: string): Uint8Array {
   return finish(b, w.Body.ClientHello, w.ClientHello.endClientHello(b));
 }
 
-export function register(requestId: number, key: string, source: string): Uint8Array {
+export function register(requestId: number, key: string, source: string, check = false): Uint8Array {
   const b = new flatbuffers.Builder(256 + source.length);
   const k = b.createString(key);
   const s = b.createString(source);
-  return finish(b, w.Body.Register, w.Register.createRegister(b, BigInt(requestId), k, s));
+  return finish(b, w.Body.Register, w.Register.createRegister(b, BigInt(requestId), k, s, check));
 }
 
 /**

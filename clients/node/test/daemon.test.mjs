@@ -139,6 +139,25 @@ describe('outrund', () => {
     assert.match(r3.error, /Bad\.Index:1:/);
   });
 
+  test('register with check: a syntax error rejects compile_error and registers nothing', async () => {
+    const good = await client.register('Checked', 'return 1', { check: true });
+    await assert.rejects(
+      client.register('Checked', 'local x = 1\n\nreturn x +', { check: true }),
+      (e) => e instanceof OutrunError && e.status === 'compile_error' && /^Checked:3:/.test(e.message),
+    );
+    // the key still holds its checked source
+    assert.deepEqual(await client.evaluate(good), { status: 'ok', value: 1, error: '', shard: good.shard });
+    await assert.rejects(
+      client.register('NeverChecked', 'return = 1', { check: true }),
+      (e) => e instanceof OutrunError && e.status === 'compile_error',
+    );
+    const listed = (await client.scripts()).scripts.map((x) => x.key);
+    assert.ok(!listed.includes('NeverChecked'));
+    // without check: registered as before, the error comes with the evaluation
+    const bad = await client.register('Unchecked', 'return = 1');
+    assert.equal((await client.evaluate(bad)).status, 'compile_error');
+  });
+
   test('timeout', async () => {
     const loop = await client.register('Loop', 'while true do end');
     const t0 = Date.now();

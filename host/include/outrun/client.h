@@ -39,6 +39,10 @@ class Client final : public Runner {
 
   // Registration goes to the daemon (a round trip); the handle is valid while this Client lives.
   Error register_script(std::string_view key, std::string_view source, Script* out) override;
+  // With options.check, outrund compile-checks the source first: `compile_error` ("KEY:LINE:
+  // ...") and nothing registered when it does not compile (design/decisions.md D-register-check).
+  Error register_script(std::string_view key, std::string_view source, Script* out,
+                        const RegisterOptions& options);
   // Unregistration goes to the daemon (a round trip). Any client may unregister any key.
   Error unregister_script(std::string_view key) override;
   // Callbacks and futures complete on the client's reader thread. A callback should not block:

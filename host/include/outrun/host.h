@@ -310,6 +310,16 @@ class Host final : public Runner {
   // record to a uid's quota with it.
   Error register_script(std::string_view key, std::string_view source, Script* out,
                         const AdmitFn& admit);
+  // With options.check: the compile-only process (bytecode_cache_bytes) compiles the source
+  // first, and this call waits for its verdict on the calling thread (never call it on the loop
+  // thread: invalid_argument). A source that does not compile fails `compile_error` ("KEY:LINE:
+  // ..." as Lua says it) and registers nothing; `unavailable` when the check cannot be made
+  // (bytecode_cache_bytes 0, the compile-only process in its crash loop, shutting down).
+  Error register_script(std::string_view key, std::string_view source, Script* out,
+                        const RegisterOptions& options);
+  // The check alone, without waiting: `done` gets its verdict on the loop thread (never inside
+  // this call; dropped uncalled once the host is shutting down). outrund's `register --check`.
+  void check_source(std::string_view key, std::string_view source, std::function<void(Error)> done);
   Error unregister_script(std::string_view key) override;
   void evaluate(const Script& script, Inputs inputs, Callback done) override;
   Future evaluate(const Script& script, Inputs inputs) override;

@@ -103,6 +103,14 @@ constexpr std::size_t script_record_bytes(std::string_view key, std::string_view
 // (Host::register_script's overload: outrund's per-uid registry quotas).
 using AdmitFn = std::function<Error(std::size_t bytes)>;
 
+// Options of a registration (Host::register_script, Client::register_script).
+struct RegisterOptions {
+  // Compile-check the source before registering it (design/decisions.md D-register-check): one
+  // that does not compile fails `compile_error` with Lua's message ("KEY:LINE: ...") and nothing
+  // is registered: the registry is unchanged (a record the key already holds stays).
+  bool check = false;
+};
+
 // What a script said during one evaluation with print(...) (info) or log.debug/info/warn/error(...)
 // (design/sandbox.md "Script logs"). `text` is UTF-8 without control characters (they are
 // escaped as \n, \t, \xNN) and at most 256 bytes; an evaluation keeps at most 16 lines and 2 KiB.

@@ -36,7 +36,8 @@ std::span<const uint8_t> encode_client_hello(flatbuffers::FlatBufferBuilder& fbb
                                              std::string_view client_name,
                                              uint16_t protocol_version = kProtocolVersion);
 std::span<const uint8_t> encode_register(flatbuffers::FlatBufferBuilder& fbb, uint64_t request_id,
-                                         std::string_view key, std::string_view source);
+                                         std::string_view key, std::string_view source,
+                                         bool check = false);
 std::span<const uint8_t> encode_unregister(flatbuffers::FlatBufferBuilder& fbb, uint64_t request_id,
                                            std::string_view key);
 // `after` is written when not empty.
@@ -67,6 +68,7 @@ struct ClientHelloMsg {
 struct RegisterMsg {
   uint64_t request_id = 0;
   std::optional<std::string_view> key, source;  // absent: nullopt
+  bool check = false;
 };
 struct UnregisterMsg {
   uint64_t request_id = 0;
