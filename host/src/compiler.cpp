@@ -99,13 +99,12 @@ Error Compiler::start() {
           &w))
     return e;
   process_ = w;
-  ready_ = false;
+  if (phase_ != Phase::kCrashLoop) phase_ = Phase::kStarting;  // a crash loop ends at a hello
   pid_pub_.store(w->pid(), std::memory_order_relaxed);
   // Its hello has the deadline of a Compile frame: a process stuck before it is killed too.
   uv_timer_start(&deadline_, &Compiler::on_deadline, static_cast<uint64_t>(opts_.deadline.count()),
                  0);
-  if (ever_started_) counters_.restarts.fetch_add(1, std::memory_order_relaxed);
-  ever_started_ = true;
+  if (starts_++ > 0) counters_.restarts.fetch_add(1, std::memory_order_relaxed);
   return {};
 }
 
@@ -115,9 +114,9 @@ void Compiler::pump() {
     queue_.insert(queue_.end(), incoming_.begin(), incoming_.end());
     incoming_.clear();
   }
-  if (stopping_)
+  if (phase_ == Phase::kStopped)
     answer_queued_checks("cannot check the source: the host is shutting down");
-  else if (crash_loop_ && !ready_)
+  else if (phase_ == Phase::kCrashLoop)
     answer_queued_checks(
         "cannot check the source: the compile-only process keeps failing (crash loop)");
   send_next();
@@ -159,7 +158,7 @@ void Compiler::take(const Pending& p, std::size_t* bytes) {
 }
 
 void Compiler::send_next() {
-  if (stopping_ || !process_ || !ready_ || !in_flight_.empty()) return;
+  if (phase_ != Phase::kReady || !in_flight_.empty()) return;
   std::size_t bytes = 0;
   // One at a time after a failure, so that a script that breaks the process is found alone.
   while (in_flight_.empty() && !singles_.empty()) {
@@ -193,7 +192,7 @@ void Compiler::on_worker_created(WorkerProcess*) {
 }
 
 void Compiler::on_worker_freed(WorkerProcess*) {
-  if (--live_ == 0 && stopping_ && freed_) freed_();
+  if (--live_ == 0 && phase_ == Phase::kStopped && freed_) freed_();
 }
 
 void Compiler::on_worker_exit(WorkerProcess* w) {
@@ -201,7 +200,7 @@ void Compiler::on_worker_exit(WorkerProcess* w) {
   const auto& x = *w->exit_status();
   fail(x.signal != 0 ? "was killed by signal " + std::to_string(x.signal)
                      : "exited with code " + std::to_string(x.code),
-       x.signal != 0 ? DeathCause::kCrash : DeathCause::kExit);
+       x.cause());
 }
 
 void Compiler::on_worker_stream_error(WorkerProcess* w) {
@@ -254,11 +253,10 @@ void Compiler::handle_frames() {
     switch (fv.frame->body_type()) {
       case wire::Body::Hello: {
         protocol::WorkerMessage m;
-        if (ready_) {
+        if (phase_ == Phase::kReady) {
           why = "said hello twice";
         } else if (protocol::decode_worker_frame(fv.frame, &m, &why)) {
-          ready_ = true;
-          crash_loop_ = false;
+          phase_ = Phase::kReady;  // out of a crash loop, too
           uv_timer_stop(&deadline_);
           process_->greet();
           send_next();
@@ -267,7 +265,7 @@ void Compiler::handle_frames() {
         break;
       }
       case wire::Body::Compiled:
-        if (!ready_) {
+        if (phase_ != Phase::kReady) {
           why = "answered before its hello";
         } else if (accept(fv.frame->body_as_Compiled(), &why)) {
           uv_timer_stop(&deadline_);
@@ -366,14 +364,15 @@ bool Compiler::accept(const wire::Compiled* c, std::string* why) {
 
 void Compiler::fail(const std::string& why, DeathCause cause) {
   WorkerProcess* w = process_;
-  if (!w) return;
+  if (!w) return;  // none, or shut down (shutdown() lets the process go itself)
   process_ = nullptr;
-  ready_ = false;
+  if (phase_ != Phase::kCrashLoop) phase_ = Phase::kDown;
   uv_timer_stop(&deadline_);
+  const Death death = w->death(cause, why, Clock::now());
   w->mark_dead();  // SIGKILL to its group unless it was reaped
   if (cause == DeathCause::kProtocol) counters_.kills.fetch_add(1, std::memory_order_relaxed);
   w->close_io();
-  if (!stopping_) (*log_)(LogLevel::warn, "outrun: the compile-only process {} {}", w->pid(), why);
+  (*log_)(LogLevel::warn, "outrun: the compile-only process {} {}", w->pid(), why);
   // Its frame again, one script at a time; a script in two failed frames keeps its source path
   // (a frame of one can fail for reasons of its own: a deadline under load, a kill from outside).
   const bool alone = in_flight_.size() == 1;
@@ -386,11 +385,10 @@ void Compiler::fail(const std::string& why, DeathCause cause) {
     }
     if (alone && it->name.retry) {
       counters_.refused.fetch_add(1, std::memory_order_relaxed);
-      if (!stopping_)
-        (*log_)(LogLevel::warn,
-                "outrun: script '{}' is not compiled ahead (the compile-only process failed on "
-                "it twice); its workers compile its source",
-                it->chunk_name);
+      (*log_)(LogLevel::warn,
+              "outrun: script '{}' is not compiled ahead (the compile-only process failed on "
+              "it twice); its workers compile its source",
+              it->chunk_name);
       continue;
     }
     Pending again = it->name;
@@ -400,16 +398,7 @@ void Compiler::fail(const std::string& why, DeathCause cause) {
   in_flight_.clear();
   publish();
   run_verdicts();
-  if (stopping_) return;
-  Death d;
-  d.cause = cause;
-  d.uptime = Clock::now() - w->started_at();
-  if (const auto& x = w->exit_status()) {
-    d.exit_code = x->code;
-    d.signal = x->signal;
-  }
-  d.how = why;
-  schedule_restart(policy_.on_death(d, Clock::now()));
+  schedule_restart(policy_.on_death(death, Clock::now()));
 }
 
 // The shards' restart policy: backoff after quick crashes, and a crash loop (a cool-down, then a
@@ -417,24 +406,24 @@ void Compiler::fail(const std::string& why, DeathCause cause) {
 // know --compile-only exits with the usage code). Until then new scripts wait in the queue, and
 // the workers compile every source they are sent.
 void Compiler::schedule_restart(const RestartDecision& d) {
-  if (d.kind == RestartDecision::Kind::kCrashLoop) {
+  apply_restart(&restart_, &Compiler::on_restart, d, [&](const std::string&) {
     (*log_)(LogLevel::error,
             "outrun: the compile-only process keeps failing; the next one starts in {} ms "
             "(meanwhile the workers compile every source)",
             d.delay.count());
     // A check does not wait for the cool-down: it is answered `unavailable` until a hello.
-    crash_loop_ = true;
+    phase_ = Phase::kCrashLoop;
     answer_queued_checks(
         "cannot check the source: the compile-only process keeps failing (crash loop)");
     run_verdicts();
-  }
-  uv_timer_start(&restart_, &Compiler::on_restart, static_cast<uint64_t>(d.delay.count()), 0);
+  });
 }
 
 void Compiler::start_or_retry() {
-  if (stopping_ || process_) return;
+  if (phase_ == Phase::kStopped || process_) return;
   if (Error e = start()) {
     (*log_)(LogLevel::warn, "outrun: cannot start the compile-only process: {}", e.message);
+    if (phase_ != Phase::kCrashLoop) phase_ = Phase::kDown;
     schedule_restart(policy_.on_start_failure(e.message, Clock::now()));
   }
 }
@@ -449,8 +438,8 @@ void Compiler::on_restart(uv_timer_t* t) {
 }
 
 void Compiler::shutdown() {
-  if (stopping_) return;
-  stopping_ = true;
+  if (phase_ == Phase::kStopped) return;
+  phase_ = Phase::kStopped;
   uv_timer_stop(&deadline_);
   uv_timer_stop(&restart_);
   uv_close(reinterpret_cast<uv_handle_t*>(&deadline_), nullptr);

@@ -96,9 +96,10 @@ class Compiler final : public WorkerEvents {
   void send_next();
   void publish();         // idle_pub_, pid_pub_
   void start_or_retry();  // start(), or the restart timer when it fails
+  // Applies the policy's decision (detail::apply_restart): the crash loop, then the timer once.
   void schedule_restart(const RestartDecision& d);
   void handle_frames();
-  // The current process failed (`why`, `cause` for the restart policy): killed, its frame's
+  // The current process failed (`why`; `cause` is its Death's): killed, its frame's
   // sources retried one per frame (a source in two failed frames is given up), the next process
   // started when the policy says.
   void fail(const std::string& why, DeathCause cause);
@@ -142,13 +143,24 @@ class Compiler final : public WorkerEvents {
   std::deque<Pending> queue_;        // to compile, in order; singles_ first
   std::vector<Pending> singles_;     // of a frame whose process failed: retried one at a time
   std::vector<InFlight> in_flight_;  // the Compile frame out now
-  WorkerProcess* process_ = nullptr;
-  bool ready_ = false;  // its hello arrived
-  bool stopping_ = false;
+  // Where the compiler is in its life (one value for what were four booleans):
+  //   kNew ──start──► kStarting ──hello──► kReady ──fail──► kDown ──restart timer──► kStarting
+  //   a decision of the crash loop (fail, or a failed start) ──► kCrashLoop ──hello──► kReady
+  //   any ──shutdown──► kStopped (for good)
+  enum class Phase : uint8_t {
+    kNew,        // not started yet (start_first)
+    kStarting,   // a process is spawned; its hello has not arrived
+    kReady,      // its hello arrived: Compile frames go to it
+    kDown,       // no process: the restart timer starts the next
+    kCrashLoop,  // the policy put it in its crash loop, and no process said hello since (one
+                 // may be starting after the cool-down): checks are answered at once
+    kStopped,    // shutdown(): nothing starts again
+  };
+  Phase phase_ = Phase::kNew;
+  WorkerProcess* process_ = nullptr;  // the current process (kStarting, kReady, or kCrashLoop)
   int live_ = 0;
-  bool ever_started_ = false;
+  uint64_t starts_ = 0;  // processes started (the first is no restart)
   RestartPolicy policy_;
-  bool crash_loop_ = false;  // the policy put it in its crash loop: checks are answered at once
   std::vector<std::pair<std::shared_ptr<Check>, Error>> verdicts_;
   uv_timer_t deadline_{};
   uv_timer_t restart_{};

@@ -124,6 +124,8 @@ struct Host::Impl final : detail::WorkerEvents {
   void resume_if_paused(detail::Shard& sh);
   void submit_batch(std::vector<Request>&& requests, BatchCallback&& cb);
   void deliver_now(detail::Shard& sh, detail::Completion&& done, Result&& r);
+  // The Evaluation of slot `idx` (kSending), with its script's source or bytecode if the worker
+  // lacks it; the slot is marked sent (SlotTable::mark_sent), so the caller writes it now.
   flatbuffers::Offset<wire::Evaluation> build_evaluation(flatbuffers::FlatBufferBuilder& f,
                                                          detail::Shard& sh, uint32_t idx,
                                                          detail::InputsOffset inputs,
@@ -201,6 +203,10 @@ struct Host::Impl final : detail::WorkerEvents {
                    uint64_t overrun_id = 0) REQUIRES(loop_role);
   void worker_died(detail::WorkerProcess* w, detail::DeathCause cause, const std::string& why)
       REQUIRES(loop_role);
+  void record_death(detail::Shard& sh, const detail::WorkerProcess& w, const detail::Death& death,
+                    bool stop) REQUIRES(loop_role);
+  void settle_death(detail::Shard& sh, const detail::WorkerProcess& w, detail::Death* death,
+                    bool stop, Ended* ended) REQUIRES(sh.mu, loop_role);
 
   // quarantine.cpp: crash attribution (design/supervision.md "Crash attribution").
   // The script a death is charged to: the one `w` was running when it died of a fault signal or
@@ -215,6 +221,9 @@ struct Host::Impl final : detail::WorkerEvents {
   // others in order. sh.mu held.
   void end_quarantined(detail::Shard& sh, std::vector<uint32_t>* idxs, Ended* out,
                        std::vector<uint32_t>* promoted) REQUIRES(sh.mu);
+  // The same for the shard's waiting queue.
+  void end_quarantined_waiting(detail::Shard& sh, Ended* out, std::vector<uint32_t>* promoted)
+      REQUIRES(sh.mu);
   std::string quarantine_message(const detail::ScriptRecord& r) const;
 
   // supervise.cpp (loop thread)
@@ -223,10 +232,11 @@ struct Host::Impl final : detail::WorkerEvents {
   // Asks the shard's restart policy what follows the death `d`, and does it: arms the restart
   // timer, or enters the crash loop.
   void after_death(detail::Shard& sh, const detail::Death& d) REQUIRES(loop_role);
+  // Applies a decision (detail::apply_restart): the crash loop, then the restart timer, once.
   void apply(detail::Shard& sh, const detail::RestartDecision& decision) REQUIRES(loop_role);
   static void on_restart(uv_timer_t* t);
-  void enter_crash_loop(detail::Shard& sh, const detail::RestartDecision& decision)
-      REQUIRES(loop_role);
+  // The shard's crash loop begins: `unavailable` (with `why`) for what waits and what comes.
+  void enter_crash_loop(detail::Shard& sh, const std::string& why) REQUIRES(loop_role);
   static void on_wakeup(uv_async_t* a);
   void run_commands() REQUIRES(loop_role);
   // Freed records: Forget frames to their shards' workers, then their ids may be reused.

@@ -15,7 +15,6 @@ using detail::DeathCause;
 using detail::ScriptRecord;
 using detail::Shard;
 using detail::Slot;
-using detail::SlotPlace;
 using detail::WorkerProcess;
 
 namespace {
@@ -92,18 +91,29 @@ void Host::Impl::end_quarantined(Shard& sh, std::vector<uint32_t>* idxs, Ended* 
                                  std::vector<uint32_t>* promoted) {
   std::size_t kept = 0;
   for (uint32_t idx : *idxs) {
-    Slot& slot = sh.table[idx];
-    const ScriptRecord& r = *slot.script.record();
+    const ScriptRecord& r = *sh.table[idx].script.record();
     if (!in_quarantine(r)) {
       (*idxs)[kept++] = idx;
       continue;
     }
     sh.quarantine_refusals.fetch_add(1, std::memory_order_relaxed);
-    slot.place = SlotPlace::kWaiting;  // not pending any more: end_slot frees the flight
     sh.table.end(idx, Result{Status::runtime_error, {}, quarantine_message(r), sh.index}, out,
                  promoted);
   }
   idxs->resize(kept);
+}
+
+void Host::Impl::end_quarantined_waiting(Shard& sh, Ended* out, std::vector<uint32_t>* promoted) {
+  const int shard = sh.index;
+  std::atomic<uint64_t>& refusals = sh.quarantine_refusals;
+  sh.table.end_waiting_if(
+      [&](const Slot& slot) -> std::optional<Result> {
+        const ScriptRecord& r = *slot.script.record();
+        if (!in_quarantine(r)) return std::nullopt;
+        refusals.fetch_add(1, std::memory_order_relaxed);
+        return Result{Status::runtime_error, {}, quarantine_message(r), shard};
+      },
+      out, promoted);
 }
 
 std::string Host::Impl::quarantine_message(const ScriptRecord& r) const {

@@ -6,6 +6,21 @@
 
 namespace outrun::detail {
 
+Death make_death(DeathCause noticed, const std::optional<DeathCause>& decided,
+                 const std::optional<ExitStatus>& exit, Clock::duration uptime,
+                 bool restart_requested, std::string how) {
+  Death d;
+  d.cause = decided ? *decided : noticed;
+  if (exit) {
+    d.exit_code = exit->code;
+    d.signal = exit->signal;
+  }
+  d.uptime = uptime;
+  d.restart_requested = restart_requested;
+  d.how = std::move(how);
+  return d;
+}
+
 bool RestartPolicy::fatal_exit(int64_t code) {
   // It rejected its command line, or could not confine itself (rlimits, no_new_privs, seccomp).
   // Neither changes by starting it again.

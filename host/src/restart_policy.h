@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <string>
 
 #include "outrun/status.h"
@@ -27,15 +28,33 @@ inline constexpr int kDeathCauses = 6;
 
 using Clock = std::chrono::steady_clock;
 
+// How a process ended, once reaped.
+struct ExitStatus {
+  int64_t code = 0;
+  int signal = 0;
+  bool clean() const { return code == 0 && signal == 0; }
+  // The cause of a death the host did not decide: a signal is a crash, else it exited.
+  DeathCause cause() const { return signal != 0 ? DeathCause::kCrash : DeathCause::kExit; }
+};
+
 struct Death {
   DeathCause cause = DeathCause::kExit;
   int64_t exit_code = 0;  // when it exited by itself
   int signal = 0;         // the signal that ended it, or 0
   Clock::duration uptime{};
   bool restart_requested = false;  // restart_shard: the next worker starts at once
-  bool charged = false;  // the crash was charged to a script (quarantine): not the shard's
-  std::string how;       // "was killed by signal 11 (Segmentation fault)": for messages
+  bool charged = false;     // the crash was charged to a script (quarantine): not the shard's
+  std::string how;          // "was killed by signal 11 (Segmentation fault)": for messages
+  uint64_t running = 0;     // the evaluation its status page named as running (0: none)
+  uint64_t overrun_id = 0;  // kOverrun: the evaluation that passed T+G
 };
+
+// A process's Death record, built once (WorkerProcess::death) for a shard's worker and the
+// compile-only process alike. The host's decision to kill (`decided`), when there was one, names
+// the cause; else what noticed the death (`noticed`: the exit status, an end of stream, ...).
+Death make_death(DeathCause noticed, const std::optional<DeathCause>& decided,
+                 const std::optional<ExitStatus>& exit, Clock::duration uptime,
+                 bool restart_requested, std::string how);
 
 struct RestartConfig {
   std::chrono::milliseconds restart_delay{10};

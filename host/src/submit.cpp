@@ -38,7 +38,7 @@ std::string unregistered_message(const detail::ScriptRecord* r) {
 flatbuffers::Offset<wire::Evaluation> Host::Impl::build_evaluation(
     flatbuffers::FlatBufferBuilder& f, Shard& sh, uint32_t idx, detail::InputsOffset inputs,
     detail::InputBufferOffset buffer) {
-  Slot& slot = sh.table[idx];
+  const Slot& slot = sh.table[idx];
   const detail::ScriptRecord* r = slot.script.record();
   if (r->id >= sh.known.size())
     sh.known.resize(std::max<std::size_t>(r->id + 1, sh.known.size() * 2), 0);
@@ -49,11 +49,13 @@ flatbuffers::Offset<wire::Evaluation> Host::Impl::build_evaluation(
     source = {r->sha256, r->source, r->chunk_name, {}};
     // The compile-only process's bytecode instead, unless the worker could not load it.
     if (const detail::CompiledChunk* c = r->compiled.load(std::memory_order_acquire);
-        c && !slot.bytecode_failed) {
+        c && slot.may_send_bytecode()) {
       source.bytecode = {reinterpret_cast<const uint8_t*>(c->bytes.data()), c->bytes.size()};
     }
-    slot.sent_bytecode = !source.bytecode.empty();  // only on this path: none per evaluation
   }
+  sh.table.mark_sent(idx, !with_source              ? detail::SentWith::kId
+                          : source.bytecode.empty() ? detail::SentWith::kSource
+                                                    : detail::SentWith::kBytecode);
   return protocol::build_evaluation(f, detail::SlotTable::id_of(slot, idx), r->id, timeout_us,
                                     inputs, with_source ? &source : nullptr, buffer);
 }
@@ -143,7 +145,7 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
                  sh.index};
     } else if (sh.state == ShardState::kRunning) {
       const uint32_t idx = sh.table.admit(script, std::move(inputs), std::move(done),
-                                          SlotPlace::kSent, single, std::move(encoded));
+                                          SlotPlace::kSending, single, std::move(encoded));
       auto ev = build_evaluation(f, sh, idx, in, buffer);
       if (sh.writer->enqueue(finish_evaluate(f, &ev, 1))) writer = sh.writer;
       // A caller in evaluate_sync reads its own result or is handed it. Anything else sent while
@@ -159,7 +161,7 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
       } else
         resume = !waiter && must_resume(sh);
     } else {
-      sh.table.admit(script, std::move(inputs), std::move(done), SlotPlace::kWaiting, single,
+      sh.table.admit(script, std::move(inputs), std::move(done), SlotPlace::kQueued, single,
                      std::move(encoded));
     }
   }
@@ -277,7 +279,7 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
           }
           const uint32_t idx = sh.table.admit(std::move(req.script), std::move(req.inputs),
                                               Completion(detail::BatchTarget{shared_cb, chunk[k]}),
-                                              SlotPlace::kSent, single, std::move(req.encoded));
+                                              SlotPlace::kSending, single, std::move(req.encoded));
           evs.push_back(build_evaluation(f, sh, idx, inputs[k], buffers[k]));
           ++accepted;
         }
@@ -337,7 +339,7 @@ void Host::Impl::send_slots(Shard& sh, const std::vector<uint32_t>& idxs) {
     f.Clear();
     evs.clear();
     for (; k < idxs.size() && evs.size() < kFrameCutItems && f.GetSize() < kFrameCutBytes; ++k) {
-      Slot& slot = sh.table[idxs[k]];
+      const Slot& slot = sh.table[idxs[k]];
       detail::InputsOffset in;
       detail::InputBufferOffset buffer;
       if (!slot.encoded.empty()) {
@@ -346,8 +348,7 @@ void Host::Impl::send_slots(Shard& sh, const std::vector<uint32_t>& idxs) {
         std::string err;
         detail::encode_inputs(f, slot.inputs, &in, &err);  // validated at submission
       }
-      evs.push_back(build_evaluation(f, sh, idxs[k], in, buffer));
-      slot.place = SlotPlace::kSent;
+      evs.push_back(build_evaluation(f, sh, idxs[k], in, buffer));  // marks it sent
     }
     // Nobody else is writing when this returns true: write now so the builder can be reused.
     if (sh.writer->enqueue(finish_evaluate(f, evs.data(), evs.size()))) sh.writer->write_pending();

@@ -103,17 +103,15 @@ void Host::Impl::after_death(Shard& sh, const detail::Death& d) {
 }
 
 void Host::Impl::apply(Shard& sh, const detail::RestartDecision& decision) {
-  if (decision.kind == detail::RestartDecision::Kind::kCrashLoop) {
-    enter_crash_loop(sh, decision);
-    return;
-  }
   sh.restart_timer.data = &sh;
-  uv_timer_start(&sh.restart_timer, &Impl::on_restart,
-                 static_cast<uint64_t>(decision.delay.count()), 0);
+  detail::apply_restart(&sh.restart_timer, &Impl::on_restart, decision,
+                        [&](const std::string& why) {
+                          loop_role.assert_here();
+                          enter_crash_loop(sh, why);
+                        });
 }
 
-void Host::Impl::enter_crash_loop(Shard& sh, const detail::RestartDecision& decision) {
-  const std::string& why = decision.reason;
+void Host::Impl::enter_crash_loop(Shard& sh, const std::string& why) {
   log(LogLevel::error, "outrun: {}", why);
   Ended ended;
   std::vector<uint32_t> promoted;
@@ -121,14 +119,10 @@ void Host::Impl::enter_crash_loop(Shard& sh, const detail::RestartDecision& deci
     MutexLock lock(sh.mu);
     set_state(sh, ShardState::kCrashLoop);
     sh.unavailable_reason = why;
-    for (uint32_t idx : sh.table.take_waiting())
-      sh.table.end(idx, Result{Status::unavailable, {}, why, sh.index}, &ended, &promoted);
+    sh.table.end_waiting(Result{Status::unavailable, {}, why, sh.index}, &ended, &promoted);
     place_promoted(sh, promoted, &ended);
   }
   deliver_all(sh, ended);
-  sh.restart_timer.data = &sh;
-  uv_timer_start(&sh.restart_timer, &Impl::on_restart,
-                 static_cast<uint64_t>(decision.delay.count()), 0);
 }
 
 void Host::Impl::on_restart(uv_timer_t* t) {
@@ -315,10 +309,9 @@ void Host::Impl::begin_shutdown() {
       MutexLock lock(sh.mu);
       set_state(sh, sh.worker ? ShardState::kStopping : ShardState::kStopped);
       if (sh.writer && sh.writer->enqueue(shutdown)) writer = sh.writer;
-      for (uint32_t idx : sh.table.take_waiting())
-        sh.table.end(idx,
-                     Result{Status::cancelled, {}, "the host shut down before it ran", sh.index},
-                     &ended, &promoted);
+      sh.table.end_waiting(
+          Result{Status::cancelled, {}, "the host shut down before it ran", sh.index}, &ended,
+          &promoted);
       place_promoted(sh, promoted, &ended);
     }
     if (writer) writer->write_pending();

@@ -220,6 +220,15 @@ void WorkerProcess::request_restart(uint64_t ms) {
   if (io_open_) uv_timer_start(&linger_, &WorkerProcess::on_linger, ms, 0);
 }
 
+Death WorkerProcess::death(DeathCause noticed, std::string how, Clock::time_point now) const {
+  Death d = make_death(noticed, kill_cause_, exit_, now - started_at_, restart_requested_,
+                       std::move(how));
+  int64_t since = 0;
+  if (page_) protocol::read_running(*page_, &d.running, &since);  // a crash's suspect
+  d.overrun_id = overrun_id_;
+  return d;
+}
+
 void WorkerProcess::mark_dead() {
   life_ = Life::kDead;
   if (!exit_) kill(-pid_, SIGKILL);  // not yet reaped, so the group id is still ours
@@ -317,6 +326,12 @@ const char* to_string(WorkerProcess::Life l) {
       return "dead";
   }
   return "unknown";
+}
+
+void apply_restart(uv_timer_t* timer, uv_timer_cb on_restart, const RestartDecision& decision,
+                   const std::function<void(const std::string& reason)>& enter_crash_loop) {
+  if (decision.kind == RestartDecision::Kind::kCrashLoop) enter_crash_loop(decision.reason);
+  uv_timer_start(timer, on_restart, static_cast<uint64_t>(decision.delay.count()), 0);
 }
 
 }  // namespace outrun::detail

@@ -62,11 +62,7 @@ class WorkerProcess {
     kStreamEnded,  // its stream ended (EOF, a failed send): reading stopped, exit status awaited
     kDead,         // its death was handled: group killed, evaluations ended or retried
   };
-  struct ExitStatus {
-    int64_t code = 0;
-    int signal = 0;
-    bool clean() const { return code == 0 && signal == 0; }
-  };
+  using ExitStatus = detail::ExitStatus;
 
   // Starts a worker for `shard`: status page, two socketpairs, the process in its own session
   // and process group, its handles. On failure nothing is left behind (one error path) and the
@@ -118,6 +114,10 @@ class WorkerProcess {
   const std::optional<DeathCause>& kill_cause() const { return kill_cause_; }
   uint64_t overrun_id() const { return overrun_id_; }
 
+  // Its Death record, built once when its death is handled, before mark_dead: the cause is the
+  // host's decision to kill if there was one, else `noticed`; with its exit status, its uptime
+  // at `now`, and the evaluation its status page names as running (make_death, restart_policy.h).
+  Death death(DeathCause noticed, std::string how, Clock::time_point now) const;
   // Its death is being handled: SIGKILL to its process group (unless reaped), Life::kDead.
   void mark_dead();
   // Closes the socket handles and the linger timer (the process and stderr handles close at
@@ -181,5 +181,11 @@ inline constexpr std::size_t kMaxWorkerLogBytes = 64u << 10;  // per worker proc
 inline constexpr uint64_t kLingerMs = 1000;
 
 const char* to_string(WorkerProcess::Life l);
+
+// Applies a restart decision (RestartPolicy::on_death, on_start_failure), the one way a shard or
+// the compile-only process does: a crash loop is entered first (`enter_crash_loop(reason)`), then
+// `timer` is armed, once, for the decision's delay (the next start, or the cool-down).
+void apply_restart(uv_timer_t* timer, uv_timer_cb on_restart, const RestartDecision& decision,
+                   const std::function<void(const std::string& reason)>& enter_crash_loop);
 
 }  // namespace outrun::detail

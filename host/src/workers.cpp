@@ -20,7 +20,6 @@ using detail::DeathCause;
 using detail::Shard;
 using detail::ShardState;
 using detail::Slot;
-using detail::SlotPlace;
 using detail::WorkerProcess;
 using protocol::FrameWriter;
 namespace bip = boost::interprocess;
@@ -111,8 +110,7 @@ void Host::Impl::on_worker_freed(WorkerProcess*) {
 void Host::Impl::on_worker_exit(WorkerProcess* w) {
   loop_role.assert_here();
   const auto& x = *w->exit_status();
-  const DeathCause cause = x.signal != 0 ? DeathCause::kCrash : DeathCause::kExit;
-  worker_died(w, cause, describe_exit(x.code, x.signal));
+  worker_died(w, x.cause(), describe_exit(x.code, x.signal));
 }
 
 void Host::Impl::on_worker_readable(WorkerProcess* w) {
@@ -308,30 +306,24 @@ void Host::Impl::handle_results(Shard& sh, WorkerProcess*,
     for (const wire::Result* item : *items) {
       const uint64_t id = item->id();
       const uint32_t idx = static_cast<uint32_t>(id);
-      Slot* found = sh.table.sent(id);
+      const Slot* found = sh.table.sent(id);
       if (!found) {
         *violation = "answered an evaluation it was not running (id " + std::to_string(id) + ")";
         break;
       }
-      Slot& slot = *found;
+      const Slot& slot = *found;
       protocol::ResultView r;
       if (!protocol::decode_worker_result(item, &r, violation)) break;
       if (r.status == wire::Status::NeedSource) {
-        // After bytecode: it did not load (the source follows, once). Otherwise: the worker
-        // does not hold the script (dropped for its budget, or never sent), which it may say
-        // once per evaluation; the script follows, as bytecode when the host has it.
-        if (slot.sent_bytecode && !slot.bytecode_failed) {
-          slot.bytecode_failed = true;
-          slot.sent_bytecode = false;
-        } else if (slot.source_resent) {
+        // The worker does not hold the script (dropped for its budget, or never sent), or the
+        // bytecode it was sent did not load: the script follows (as bytecode when the host has
+        // it and it did not fail), as often as the slot's SourceState allows.
+        if (!sh.table.need_source(idx)) {
           *violation = "asked twice for the source of evaluation " + std::to_string(id);
           break;
-        } else {
-          slot.source_resent = true;
         }
         const uint32_t sid = slot.script.record()->id;
         if (sid < sh.known.size()) sh.known[sid] = 0;
-        slot.place = SlotPlace::kWaiting;
         resend.push_back(idx);
         continue;
       }
@@ -351,8 +343,8 @@ void Host::Impl::handle_results(Shard& sh, WorkerProcess*,
       promoted.insert(promoted.begin(), resend.begin(), resend.end());
       place_promoted(sh, promoted, &ended);
     } else {
-      for (uint32_t idx : resend) sh.table[idx].place = SlotPlace::kSent;  // ended with the worker
-      for (uint32_t idx : promoted) sh.table.park(idx);                    // run after the restart
+      for (uint32_t idx : resend) sh.table.keep_with_worker(idx);  // settled with its death
+      for (uint32_t idx : promoted) sh.table.park(idx);            // run after the restart
     }
   }
   // What this frame's values and messages may decode to, a shared part counted per use
@@ -407,29 +399,31 @@ void Host::Impl::kill_worker(WorkerProcess* w, DeathCause cause, const std::stri
   worker_died(w, cause, why);
 }
 
-// First sign of a worker's death (exit, kill decision, end of stream + exit status): kill its
-// group, drain what it wrote, end or retry what it was running, schedule the restart.
-// Idempotent per worker.
+// First sign of a worker's death (exit, kill decision, end of stream + exit status). Idempotent
+// per worker. It only sequences what each owner does (design/supervision.md "Who does what in a
+// death"): the worker builds its Death record and is killed; the shard stops sending to it; what
+// it wrote is drained; the slot table settles what it had been sent (retried or ended, as the
+// restart policy says); the restart decision is applied, once.
 void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::string& why) {
   Shard& sh = w->shard();
   if (w->dead()) return;
-  if (w->kill_cause()) cause = *w->kill_cause();  // the host's decision names it
   const bool stop = stopping.load();
-  // Which evaluation was running (a crash's suspect), before anything else changes the page.
-  uint64_t running = 0;
-  int64_t since = 0;
-  if (w->page()) protocol::read_running(*w->page(), &running, &since);
+  // The worker: its Death record (the host's kill decision names the cause; the evaluation it
+  // was running is read before anything else changes the page), then SIGKILL to its group.
+  detail::Death death = w->death(cause, why, detail::Clock::now());
   w->mark_dead();
   {
-    // Nothing more goes to this worker: what draining promotes or re-sends waits for the next.
+    // The shard: nothing more goes to this worker; what draining promotes or re-sends waits for
+    // the next one.
     MutexLock lock(sh.mu);
     if (sh.writer) sh.writer->close();
     sh.writer.reset();
     set_state(sh, stop ? ShardState::kStopped : ShardState::kDown);
   }
-  // Its socket and reader are the loop's from here: a follower that reads them is stopped first.
+  // Its last words. Its socket and reader are the loop's from here: a follower that reads them
+  // is stopped first.
   take_token_for_death(sh, w);
-  if (cause != DeathCause::kProtocol && w->reader().error() == protocol::FrameError::kNone)
+  if (death.cause != DeathCause::kProtocol && w->reader().error() == protocol::FrameError::kNone)
     drain(sh, w);
   w->close_io();
   {
@@ -439,76 +433,11 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
   }
   uv_timer_stop(&sh.watchdog);
 
-  const auto& exit = w->exit_status();
-  const bool clean_exit = cause == DeathCause::kExit && exit && exit->clean();
-  if (!stop && !clean_exit)
-    log(LogLevel::warn, "outrun: shard {} worker {} {}", sh.index, w->pid(), why);
-  sh.deaths.fetch_add(1, std::memory_order_relaxed);
-  if (!clean_exit) sh.by_cause[static_cast<int>(cause)].fetch_add(1, std::memory_order_relaxed);
-  {
-    MutexLock lock(sh.stats_mu);
-    sh.last_death = why;
-    sh.stats_page.reset();
-  }
-
-  detail::Death death;
-  death.cause = cause;
-  death.exit_code = exit ? exit->code : 0;
-  death.signal = exit ? exit->signal : 0;
-  death.uptime = detail::Clock::now() - w->started_at();
-  death.restart_requested = w->restart_requested();
-  death.how = why;
+  record_death(sh, *w, death, stop);
   Ended ended;
-  std::vector<uint32_t> promoted;
   {
     MutexLock lock(sh.mu);
-    // Charged before anything ends: a script this quarantines has its other evaluations (the
-    // retries and what waits) ended below instead of sent to the next worker.
-    const detail::ScriptRecord* suspect = stop ? nullptr : crash_suspect(sh, *w, cause, running);
-    if (suspect) {
-      charge_crash(sh, *suspect, *w);
-      death.charged = true;
-      misbehaved(*suspect);  // the slow lane, while (or once) it is not quarantined
-    }
-    // The evaluation the death is charged to (Result::killed_worker): the crash's suspect, or the
-    // one that overran; 0: none (evaluation ids start at 1).
-    const uint64_t killer = stop                            ? 0
-                            : suspect                       ? running
-                            : cause == DeathCause::kOverrun ? w->overrun_id()
-                                                            : 0;
-    std::vector<uint32_t> retry;
-    for (uint32_t idx : sh.table.take_sent()) {
-      Slot& slot = sh.table[idx];
-      detail::EvaluationFate fate =
-          sh.policy.fate(death, stop, sh.table.id(idx), running, w->overrun_id(), slot.retries);
-      if (fate.status == Status::killed) misbehaved(*slot.script.record());  // overran T+G
-      if (fate.retry) {
-        ++slot.retries;
-        slot.place = SlotPlace::kWaiting;
-        retry.push_back(idx);
-      } else {
-        Result r{fate.status, {}, std::move(fate.error), sh.index};
-        r.killed_worker = killer != 0 && sh.table.id(idx) == killer;
-        sh.table.end(idx, std::move(r), &ended, &promoted);
-      }
-    }
-    end_quarantined(sh, &retry, &ended, &promoted);
-    end_quarantined(sh, &sh.table.waiting(), &ended, &promoted);
-    // Retries go first: they were submitted before anything that waits already.
-    if (!retry.empty()) {
-      sh.retried.fetch_add(retry.size(), std::memory_order_relaxed);
-      std::vector<uint32_t>& waiting = sh.table.waiting();
-      retry.insert(retry.end(), waiting.begin(), waiting.end());
-      waiting.swap(retry);
-    }
-    if (stop) {
-      for (uint32_t idx : sh.table.take_waiting())
-        sh.table.end(idx,
-                     Result{Status::cancelled, {}, "the host shut down before it ran", sh.index},
-                     &ended, &promoted);
-    }
-    set_state(sh, stop ? ShardState::kStopped : ShardState::kDown);
-    place_promoted(sh, promoted, &ended);
+    settle_death(sh, *w, &death, stop, &ended);
   }
   if (sh.worker == w) sh.worker = nullptr;
   sh.pid.store(0, std::memory_order_relaxed);
@@ -521,6 +450,66 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
     start_cv.notify_all();
   }
   if (!stop) after_death(sh, death);
+}
+
+// The log line, the shard's counters and its last death.
+void Host::Impl::record_death(Shard& sh, const WorkerProcess& w, const detail::Death& death,
+                              bool stop) {
+  const auto& exit = w.exit_status();
+  const bool clean_exit = death.cause == DeathCause::kExit && exit && exit->clean();
+  if (!stop && !clean_exit)
+    log(LogLevel::warn, "outrun: shard {} worker {} {}", sh.index, w.pid(), death.how);
+  sh.deaths.fetch_add(1, std::memory_order_relaxed);
+  if (!clean_exit)
+    sh.by_cause[static_cast<int>(death.cause)].fetch_add(1, std::memory_order_relaxed);
+  MutexLock lock(sh.stats_mu);
+  sh.last_death = death.how;
+  sh.stats_page.reset();
+}
+
+// What the dead worker had been sent: the crash is charged first (to a script, if one explains
+// it: then `death->charged`), then the slot table settles each evaluation as the restart policy
+// says (RestartPolicy::fate): retried (ahead of what waits) or ended. Quarantined scripts' end.
+void Host::Impl::settle_death(Shard& sh, const WorkerProcess& w, detail::Death* death, bool stop,
+                              Ended* ended) {
+  std::vector<uint32_t> promoted;
+  // Charged before anything ends: a script this quarantines has its other evaluations (the
+  // retries and what waits) ended below instead of sent to the next worker.
+  const detail::ScriptRecord* suspect =
+      stop ? nullptr : crash_suspect(sh, w, death->cause, death->running);
+  if (suspect) {
+    charge_crash(sh, *suspect, w);
+    death->charged = true;
+    misbehaved(*suspect);  // the slow lane, while (or once) it is not quarantined
+  }
+  // The evaluation the death is charged to (Result::killed_worker): the crash's suspect, or the
+  // one that overran; 0: none (evaluation ids start at 1).
+  const uint64_t killer = stop                                   ? 0
+                          : suspect                              ? death->running
+                          : death->cause == DeathCause::kOverrun ? death->overrun_id
+                                                                 : 0;
+  const detail::Death& d = *death;
+  const detail::RestartPolicy& policy = sh.policy;
+  const int shard = sh.index;
+  std::vector<uint32_t> retry = sh.table.settle(
+      [&](uint64_t id, const Slot& slot) -> std::optional<Result> {
+        detail::EvaluationFate fate =
+            policy.fate(d, stop, id, d.running, d.overrun_id, slot.retries);
+        if (fate.retry) return std::nullopt;
+        if (fate.status == Status::killed) misbehaved(*slot.script.record());  // overran T+G
+        Result r{fate.status, {}, std::move(fate.error), shard};
+        r.killed_worker = killer != 0 && id == killer;
+        return r;
+      },
+      ended, &promoted);
+  end_quarantined(sh, &retry, ended, &promoted);
+  end_quarantined_waiting(sh, ended, &promoted);
+  if (!retry.empty()) sh.retried.fetch_add(retry.size(), std::memory_order_relaxed);
+  sh.table.requeue_retries(retry);
+  if (stop)
+    sh.table.end_waiting(Result{Status::cancelled, {}, "the host shut down before it ran", shard},
+                         ended, &promoted);
+  place_promoted(sh, promoted, ended);
 }
 
 }  // namespace outrun
