@@ -39,7 +39,7 @@ const char* to_string(ShardState s);
 // one caller blocked in evaluate_sync (the leader), which reads until its own result is in and
 // then hands the token to another waiting caller, to the loop when it asked, or to nobody.
 struct ReadToken {
-  enum class Holder : uint8_t { kNone, kLoop, kFollower };
+  enum class Holder : uint8_t { kNone, kLoop, kLeader };
 
   ReadToken();   // the kick eventfd
   ~ReadToken();  // closes it
@@ -55,7 +55,7 @@ struct ReadToken {
     holder = h;
     held.store(h != Holder::kNone, std::memory_order_relaxed);
   }
-  // The worker a follower may read: set when it is spawned, cleared (so nobody takes the token
+  // The worker a leader may read: set when it is spawned, cleared (so nobody takes the token
   // for it again) when its stream ended, a violation was found, or its death is handled.
   WorkerProcess* source GUARDED_BY(mu) = nullptr;
   // Callers waiting for their result that would lead if handed the token, in arrival order.
@@ -63,11 +63,11 @@ struct ReadToken {
   // The loop waits for the token (a death to handle): the holder hands it to the loop first.
   bool loop_wants GUARDED_BY(mu) = false;
   CondVar loop_cv;  // holder became kLoop for a loop that wants it
-  // What a follower left to the loop: a frame it does not handle (put back in the reader), an
+  // What a leader left to the loop: a frame it does not handle (put back in the reader), an
   // end of stream or a read error (loop: read again), or a protocol violation it found.
   bool handoff_read GUARDED_BY(mu) = false;
   std::string handoff_violation GUARDED_BY(mu);
-  // The loop stopped polling the result socket because a follower held the token (written on the
+  // The loop stopped polling the result socket because a leader held the token (written on the
   // loop under mu; read by submitters under Shard::mu, see Host::Impl::submit), and a wake-up
   // to resume it is on its way.
   std::atomic<bool> loop_paused{false};

@@ -18,7 +18,7 @@ namespace {
 
 // An evaluation was just sent, and the loop may not be polling the shard's result socket (it
 // stopped while a leader held the token: loop_paused). A leader that holds the token now reads it,
-// or sees it in flight when it gives the token up and has the loop poll again (follower_release);
+// or sees it in flight when it gives the token up and has the loop poll again (leader_release);
 // with nobody holding it, the loop must be asked now (design/threading.md "Leader/follower").
 bool must_resume(Shard& sh) REQUIRES(sh.mu) {
   return sh.reading.loop_paused.load() && !sh.reading.held.load(std::memory_order_relaxed) &&
@@ -113,7 +113,7 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
   Completion replaced;  // coalesce-latest: the waiting one this one replaces
   const bool waiter = done.wakes_waiter();
   detail::HostFuture* const future = done.host_future();
-  bool resume = false;  // the loop stopped reading for a follower: it must read this one
+  bool resume = false;  // the loop stopped reading for a leader: it must read this one
   {
     MutexLock lock(sh.mu);
     const bool single = opts.single_flight != SingleFlight::off;
@@ -357,7 +357,7 @@ void Host::Impl::send_slots(Shard& sh, const std::vector<uint32_t>& idxs) {
 void Host::Impl::deliver_read(Completion&& done, Result&& r, std::vector<Delivery>* to_dispatch) {
   // Waiters and futures (no caller code) and, when the application promised they never block
   // and this is the loop thread, callbacks are delivered here: no dispatcher hop. A leader
-  // (follower.cpp) never runs a callback, and fulfils futures itself whatever
+  // (leader.cpp) never runs a callback, and fulfils futures itself whatever
   // fulfill_futures_on_loop says (that option is the loop's).
   if (done.wakes_waiter()) {
     done.deliver(std::move(r), log);

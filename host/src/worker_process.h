@@ -100,7 +100,7 @@ class WorkerProcess {
   void greet();
   // End of stream: stop reading and writing, wait kLingerMs for the exit status.
   void end_stream(uint64_t linger_ms);
-  // A follower reads the result socket (leader/follower): stop polling it, and poll it again.
+  // A leader reads the result socket (leader/follower): stop polling it, and poll it again.
   void pause_reading();
   void resume_reading();
   // A write was handed to the loop: watch the socket until it has room (idempotent).

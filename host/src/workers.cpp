@@ -78,7 +78,7 @@ Error Host::Impl::spawn(Shard& sh) {
     sh.stats_page = w->page_region();
   }
   {
-    // Followers may read it from now on; its poll runs (nothing paused, nothing handed over).
+    // Leaders may read it from now on; its poll runs (nothing paused, nothing handed over).
     MutexLock lock(sh.reading.mu);
     sh.reading.source = w;
     sh.reading.handoff_read = false;
@@ -121,12 +121,12 @@ void Host::Impl::on_worker_readable(WorkerProcess* w) {
 }
 
 void Host::Impl::loop_read(Shard& sh, WorkerProcess* w) {
-  bool buffered = false;  // a follower put a frame back, or saw an end of stream
-  std::string violation;  // one a follower found
+  bool buffered = false;  // a leader put a frame back, or saw an end of stream
+  std::string violation;  // one a leader found
   {
     MutexLock lock(sh.reading.mu);
     if (sh.reading.holder != detail::ReadToken::Holder::kNone) {
-      // A follower reads (the loop never holds the token here): stop polling a level-triggered
+      // A leader reads (the loop never holds the token here): stop polling a level-triggered
       // fd it reads, until it gives the token up with evaluations still in flight.
       if (!sh.reading.loop_paused.load()) {
         sh.reading.loop_paused.store(true);
@@ -162,7 +162,7 @@ void Host::Impl::loop_release(Shard& sh, WorkerProcess* w, bool poison) {
   MutexLock lock(sh.mu);
   MutexLock rlock(sh.reading.mu);
   if (poison && sh.reading.source == w) sh.reading.source = nullptr;
-  if (hand_to_follower(sh)) return;
+  if (hand_to_waiter(sh)) return;
   sh.reading.set_holder(detail::ReadToken::Holder::kNone);
   if (sh.reading.loop_paused.load() && sh.table.in_use() > 0) {
     sh.reading.loop_paused.store(false);
@@ -229,7 +229,7 @@ void Host::Impl::stream_ended(WorkerProcess* w) {
   {
     Shard& sh = w->shard();
     MutexLock lock(sh.reading.mu);
-    if (sh.reading.source == w) sh.reading.source = nullptr;  // followers stop reading it
+    if (sh.reading.source == w) sh.reading.source = nullptr;  // leaders stop reading it
   }
   w->end_stream(kLingerMs);
 }
@@ -389,7 +389,7 @@ void Host::Impl::handle_results(Shard& sh, WorkerProcess*,
 // A dead worker's last words: results it wrote before it exited are still in the socket.
 void Host::Impl::drain(Shard& sh, WorkerProcess* w) {
   std::string violation;
-  // What a follower put back comes first.
+  // What a leader put back comes first.
   process_frames(sh, w, &violation);
   // Bounded only as a guard: a killed or exited process cannot keep writing.
   for (int i = 0; i < 100000 && violation.empty(); ++i) {
@@ -427,7 +427,7 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
     sh.writer.reset();
     set_state(sh, stop ? ShardState::kStopped : ShardState::kDown);
   }
-  // Its socket and reader are the loop's from here: a follower that reads them is stopped first.
+  // Its socket and reader are the loop's from here: a leader that reads them is stopped first.
   take_token_for_death(sh, w);
   if (cause != DeathCause::kProtocol && w->reader().error() == protocol::FrameError::kNone)
     drain(sh, w);

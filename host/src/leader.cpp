@@ -108,7 +108,7 @@ bool HostFuture::wait_for(std::chrono::nanoseconds d) {
   if (gate->enter()) {
     settle_resume();
     {
-      // Not a follower: a timed wait is handed its result by whoever reads it (the loop, a
+      // Never leads: a timed wait is handed its result by whoever reads it (the loop, a
       // leader).
       MutexLock lock(waiter.rd.mu);
       in = waiter.cv.wait_until(waiter.rd.mu, deadline,
@@ -149,7 +149,7 @@ void Host::Impl::wait_for_result(Shard& sh, SyncWaiter& me) {
         if (me.done) return;
         if (sh.reading.holder == Holder::kNone && sh.reading.source && !sh.reading.loop_wants &&
             !sh.reading.handoff_read && sh.reading.handoff_violation.empty()) {
-          sh.reading.set_holder(Holder::kFollower);
+          sh.reading.set_holder(Holder::kLeader);
           me.has_token = true;
         } else {
           // Someone reads (the loop, or a leader that will hand the token on), or the shard has
@@ -168,7 +168,7 @@ void Host::Impl::wait_for_result(Shard& sh, SyncWaiter& me) {
     sh.reading.token.acquire();
     Handoff h;
     if (w) h = lead(sh, w, me);
-    if (follower_release(sh, me, std::move(h))) wake();
+    if (leader_release(sh, me, std::move(h))) wake();
   }
 }
 
@@ -196,15 +196,15 @@ Host::Impl::Handoff Host::Impl::lead(Shard& sh, WorkerProcess* w, SyncWaiter& me
       break;
     }
     sh.reads.fetch_add(1, std::memory_order_relaxed);
-    follow_frames(sh, w, &h, &to_dispatch);
+    lead_frames(sh, w, &h, &to_dispatch);
     if (h.read || !h.violation.empty()) break;
   }
   return h;
 }
 
 // Like process_frames, for Results frames only: any other frame is put back for the loop.
-void Host::Impl::follow_frames(Shard& sh, WorkerProcess* w, Handoff* h,
-                               std::vector<Delivery>* to_dispatch) {
+void Host::Impl::lead_frames(Shard& sh, WorkerProcess* w, Handoff* h,
+                             std::vector<Delivery>* to_dispatch) {
   protocol::FrameView fv;
   while (w->reader().next(fv)) {
     // greeted(): written by the loop only while it holds the token.
@@ -225,7 +225,7 @@ void Host::Impl::follow_frames(Shard& sh, WorkerProcess* w, Handoff* h,
   if (!to_dispatch->empty()) sh.dispatcher->post(*to_dispatch);  // per read, never batched up
 }
 
-bool Host::Impl::hand_to_follower(Shard& sh) {
+bool Host::Impl::hand_to_waiter(Shard& sh) {
   if (!sh.reading.source || sh.reading.handoff_read || !sh.reading.handoff_violation.empty())
     return false;
   for (SyncWaiter* f : sh.reading.followers) {
@@ -233,7 +233,7 @@ bool Host::Impl::hand_to_follower(Shard& sh) {
     f->rd.mu.assert_held();
     if (!f->done && !f->has_token) {
       f->has_token = true;
-      sh.reading.set_holder(Holder::kFollower);
+      sh.reading.set_holder(Holder::kLeader);
       f->cv.notify_one();
       return true;
     }
@@ -241,7 +241,7 @@ bool Host::Impl::hand_to_follower(Shard& sh) {
   return false;
 }
 
-bool Host::Impl::follower_release(Shard& sh, SyncWaiter& me, Handoff&& h) {
+bool Host::Impl::leader_release(Shard& sh, SyncWaiter& me, Handoff&& h) {
   sh.reading.token.release();
   // Shard::mu for in_use(): it and loop_paused are read together, under both mutexes, so an
   // evaluation sent while the loop does not poll is either counted here or sees loop_paused
@@ -265,7 +265,7 @@ bool Host::Impl::follower_release(Shard& sh, SyncWaiter& me, Handoff&& h) {
     sh.reading.set_holder(Holder::kNone);
     return true;  // the loop acts on it (on_wakeup -> attend_reading)
   }
-  if (hand_to_follower(sh)) return false;
+  if (hand_to_waiter(sh)) return false;
   sh.reading.set_holder(Holder::kNone);
   return sh.reading.loop_paused.load() && sh.table.in_use() > 0 &&
          !sh.reading.resume_asked.exchange(true);
