@@ -17,7 +17,7 @@ struct BatchTarget {
   std::size_t index = 0;
 };
 
-// A caller blocked in Host::evaluate_sync (shard.h; leader.cpp).
+// A caller blocked in Host::evaluate_sync (read_token.h; leader.cpp).
 struct SyncWaiter;
 // Hands `r` to the waiter and wakes it (leader.cpp). Runs no caller code.
 void fulfil(SyncWaiter& w, Result&& r);

@@ -146,23 +146,16 @@ struct Host::Impl final : detail::WorkerEvents {
 
   // leader.cpp (caller threads): evaluate_sync, leader/follower (design/threading.md).
   Result evaluate_sync(const Script& script, Inputs&& inputs);
-  // What a leader leaves to the loop: read again (a frame put back, an end of stream, a read
-  // error), or a protocol violation it found.
-  struct Handoff {
-    bool read = false;
-    std::string violation;
-  };
+  using Handoff = detail::Handoff;
   void wait_for_result(detail::Shard& sh, detail::SyncWaiter& me);
   Handoff lead(detail::Shard& sh, detail::WorkerProcess* w, detail::SyncWaiter& me)
       REQUIRES(sh.reading.token);
   void lead_frames(detail::Shard& sh, detail::WorkerProcess* w, Handoff* h,
                    std::vector<detail::Delivery>* to_dispatch) REQUIRES(sh.reading.token);
-  // Gives the token up (to the loop if it waits, else to a waiting caller, else to nobody);
-  // true when the loop must be woken (a hand-off, or it must poll again).
+  // Gives the token up (ReadToken::leader_release, under Shard::mu); true when the loop must be
+  // woken (a hand-off, or it must poll again).
   bool leader_release(detail::Shard& sh, detail::SyncWaiter& me, Handoff&& h)
       RELEASE(sh.reading.token);
-  // To the first waiting caller that is not done (shard and token mutexes held); false: none.
-  static bool hand_to_waiter(detail::Shard& sh) REQUIRES(sh.mu, sh.reading.mu);
 
   // workers.cpp (loop thread): the worker's events, and what the host does with them.
   Error spawn(detail::Shard& sh) REQUIRES(loop_role);
@@ -181,10 +174,6 @@ struct Host::Impl final : detail::WorkerEvents {
   // stopped and evaluations are in flight). `poison`: nobody reads `w` again.
   void loop_release(detail::Shard& sh, detail::WorkerProcess* w, bool poison) REQUIRES(loop_role)
       RELEASE(sh.reading.token);
-  // Before a death is handled: the token, from whoever holds it (kicked), and `w` stops being
-  // readable for leaders. Blocks the loop for at most one leader's batch.
-  void take_token_for_death(detail::Shard& sh, detail::WorkerProcess* w) REQUIRES(loop_role)
-      ACQUIRE(sh.reading.token);
   // Hand-offs and resume requests of leaders (on_wakeup).
   void attend_reading(detail::Shard& sh) REQUIRES(loop_role);
   void process_frames(detail::Shard& sh, detail::WorkerProcess* w, std::string* violation)

@@ -21,8 +21,7 @@ namespace {
 // or sees it in flight when it gives the token up and has the loop poll again (leader_release);
 // with nobody holding it, the loop must be asked now (design/threading.md "Leader/follower").
 bool must_resume(Shard& sh) REQUIRES(sh.mu) {
-  return sh.reading.loop_paused.load() && !sh.reading.held.load(std::memory_order_relaxed) &&
-         !sh.reading.resume_asked.exchange(true);
+  return sh.reading.submitter_must_resume();
 }
 
 std::string busy_message(const detail::ScriptRecord* r) {
@@ -152,8 +151,7 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
       // Shard::mu; a leader giving the token up reads both under both).
       // A future that is the shard's only evaluation is left to its caller, who is likely to
       // wait on it now (HostFuture::owes_resume).
-      if (future && sh.table.in_use() == 1 && sh.reading.loop_paused.load() &&
-          !sh.reading.held.load(std::memory_order_relaxed) && !sh.reading.resume_asked.load()) {
+      if (future && sh.table.in_use() == 1 && sh.reading.submitter_would_resume()) {
         future->owes_resume.store(true, std::memory_order_relaxed);
         sh.futures_left_to_caller.fetch_add(1, std::memory_order_relaxed);
       } else

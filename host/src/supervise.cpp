@@ -94,7 +94,7 @@ void Host::Impl::on_watchdog(uv_timer_t* t) {
     }
   }
   // A future left to its caller (HostFuture::owes_resume) that nobody waits on is read by now.
-  if (sh->reading.loop_paused.load()) self->resume_if_paused(*sh);
+  if (sh->reading.loop_paused()) self->resume_if_paused(*sh);
   self->arm_watchdog(*sh, now);
 }
 
