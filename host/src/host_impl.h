@@ -14,6 +14,7 @@
 #include <uv.h>
 
 #include <atomic>
+#include <cassert>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -83,9 +84,9 @@ struct Host::Impl final : detail::WorkerEvents {
   std::atomic<bool> stopping{false};
   Mutex wakeup_mu;  // uv_async_send on a closed handle aborts
   bool wakeup_open GUARDED_BY(wakeup_mu) = false;
-  void wake();                    // any thread: run on_wakeup on the loop (no-op once closed)
-  bool shutdown_started = false;  // loop thread only
-  int live_workers = 0;           // loop thread only: WorkerProcess objects not yet freed
+  void wake();  // any thread: run on_wakeup on the loop (no-op once closed)
+  bool shutdown_started GUARDED_BY(loop_role) = false;
+  int live_workers GUARDED_BY(loop_role) = 0;  // WorkerProcess objects not yet freed
 
   // Requests from other threads to the loop (drills), and the application's (post_to_loop).
   enum class CommandKind : uint8_t { kKill, kRestart };
@@ -106,6 +107,12 @@ struct Host::Impl final : detail::WorkerEvents {
   std::string start_error GUARDED_BY(start_mu);
 
   bool on_loop_thread() const { return loop_role.here(); }
+  // `sh`'s loop-only members are this loop thread's: its role is this host's (checked in debug
+  // builds). For the analysis, which cannot tell sh.loop_role is loop_role.
+  void on_loop([[maybe_unused]] const detail::Shard& sh) const REQUIRES(loop_role)
+      ASSERT_CAPABILITY(sh.loop_role) {
+    assert(&sh.loop_role == &loop_role);
+  }
   // Loop thread: a callback ran there since the last end_loop_callbacks(), which then runs
   // opts.after_loop_callbacks (once per run of callbacks).
   bool loop_callbacks_ran = false;

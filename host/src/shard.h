@@ -62,9 +62,13 @@ struct WaitGate {
 };
 
 struct Shard {
-  Shard(int i, const RestartConfig& restart) : index(i), policy(i, restart) {}
+  Shard(int i, const RestartConfig& restart, const ThreadRole& loop)
+      : index(i), loop_role(loop), policy(i, restart) {}
 
   const int index;
+  // The host's loop thread (Host::Impl::loop_role, the same object): it alone touches the members
+  // guarded by it. Host::Impl code that holds its own role says so with on_loop(sh).
+  const ThreadRole& loop_role;
 
   Mutex mu;  // caller threads (submission) and the loop thread (results, deaths) meet here
   ShardState state GUARDED_BY(mu) = ShardState::kDown;
@@ -74,12 +78,15 @@ struct Shard {
   std::shared_ptr<protocol::FrameWriter> writer GUARDED_BY(mu);
   std::string unavailable_reason GUARDED_BY(mu);  // kCrashLoop: the `unavailable` message
 
-  // Loop thread only (Host::Impl::loop_role).
-  WorkerProcess* worker = nullptr;
-  uv_timer_t restart_timer{};
-  uv_timer_t watchdog{};  // heartbeat age and the running evaluation's T+G deadline
-  RestartPolicy policy;
-  std::vector<Delivery> to_dispatch;       // scratch: results of one read by the loop
+  // Loop thread only. (The timers are initialised by Host::Impl::start before the loop thread
+  // runs, and closed by it at the end: the analysis does not follow a member's address.)
+  WorkerProcess* worker GUARDED_BY(loop_role) = nullptr;
+  uv_timer_t restart_timer GUARDED_BY(loop_role){};
+  // Heartbeat age and the running evaluation's T+G deadline.
+  uv_timer_t watchdog GUARDED_BY(loop_role){};
+  RestartPolicy policy GUARDED_BY(loop_role);
+  // Scratch: the results of one read by the loop (a leader has its own, thread_local).
+  std::vector<Delivery> to_dispatch GUARDED_BY(loop_role);
   std::atomic<bool> write_blocked{false};  // a producer handed the rest of a write to the loop
 
   std::unique_ptr<Dispatcher> dispatcher;

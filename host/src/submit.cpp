@@ -368,6 +368,7 @@ void Host::Impl::deliver_read(Completion&& done, Result&& r, std::vector<Deliver
 }
 
 void Host::Impl::deliver_all(Shard& sh, Ended& ended) {
+  on_loop(sh);
   for (auto& [c, r] : ended) deliver_read(std::move(c), std::move(r), &sh.to_dispatch);
   ended.clear();
   if (!sh.to_dispatch.empty()) sh.dispatcher->post(sh.to_dispatch);

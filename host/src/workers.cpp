@@ -53,6 +53,7 @@ detail::SpawnSpec Host::Impl::worker_spec(int shard) const {
 }
 
 Error Host::Impl::spawn(Shard& sh) {
+  on_loop(sh);
   detail::SpawnSpec spec = worker_spec(sh.index);
   if (!opts.worker_profile_prefix.empty()) {
     // The pid is not known before the spawn: the worker appends it (see worker/main.cpp).
@@ -91,6 +92,7 @@ Error Host::Impl::spawn(Shard& sh) {
 }
 
 void Host::Impl::on_worker_created(WorkerProcess*) {
+  loop_role.assert_here();
   ++live_workers;
 }
 
@@ -147,6 +149,7 @@ void Host::Impl::loop_release(Shard& sh, WorkerProcess* w, bool poison) {
 }
 
 void Host::Impl::attend_reading(Shard& sh) {
+  on_loop(sh);
   WorkerProcess* w = sh.worker;
   if (!w ||
       (w->life() != WorkerProcess::Life::kStarting && w->life() != WorkerProcess::Life::kServing))
@@ -207,6 +210,7 @@ void Host::Impl::flush_writer(WorkerProcess* w) {
 
 // Handles every complete frame in the worker's reader; stops at the first violation.
 void Host::Impl::process_frames(Shard& sh, WorkerProcess* w, std::string* violation) {
+  on_loop(sh);
   protocol::FrameView fv;
   while (violation->empty() && w->reader().next(fv)) {
     sh.frames.fetch_add(1, std::memory_order_relaxed);
@@ -360,6 +364,7 @@ void Host::Impl::kill_worker(WorkerProcess* w, DeathCause cause, const std::stri
 // Idempotent per worker.
 void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::string& why) {
   Shard& sh = w->shard();
+  on_loop(sh);
   if (w->dead()) return;
   if (w->kill_cause()) cause = *w->kill_cause();  // the host's decision names it
   const bool stop = stopping.load();
