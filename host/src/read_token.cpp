@@ -103,15 +103,6 @@ ReadToken::Attend ReadToken::loop_attend() {
   return Attend::kNothing;
 }
 
-bool ReadToken::submitter_must_resume() {
-  return loop_paused_.load() && !held_.load(std::memory_order_relaxed) &&
-         !resume_asked_.exchange(true);
-}
-
-bool ReadToken::submitter_would_resume() const {
-  return loop_paused_.load() && !held_.load(std::memory_order_relaxed) && !resume_asked_.load();
-}
-
 bool ReadToken::wait_to_lead(SyncWaiter& me, WorkerProcess** w) {
   assert(&me.rd_ == this);  // a waiter waits on its own shard's token
   MutexLock lock(mu_);

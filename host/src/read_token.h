@@ -86,9 +86,15 @@ class ReadToken {
 
   // The loop does not poll, nobody holds the token and nobody asked yet: the caller (claiming the
   // ask, once) must wake the loop to poll. A holder sees the evaluation in use when it releases.
-  bool submitter_must_resume();
+  // (Inline: every submission asks.)
+  bool submitter_must_resume() {
+    return loop_paused_.load() && !held_.load(std::memory_order_relaxed) &&
+           !resume_asked_.exchange(true);
+  }
   // What submitter_must_resume would answer, without claiming the ask.
-  bool submitter_would_resume() const;
+  bool submitter_would_resume() const {
+    return loop_paused_.load() && !held_.load(std::memory_order_relaxed) && !resume_asked_.load();
+  }
 
   // ---- A caller waiting for its result (`me`, a waiter of this token).
 
