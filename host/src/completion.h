@@ -17,9 +17,9 @@ struct BatchTarget {
   std::size_t index = 0;
 };
 
-// A caller blocked in Host::evaluate_sync (shard.h; follower.cpp).
+// A caller blocked in Host::evaluate_sync (read_token.h; leader.cpp).
 struct SyncWaiter;
-// Hands `r` to the waiter and wakes it (follower.cpp). Runs no caller code.
+// Hands `r` to the waiter and wakes it (leader.cpp). Runs no caller code.
 void fulfil(SyncWaiter& w, Result&& r);
 // The state behind a Host's outrun::Future (host_impl.h).
 struct HostFuture;

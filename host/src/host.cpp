@@ -91,7 +91,7 @@ Error Host::Impl::start() {
   restart.grace = opts.grace;
   if (opts.slow_lane) lane = opts.shards;  // one more shard, the last (D-slow-lane)
   for (int i = 0; i < opts.shards + (opts.slow_lane ? 1 : 0); ++i) {
-    auto sh = std::make_unique<Shard>(i, restart);
+    auto sh = std::make_unique<Shard>(i, restart, loop_role);
     sh->dispatcher = std::make_unique<detail::Dispatcher>(log);
     uv_timer_init(&loop, &sh->restart_timer);
     uv_timer_init(&loop, &sh->watchdog);

@@ -5,7 +5,7 @@
 //    writes handed off), status pages, timers, child exits. Completes evaluations: releases the
 //    slot, then fulfils futures or hands callbacks to the shard's dispatcher.
 //  - one dispatcher thread per shard: runs callbacks.
-//  - a caller in evaluate_sync (follower.cpp) may read its shard's results itself while it holds
+//  - a caller in evaluate_sync (leader.cpp) may read its shard's results itself while it holds
 //    the shard's read token (leader/follower); it runs no callback and owns no handle.
 #pragma once
 
@@ -14,6 +14,7 @@
 #include <uv.h>
 
 #include <atomic>
+#include <cassert>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -83,9 +84,9 @@ struct Host::Impl final : detail::WorkerEvents {
   std::atomic<bool> stopping{false};
   Mutex wakeup_mu;  // uv_async_send on a closed handle aborts
   bool wakeup_open GUARDED_BY(wakeup_mu) = false;
-  void wake();                    // any thread: run on_wakeup on the loop (no-op once closed)
-  bool shutdown_started = false;  // loop thread only
-  int live_workers = 0;           // loop thread only: WorkerProcess objects not yet freed
+  void wake();  // any thread: run on_wakeup on the loop (no-op once closed)
+  bool shutdown_started GUARDED_BY(loop_role) = false;
+  int live_workers GUARDED_BY(loop_role) = 0;  // WorkerProcess objects not yet freed
 
   // Requests from other threads to the loop (drills), and the application's (post_to_loop).
   enum class CommandKind : uint8_t { kKill, kRestart };
@@ -106,6 +107,12 @@ struct Host::Impl final : detail::WorkerEvents {
   std::string start_error GUARDED_BY(start_mu);
 
   bool on_loop_thread() const { return loop_role.here(); }
+  // `sh`'s loop-only members are this loop thread's: its role is this host's (checked in debug
+  // builds). For the analysis, which cannot tell sh.loop_role is loop_role.
+  void on_loop([[maybe_unused]] const detail::Shard& sh) const REQUIRES(loop_role)
+      ASSERT_CAPABILITY(sh.loop_role) {
+    assert(&sh.loop_role == &loop_role);
+  }
   // Loop thread: a callback ran there since the last end_loop_callbacks(), which then runs
   // opts.after_loop_callbacks (once per run of callbacks).
   bool loop_callbacks_ran = false;
@@ -146,25 +153,18 @@ struct Host::Impl final : detail::WorkerEvents {
                     std::vector<detail::Delivery>* to_dispatch);
   void deliver_all(detail::Shard& sh, Ended& ended) REQUIRES(loop_role);
 
-  // follower.cpp (caller threads): evaluate_sync, leader/follower (design/threading.md).
+  // leader.cpp (caller threads): evaluate_sync, leader/follower (design/threading.md).
   Result evaluate_sync(const Script& script, Inputs&& inputs);
-  // What a leader leaves to the loop: read again (a frame put back, an end of stream, a read
-  // error), or a protocol violation it found.
-  struct Handoff {
-    bool read = false;
-    std::string violation;
-  };
+  using Handoff = detail::Handoff;
   void wait_for_result(detail::Shard& sh, detail::SyncWaiter& me);
   Handoff lead(detail::Shard& sh, detail::WorkerProcess* w, detail::SyncWaiter& me)
       REQUIRES(sh.reading.token);
-  void follow_frames(detail::Shard& sh, detail::WorkerProcess* w, Handoff* h,
-                     std::vector<detail::Delivery>* to_dispatch) REQUIRES(sh.reading.token);
-  // Gives the token up (to the loop if it waits, else to a waiting follower, else to nobody);
-  // true when the loop must be woken (a hand-off, or it must poll again).
-  bool follower_release(detail::Shard& sh, detail::SyncWaiter& me, Handoff&& h)
+  void lead_frames(detail::Shard& sh, detail::WorkerProcess* w, Handoff* h,
+                   std::vector<detail::Delivery>* to_dispatch) REQUIRES(sh.reading.token);
+  // Gives the token up (ReadToken::leader_release, under Shard::mu); true when the loop must be
+  // woken (a hand-off, or it must poll again).
+  bool leader_release(detail::Shard& sh, detail::SyncWaiter& me, Handoff&& h)
       RELEASE(sh.reading.token);
-  // To the first waiting follower that is not done (shard and token mutexes held); false: none.
-  static bool hand_to_follower(detail::Shard& sh) REQUIRES(sh.mu, sh.reading.mu);
 
   // workers.cpp (loop thread): the worker's events, and what the host does with them.
   Error spawn(detail::Shard& sh) REQUIRES(loop_role);
@@ -176,18 +176,14 @@ struct Host::Impl final : detail::WorkerEvents {
   void on_worker_stream_error(detail::WorkerProcess* w) override;
   void on_worker_linger_expired(detail::WorkerProcess* w) override;
   void on_worker_freed(detail::WorkerProcess* w) override;
-  // The loop's read of `w`'s result socket when it is readable or a follower handed it over:
-  // takes the read token, or stops polling while a follower holds it.
+  // The loop's read of `w`'s result socket when it is readable or a leader handed it over:
+  // takes the read token, or stops polling while a leader holds it.
   void loop_read(detail::Shard& sh, detail::WorkerProcess* w) REQUIRES(loop_role);
-  // The loop gives the token up (to a waiting follower, else to nobody; polls again when it had
+  // The loop gives the token up (to a waiting caller, else to nobody; polls again when it had
   // stopped and evaluations are in flight). `poison`: nobody reads `w` again.
   void loop_release(detail::Shard& sh, detail::WorkerProcess* w, bool poison) REQUIRES(loop_role)
       RELEASE(sh.reading.token);
-  // Before a death is handled: the token, from whoever holds it (kicked), and `w` stops being
-  // readable for followers. Blocks the loop for at most one leader's batch.
-  void take_token_for_death(detail::Shard& sh, detail::WorkerProcess* w) REQUIRES(loop_role)
-      ACQUIRE(sh.reading.token);
-  // Hand-offs and resume requests of followers (on_wakeup).
+  // Hand-offs and resume requests of leaders (on_wakeup).
   void attend_reading(detail::Shard& sh) REQUIRES(loop_role);
   void process_frames(detail::Shard& sh, detail::WorkerProcess* w, std::string* violation)
       REQUIRES(loop_role, sh.reading.token);
@@ -254,7 +250,7 @@ struct Host::Impl final : detail::WorkerEvents {
 namespace detail {
 
 // The state behind a Host's outrun::Future: a SyncWaiter its caller waits in like evaluate_sync
-// (follower.cpp), fulfilled through its Completion. Keeps the gate, not the host: waiting while
+// (leader.cpp), fulfilled through its Completion. Keeps the gate, not the host: waiting while
 // the host lives passes the gate; afterwards the result is in (WaitGate).
 struct HostFuture final : FutureState {
   HostFuture(Host::Impl& host, Shard& sh)

@@ -18,11 +18,10 @@ namespace {
 
 // An evaluation was just sent, and the loop may not be polling the shard's result socket (it
 // stopped while a leader held the token: loop_paused). A leader that holds the token now reads it,
-// or sees it in flight when it gives the token up and has the loop poll again (follower_release);
+// or sees it in flight when it gives the token up and has the loop poll again (leader_release);
 // with nobody holding it, the loop must be asked now (design/threading.md "Leader/follower").
 bool must_resume(Shard& sh) REQUIRES(sh.mu) {
-  return sh.reading.loop_paused.load() && !sh.reading.held.load(std::memory_order_relaxed) &&
-         !sh.reading.resume_asked.exchange(true);
+  return sh.reading.submitter_must_resume();
 }
 
 std::string busy_message(const detail::ScriptRecord* r) {
@@ -115,7 +114,7 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
   Completion replaced;  // coalesce-latest: the waiting one this one replaces
   const bool waiter = done.wakes_waiter();
   detail::HostFuture* const future = done.host_future();
-  bool resume = false;  // the loop stopped reading for a follower: it must read this one
+  bool resume = false;  // the loop stopped reading for a leader: it must read this one
   {
     MutexLock lock(sh.mu);
     const bool single = opts.single_flight != SingleFlight::off;
@@ -154,8 +153,7 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
       // Shard::mu; a leader giving the token up reads both under both).
       // A future that is the shard's only evaluation is left to its caller, who is likely to
       // wait on it now (HostFuture::owes_resume).
-      if (future && sh.table.in_use() == 1 && sh.reading.loop_paused.load() &&
-          !sh.reading.held.load(std::memory_order_relaxed) && !sh.reading.resume_asked.load()) {
+      if (future && sh.table.in_use() == 1 && sh.reading.submitter_would_resume()) {
         future->owes_resume.store(true, std::memory_order_relaxed);
         sh.futures_left_to_caller.fetch_add(1, std::memory_order_relaxed);
       } else
@@ -358,7 +356,7 @@ void Host::Impl::send_slots(Shard& sh, const std::vector<uint32_t>& idxs) {
 void Host::Impl::deliver_read(Completion&& done, Result&& r, std::vector<Delivery>* to_dispatch) {
   // Waiters and futures (no caller code) and, when the application promised they never block
   // and this is the loop thread, callbacks are delivered here: no dispatcher hop. A leader
-  // (follower.cpp) never runs a callback, and fulfils futures itself whatever
+  // (leader.cpp) never runs a callback, and fulfils futures itself whatever
   // fulfill_futures_on_loop says (that option is the loop's).
   if (done.wakes_waiter()) {
     done.deliver(std::move(r), log);
@@ -371,6 +369,7 @@ void Host::Impl::deliver_read(Completion&& done, Result&& r, std::vector<Deliver
 }
 
 void Host::Impl::deliver_all(Shard& sh, Ended& ended) {
+  on_loop(sh);
   for (auto& [c, r] : ended) deliver_read(std::move(c), std::move(r), &sh.to_dispatch);
   ended.clear();
   if (!sh.to_dispatch.empty()) sh.dispatcher->post(sh.to_dispatch);

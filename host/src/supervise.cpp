@@ -50,6 +50,7 @@ void Host::Impl::set_state(Shard& sh, ShardState s) {
 //    an overrun is killed within a timer tick (1 ms) of its deadline.
 //  - A heartbeat older than silence_limit kills the worker (frozen or SIGSTOPped).
 void Host::Impl::arm_watchdog(Shard& sh, int64_t now_ns) {
+  on_loop(sh);
   WorkerProcess* w = sh.worker;
   if (!w || w->dead()) return;
   const int64_t idle_period =
@@ -68,6 +69,7 @@ void Host::Impl::on_watchdog(uv_timer_t* t) {
   auto* sh = static_cast<Shard*>(t->data);
   Impl* self = static_cast<Impl*>(t->loop->data);
   self->loop_role.assert_here();
+  self->on_loop(*sh);
   WorkerProcess* w = sh->worker;
   if (!w || w->dead()) return;
   const int64_t now = monotonic_ns();
@@ -94,15 +96,17 @@ void Host::Impl::on_watchdog(uv_timer_t* t) {
     }
   }
   // A future left to its caller (HostFuture::owes_resume) that nobody waits on is read by now.
-  if (sh->reading.loop_paused.load()) self->resume_if_paused(*sh);
+  if (sh->reading.loop_paused()) self->resume_if_paused(*sh);
   self->arm_watchdog(*sh, now);
 }
 
 void Host::Impl::after_death(Shard& sh, const detail::Death& d) {
+  on_loop(sh);
   apply(sh, sh.policy.on_death(d, detail::Clock::now()));
 }
 
 void Host::Impl::apply(Shard& sh, const detail::RestartDecision& decision) {
+  on_loop(sh);
   sh.restart_timer.data = &sh;
   detail::apply_restart(&sh.restart_timer, &Impl::on_restart, decision,
                         [&](const std::string& why) {
@@ -112,6 +116,7 @@ void Host::Impl::apply(Shard& sh, const detail::RestartDecision& decision) {
 }
 
 void Host::Impl::enter_crash_loop(Shard& sh, const std::string& why) {
+  on_loop(sh);
   log(LogLevel::error, "outrun: {}", why);
   Ended ended;
   std::vector<uint32_t> promoted;
@@ -129,6 +134,7 @@ void Host::Impl::on_restart(uv_timer_t* t) {
   auto* sh = static_cast<Shard*>(t->data);
   Impl* self = static_cast<Impl*>(t->loop->data);
   self->loop_role.assert_here();
+  self->on_loop(*sh);
   if (self->stopping.load() || sh->worker) return;
   if (Error err = self->spawn(*sh)) {
     self->log(LogLevel::error, "outrun: shard {}: {}", sh->index, err.message);
@@ -144,6 +150,7 @@ void Host::Impl::on_wakeup(uv_async_t* a) {
   Impl* self = static_cast<Impl*>(a->data);
   self->loop_role.assert_here();
   for (auto& sh : self->shards) {
+    self->on_loop(*sh);
     if (sh->write_blocked.exchange(false, std::memory_order_acq_rel) && sh->worker)
       sh->worker->watch_writable();
     self->attend_reading(*sh);
@@ -258,6 +265,7 @@ void Host::Impl::run_commands() {
   if (shutdown_started) return;  // shutdown ends every worker anyway
   for (auto [kind, i] : requested) {
     Shard& sh = *shards[static_cast<std::size_t>(i)];
+    on_loop(sh);
     WorkerProcess* w = sh.worker;
     if (kind == CommandKind::kKill) {
       if (w && !w->dead())
@@ -301,6 +309,7 @@ void Host::Impl::begin_shutdown() {
   const auto shutdown = protocol::encode_shutdown(f);
   for (auto& shp : shards) {
     Shard& sh = *shp;
+    on_loop(sh);
     uv_timer_stop(&sh.restart_timer);
     std::shared_ptr<protocol::FrameWriter> writer;
     Ended ended;
@@ -326,9 +335,11 @@ void Host::Impl::begin_shutdown() {
 void Host::Impl::on_shutdown_timeout(uv_timer_t* t) {
   Impl* self = static_cast<Impl*>(t->loop->data);
   self->loop_role.assert_here();
-  for (auto& sh : self->shards)
+  for (auto& sh : self->shards) {
+    self->on_loop(*sh);
     if (sh->worker)
       self->kill_worker(sh->worker, DeathCause::kRequested, "did not stop in time and was killed");
+  }
 }
 
 void Host::Impl::maybe_finish_shutdown() {

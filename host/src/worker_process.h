@@ -1,7 +1,10 @@
 // One worker process and everything the host holds for it: its libuv handles (process, result
 // poll, write poll, linger timer, stderr pipe), its sockets, its status page, its frame reader
-// and writer. Loop thread only. It closes its own handles and frees itself when the last one has
-// closed (design/architecture.md "WorkerProcess").
+// and writer. Loop thread only, but for what a leader reads while it holds its shard's read token
+// (ReadToken::token; the WorkerProcess* is the token's source, not Shard::worker): reader(),
+// result_fd() and greeted() (which the loop writes only while it holds the token). It closes its
+// own handles and frees itself when the last one has closed (design/architecture.md
+// "WorkerProcess").
 #pragma once
 
 #include <uv.h>
@@ -96,7 +99,7 @@ class WorkerProcess {
   void greet();
   // End of stream: stop reading and writing, wait kLingerMs for the exit status.
   void end_stream(uint64_t linger_ms);
-  // A follower reads the result socket (leader/follower): stop polling it, and poll it again.
+  // A leader reads the result socket (leader/follower): stop polling it, and poll it again.
   void pause_reading();
   void resume_reading();
   // A write was handed to the loop: watch the socket until it has room (idempotent).

@@ -52,6 +52,7 @@ detail::SpawnSpec Host::Impl::worker_spec(int shard) const {
 }
 
 Error Host::Impl::spawn(Shard& sh) {
+  on_loop(sh);
   detail::SpawnSpec spec = worker_spec(sh.index);
   if (!opts.worker_profile_prefix.empty()) {
     // The pid is not known before the spawn: the worker appends it (see worker/main.cpp).
@@ -76,15 +77,7 @@ Error Host::Impl::spawn(Shard& sh) {
     MutexLock lock(sh.stats_mu);
     sh.stats_page = w->page_region();
   }
-  {
-    // Followers may read it from now on; its poll runs (nothing paused, nothing handed over).
-    MutexLock lock(sh.reading.mu);
-    sh.reading.source = w;
-    sh.reading.handoff_read = false;
-    sh.reading.handoff_violation.clear();
-    sh.reading.loop_paused.store(false);
-    sh.reading.resume_asked.store(false);
-  }
+  sh.reading.attach(w);  // leaders may read it from now on; its poll runs
   {
     MutexLock lock(sh.mu);
     sh.writer = w->writer();
@@ -98,6 +91,7 @@ Error Host::Impl::spawn(Shard& sh) {
 }
 
 void Host::Impl::on_worker_created(WorkerProcess*) {
+  loop_role.assert_here();
   ++live_workers;
 }
 
@@ -119,26 +113,18 @@ void Host::Impl::on_worker_readable(WorkerProcess* w) {
 }
 
 void Host::Impl::loop_read(Shard& sh, WorkerProcess* w) {
-  bool buffered = false;  // a follower put a frame back, or saw an end of stream
-  std::string violation;  // one a follower found
-  {
-    MutexLock lock(sh.reading.mu);
-    if (sh.reading.holder != detail::ReadToken::Holder::kNone) {
-      // A follower reads (the loop never holds the token here): stop polling a level-triggered
-      // fd it reads, until it gives the token up with evaluations still in flight.
-      if (!sh.reading.loop_paused.load()) {
-        sh.reading.loop_paused.store(true);
-        w->pause_reading();
-      }
-      return;
-    }
-    sh.reading.set_holder(detail::ReadToken::Holder::kLoop);
-    buffered = std::exchange(sh.reading.handoff_read, false);
-    violation = std::exchange(sh.reading.handoff_violation, {});
+  // What a leader left: a frame put back or an end of stream (`read`), a violation it found.
+  detail::Handoff left;
+  bool pause = false;
+  if (!sh.reading.loop_acquire(&pause, &left)) {
+    // A leader reads: stop polling a level-triggered fd it reads, until the token is given up
+    // with evaluations still in flight.
+    if (pause) w->pause_reading();
+    return;
   }
-  sh.reading.token.acquire();
+  std::string violation = std::move(left.violation);
   bool ended = false;
-  if (violation.empty() && buffered) process_frames(sh, w, &violation);
+  if (violation.empty() && left.read) process_frames(sh, w, &violation);
   if (violation.empty()) {
     const long n = w->reader().read_from(w->result_fd());
     if (n > 0) {
@@ -156,56 +142,25 @@ void Host::Impl::loop_read(Shard& sh, WorkerProcess* w) {
 }
 
 void Host::Impl::loop_release(Shard& sh, WorkerProcess* w, bool poison) {
-  sh.reading.token.release();
-  MutexLock lock(sh.mu);
-  MutexLock rlock(sh.reading.mu);
-  if (poison && sh.reading.source == w) sh.reading.source = nullptr;
-  if (hand_to_follower(sh)) return;
-  sh.reading.set_holder(detail::ReadToken::Holder::kNone);
-  if (sh.reading.loop_paused.load() && sh.table.in_use() > 0) {
-    sh.reading.loop_paused.store(false);
-    w->resume_reading();
-  }
-}
-
-void Host::Impl::take_token_for_death(Shard& sh, WorkerProcess* w) {
-  MutexLock lock(sh.reading.mu);
-  if (sh.reading.source == w) sh.reading.source = nullptr;  // nobody takes it for `w` again
-  sh.reading.handoff_read = false;                          // the death handles all of it
-  sh.reading.handoff_violation.clear();
-  if (sh.reading.holder != detail::ReadToken::Holder::kNone) {
-    sh.reading.loop_wants = true;
-    sh.reading.kick();
-    sh.reading.loop_cv.wait(sh.reading.mu, [&]() REQUIRES(sh.reading.mu) {
-      return sh.reading.holder == detail::ReadToken::Holder::kLoop;
-    });
-  } else {
-    sh.reading.set_holder(detail::ReadToken::Holder::kLoop);
-  }
-  sh.reading.token.acquire();
+  MutexLock lock(sh.mu);  // in_use() and the release together (ReadToken: lock order)
+  if (sh.reading.loop_release(w, poison, sh.table.in_use() > 0)) w->resume_reading();
 }
 
 void Host::Impl::attend_reading(Shard& sh) {
+  on_loop(sh);
   WorkerProcess* w = sh.worker;
   if (!w ||
       (w->life() != WorkerProcess::Life::kStarting && w->life() != WorkerProcess::Life::kServing))
     return;
-  bool handoff;
-  {
-    MutexLock lock(sh.reading.mu);
-    handoff = sh.reading.handoff_read || !sh.reading.handoff_violation.empty();
-  }
-  const bool resume = sh.reading.resume_asked.exchange(false);
-  if (handoff) {
-    loop_read(sh, w);  // its release polls again if evaluations are in flight
-    return;
-  }
-  if (resume) {
-    MutexLock lock(sh.reading.mu);
-    if (sh.reading.loop_paused.load()) {
-      sh.reading.loop_paused.store(false);
+  switch (sh.reading.loop_attend()) {
+    case detail::ReadToken::Attend::kRead:
+      loop_read(sh, w);  // its release polls again if evaluations are in flight
+      return;
+    case detail::ReadToken::Attend::kPoll:
       w->resume_reading();
-    }
+      return;
+    case detail::ReadToken::Attend::kNothing:
+      return;
   }
 }
 
@@ -224,11 +179,7 @@ void Host::Impl::on_worker_stream_error(WorkerProcess* w) {
 // stop reading and wait for it. A worker still running after kLingerMs closed its pipe on
 // purpose and is killed.
 void Host::Impl::stream_ended(WorkerProcess* w) {
-  {
-    Shard& sh = w->shard();
-    MutexLock lock(sh.reading.mu);
-    if (sh.reading.source == w) sh.reading.source = nullptr;  // followers stop reading it
-  }
+  w->shard().reading.drop_source(w);  // leaders stop reading it
   w->end_stream(kLingerMs);
 }
 
@@ -257,6 +208,7 @@ void Host::Impl::flush_writer(WorkerProcess* w) {
 
 // Handles every complete frame in the worker's reader; stops at the first violation.
 void Host::Impl::process_frames(Shard& sh, WorkerProcess* w, std::string* violation) {
+  on_loop(sh);
   protocol::FrameView fv;
   while (violation->empty() && w->reader().next(fv)) {
     sh.frames.fetch_add(1, std::memory_order_relaxed);
@@ -381,7 +333,7 @@ void Host::Impl::handle_results(Shard& sh, WorkerProcess*,
 // A dead worker's last words: results it wrote before it exited are still in the socket.
 void Host::Impl::drain(Shard& sh, WorkerProcess* w) {
   std::string violation;
-  // What a follower put back comes first.
+  // What a leader put back comes first.
   process_frames(sh, w, &violation);
   // Bounded only as a guard: a killed or exited process cannot keep writing.
   for (int i = 0; i < 100000 && violation.empty(); ++i) {
@@ -406,6 +358,7 @@ void Host::Impl::kill_worker(WorkerProcess* w, DeathCause cause, const std::stri
 // restart policy says); the restart decision is applied, once.
 void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::string& why) {
   Shard& sh = w->shard();
+  on_loop(sh);
   if (w->dead()) return;
   const bool stop = stopping.load();
   // The worker: its Death record (the host's kill decision names the cause; the evaluation it
@@ -420,17 +373,13 @@ void Host::Impl::worker_died(WorkerProcess* w, DeathCause cause, const std::stri
     sh.writer.reset();
     set_state(sh, stop ? ShardState::kStopped : ShardState::kDown);
   }
-  // Its last words. Its socket and reader are the loop's from here: a follower that reads them
-  // is stopped first.
-  take_token_for_death(sh, w);
+  // Its last words. Its socket and reader are the loop's from here: a leader that reads them is
+  // stopped first.
+  sh.reading.take_for_death(w);
   if (death.cause != DeathCause::kProtocol && w->reader().error() == protocol::FrameError::kNone)
     drain(sh, w);
   w->close_io();
-  {
-    sh.reading.token.release();
-    MutexLock lock(sh.reading.mu);
-    sh.reading.set_holder(detail::ReadToken::Holder::kNone);  // nobody reads `w` again
-  }
+  sh.reading.release_after_death();  // nobody reads `w` again
   uv_timer_stop(&sh.watchdog);
 
   record_death(sh, *w, death, stop);

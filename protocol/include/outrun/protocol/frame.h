@@ -94,7 +94,7 @@ struct FrameView {
 // capacity.
 //
 // Not thread-safe: owned by one thread at a time (the worker's main thread; in the host, whoever
-// holds the shard's read token: the loop thread or one follower).
+// holds the shard's read token: the loop thread or one leader).
 class FrameReader {
  public:
   // `max_frame` lets tests use a smaller bound; production uses kMaxFrameSize.
@@ -112,7 +112,7 @@ class FrameReader {
   // are needed or the stream is broken (then error() != kNone and every later call fails too).
   bool next(FrameView& out);
   // Hands the frame the last next() returned back, so the next call returns it again. Only right
-  // after a next() that returned true, before any read_from() or append(): the host's follower
+  // after a next() that returned true, before any read_from() or append(): the host's leader
   // leaves a frame it does not handle to the loop thread this way (design/threading.md).
   void put_back() {
     begin_ = last_begin_;
