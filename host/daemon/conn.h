@@ -63,8 +63,7 @@ struct Conn : std::enable_shared_from_this<Conn> {
   bool reading GUARDED_BY(loop_thread) = true;
   // The items of an Evaluate frame, handled up to paused_item when the client went over its
   // budget; the reader is not touched until it is finished (the frame stays valid).
-  const flatbuffers::Vector<flatbuffers::Offset<wire::Evaluation>>* paused_frame
-      GUARDED_BY(loop_thread) = nullptr;
+  const EvaluationItems* paused_frame GUARDED_BY(loop_thread) = nullptr;
   uint32_t paused_item GUARDED_BY(loop_thread) = 0;
   // What the rest of its inputs may decode to.
   std::size_t paused_budget GUARDED_BY(loop_thread) = 0;

@@ -181,8 +181,7 @@ void Server::handle_frames(const std::shared_ptr<Conn>& c) {
   }
 }
 
-bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr) {
-  const auto* frame = static_cast<const wire::Frame*>(frame_ptr);
+bool Server::handle_frame(const std::shared_ptr<Conn>& c, const wire::Frame* frame) {
   flatbuffers::FlatBufferBuilder& f = t_fbb;
   protocol::ClientMessage msg;
   std::string why;

@@ -10,9 +10,8 @@
 
 namespace outrun::daemon {
 
-bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_ptr, uint32_t start) {
-  const auto* items =
-      static_cast<const flatbuffers::Vector<flatbuffers::Offset<wire::Evaluation>>*>(items_ptr);
+bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const EvaluationItems* items,
+                            uint32_t start) {
   if (!items) return true;
   if (frames_now_us_ == 0) frames_now_us_ = now_us();
   const uint64_t t0 = frames_now_us_;

@@ -23,6 +23,7 @@
 #include "log_rate_limit.h"
 #include "log_ring.h"
 #include "outrun/host.h"
+#include "outrun/protocol/outrun_generated.h"
 #include "outrun/tags.h"
 #include "outrun/thread_annotations.h"
 #include "registry_quota.h"
@@ -62,6 +63,9 @@ class TagsLane;
 // REQUIRES(loop_thread), and the entry points libuv calls assert it (a thread-id check in every
 // build). One per process: one Server at a time.
 inline ThreadRole loop_thread;
+
+// The evaluations of an Evaluate frame (EvaluateMsg::items), as the verified frame holds them.
+using EvaluationItems = flatbuffers::Vector<flatbuffers::Offset<wire::Evaluation>>;
 
 inline constexpr int kStatusCount = 11;  // outrun::Status values
 
@@ -175,7 +179,7 @@ class Server {
   void start_refill_check() REQUIRES(loop_thread);
   void close_refill_check() REQUIRES(loop_thread);
   // The hello, then one handler per message body. False: a violation.
-  bool handle_frame(const std::shared_ptr<Conn>& c, const void* frame) REQUIRES(loop_thread);
+  bool handle_frame(const std::shared_ptr<Conn>& c, const wire::Frame* frame) REQUIRES(loop_thread);
   // Register, Unregister (scripts.cpp).
   void handle_register(const std::shared_ptr<Conn>& c, const protocol::RegisterMsg& r)
       REQUIRES(loop_thread);
@@ -197,10 +201,10 @@ class Server {
       REQUIRES(loop_thread);
   void handle_read_tags(const std::shared_ptr<Conn>& c, const protocol::ReadTagsMsg& r)
       REQUIRES(loop_thread);
-  // Admits and queues the items of an Evaluate frame (`items`: its Vector of Evaluation, or
-  // null) from `start`; false when it stopped because the client is over
+  // Admits and queues the items of an Evaluate frame (`items`: null when it has none) from
+  // `start`; false when it stopped because the client is over
   // max_client_queued_bytes (the rest waits in Conn::paused_*).
-  bool evaluate_items(const std::shared_ptr<Conn>& c, const void* items, uint32_t start)
+  bool evaluate_items(const std::shared_ptr<Conn>& c, const EvaluationItems* items, uint32_t start)
       REQUIRES(loop_thread);
 
   // Scheduler (design/daemon.md "Scheduler"). Any thread: the loop after queueing, a shard's
