@@ -61,7 +61,7 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const EvaluationItem
           "script '" + entry->key + "' was " +
               (entry->replaced ? "replaced by another source; register it again" : "unregistered"),
           -1};
-    } else if (draining_) {
+    } else if (!life_.admitting()) {
       refused = Result{Status::unavailable, {}, "outrund is stopping", -1};
     } else if (!cooling.empty()) {
       refused = Result{Status::busy, {}, cooling, -1};

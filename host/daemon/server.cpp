@@ -351,7 +351,7 @@ void Server::start_serving(uv_loop_t* loop) {
   uv_poll_init(loop_, &listen_poll_, listen_fd_);
   listen_poll_.data = this;
   uv_poll_start(&listen_poll_, UV_READABLE, &Server::on_listen);
-  listening_ = true;
+  life_.advance(Lifecycle::State::kListening);
   uv_async_init(loop_, &async_, &Server::on_async);
   async_.data = this;
   start_refill_check();
@@ -441,14 +441,13 @@ void Server::on_signal(uv_signal_t* h, int sig) {
 }
 
 void Server::begin_drain() {
-  if (draining_) return;
-  draining_ = true;
+  const bool was_listening = life_.accepting();
+  if (!life_.advance(Lifecycle::State::kDraining)) return;  // draining or finished already
   spdlog::info("stopping: no new connections; draining {} evaluations in flight (up to {} ms)",
                counters_.inflight.load(), cfg_.drain_timeout.count());
   sd_notify("STOPPING=1");
-  if (listening_) {
+  if (was_listening) {
     uv_close(reinterpret_cast<uv_handle_t*>(&listen_poll_), nullptr);
-    listening_ = false;
     ::unlink(cfg_.socket.c_str());
   }
   for (auto& [p, c] : conns_) {
@@ -480,8 +479,7 @@ void Server::on_drain_timer(uv_timer_t* h) {
 }
 
 void Server::finish() {
-  if (finished_) return;
-  finished_ = true;
+  if (!life_.advance(Lifecycle::State::kFinished)) return;
   uv_timer_stop(&drain_timer_);
   uv_close(reinterpret_cast<uv_handle_t*>(&drain_timer_), nullptr);
   if (timers_) {

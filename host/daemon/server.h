@@ -20,6 +20,7 @@
 #include "config.h"
 #include "crash_budget.h"
 #include "latency_histogram.h"
+#include "lifecycle.h"
 #include "log_rate_limit.h"
 #include "log_ring.h"
 #include "outrun/host.h"
@@ -337,9 +338,10 @@ class Server {
   std::chrono::steady_clock::time_point last_accept_warning_ GUARDED_BY(loop_thread){};
   uint64_t accept_failures_ GUARDED_BY(loop_thread) = 0;  // EMFILE/ENFILE since the last warning
   int listen_fd_ = -1;
-  bool listening_ GUARDED_BY(loop_thread) = false;
-  bool draining_ GUARDED_BY(loop_thread) = false;
-  bool finished_ GUARDED_BY(loop_thread) = false;
+  // Starting, listening, draining, finished (design/daemon.md "Lifecycle"): moved by
+  // start_serving, begin_drain and finish, on the loop thread. served_ above is the main
+  // thread's side of the last move, under its own mutex.
+  Lifecycle life_ GUARDED_BY(loop_thread);
   std::chrono::steady_clock::time_point started_ GUARDED_BY(loop_thread);
   std::chrono::steady_clock::time_point drain_deadline_ GUARDED_BY(loop_thread);
 
