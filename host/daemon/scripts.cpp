@@ -43,7 +43,7 @@ void Server::handle_register(const std::shared_ptr<Conn>& c, const protocol::Reg
   // that its answers stay in order. A source that does not compile is answered CompileError
   // and registers nothing; one that does is registered as without `check`.
   if (r.check && r.key && r.source && !check_client_key(*r.key)) {
-    c->checking = true;
+    c->phase.begin_check();
     update_poll(c.get());
     std::weak_ptr<Conn> weak = c;
     host_->check_source(*r.key, *r.source,
@@ -51,8 +51,8 @@ void Server::handle_register(const std::shared_ptr<Conn>& c, const protocol::Reg
                          source = std::string(*r.source)](Error e) {
                           loop_thread.assert_here();  // Host::check_source answers on the loop
                           const std::shared_ptr<Conn> conn = weak.lock();
-                          if (!conn || conn->closing) return;
-                          conn->checking = false;
+                          if (!conn || conn->phase.closed()) return;
+                          conn->phase.end_check();
                           if (e) {
                             flatbuffers::FlatBufferBuilder& fb = t_fbb;
                             fb.Clear();
@@ -61,7 +61,7 @@ void Server::handle_register(const std::shared_ptr<Conn>& c, const protocol::Reg
                           } else {
                             handle_register(conn, protocol::RegisterMsg{id, key, source, false});
                           }
-                          if (conn->closing) return;
+                          if (conn->phase.closed()) return;
                           update_poll(conn.get());
                           handle_frames(conn);  // what it sent meanwhile
                         });

@@ -415,7 +415,7 @@ void Server::on_async(uv_async_t* h) {
     v.swap(s->want_write_);
   }
   for (auto& c : v) {
-    if (c->closing) continue;
+    if (c->phase.closed()) continue;
     if (c->over_limit.load(std::memory_order_relaxed)) {
       s->disconnect_over_limit(c.get());
       continue;
@@ -450,10 +450,7 @@ void Server::begin_drain() {
     uv_close(reinterpret_cast<uv_handle_t*>(&listen_poll_), nullptr);
     ::unlink(cfg_.socket.c_str());
   }
-  for (auto& [p, c] : conns_) {
-    c->reading = false;
-    update_poll(p);
-  }
+  for (auto& [p, c] : conns_) update_poll(p);  // not read any more (life_.accepting())
   drain_deadline_ = std::chrono::steady_clock::now() + cfg_.drain_timeout;
   uv_timer_start(&drain_timer_, &Server::on_drain_timer, 0, 5);
 }
