@@ -43,7 +43,7 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const EvaluationItem
     const uint64_t handle = e->handle64() ? e->handle64() : e->script_id();
     const uint32_t idx = static_cast<uint32_t>(handle & kHandleIdMask);
     const uint64_t gen = handle >> kHandleIdBits;
-    const ScriptEntry* entry = idx < scripts_.size() ? scripts_[idx].get() : nullptr;
+    const ScriptEntry* entry = scripts_.at(idx).get();
     if (!entry || gen > entry->gen) {
       refused = Result{
           Status::invalid_argument, {}, "unknown script handle " + std::to_string(handle), -1};
@@ -119,7 +119,7 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const EvaluationItem
     // Its home shard, or the slow lane while it is there (D-slow-lane): its own window.
     const auto shard = static_cast<uint32_t>(host_->shard_of(entry->script));
     admit_[shard].push_back(Queued{Request{entry->script, std::move(inputs), std::move(encoded)},
-                                   scripts_[idx], e->id(), t0, c->uid});
+                                   scripts_.at(idx), e->id(), t0, c->uid});
     ++admitted;
   }
   if (cooling_refused > 0) crash_budget_.count_refusals(cooling_refused);

@@ -81,9 +81,9 @@ std::string check_socket_dir(const std::string& dir, bool strict) {
 
 Server::Server(DaemonConfig cfg)
     : cfg_(std::move(cfg)),
-      quota_(cfg_.max_registry_bytes_per_uid ? cfg_.max_registry_bytes_per_uid
-                                             : cfg_.host.max_script_bytes / 2,
-             cfg_.max_registry_scripts_per_uid),
+      scripts_(RegistryQuota(cfg_.max_registry_bytes_per_uid ? cfg_.max_registry_bytes_per_uid
+                                                             : cfg_.host.max_script_bytes / 2,
+                             cfg_.max_registry_scripts_per_uid)),
       crash_budget_(
           CrashBudget::Limits{cfg_.max_crashes_per_uid, cfg_.crash_window, cfg_.crash_cooldown}),
       host_log_limit_(std::make_shared<LogRateLimit>(cfg_.crash_log_per_second,
