@@ -125,7 +125,7 @@ int run_eval(const EvalArgs& a) {
     for (auto it = j.begin(); it != j.end(); ++it) {
       Input in{it.key(), {}};
       std::string err;
-      if (!from_json(it.value(), &in.value, &err))
+      if (!json_values::from_json(it.value(), &in.value, &err))
         return eval_failed(a, ErrorCode::invalid_argument, err, kExitUsage);
       inputs.push_back(std::move(in));
     }
@@ -136,7 +136,7 @@ int run_eval(const EvalArgs& a) {
       return eval_failed(a, ErrorCode::invalid_argument, "-i expects NAME=VALUE, got '" + kv + "'",
                          kExitUsage);
     std::string err;
-    Value v = parse_scalar(kv.substr(eq + 1), &err);
+    Value v = json_values::parse_scalar(kv.substr(eq + 1), &err);
     if (!err.empty())
       return eval_failed(a, ErrorCode::invalid_argument, "-i " + kv.substr(0, eq) + ": " + err,
                          kExitUsage);
@@ -179,7 +179,7 @@ int run_eval(const EvalArgs& a) {
           .count();
   if (a.json) {
     nlohmann::json j{{"status", std::string(to_string(r.status))},
-                     {"value", to_json(r.value)},
+                     {"value", json_values::to_json(r.value)},
                      {"error", r.status == Status::ok ? nlohmann::json() : nlohmann::json(r.error)},
                      {"shard", r.shard},
                      {"latency_us", latency_us}};
@@ -202,9 +202,9 @@ int run_eval(const EvalArgs& a) {
     std::cerr << "(" << r.logs_dropped
               << " more lines were dropped: an evaluation keeps at most 16 lines and 2 KiB)\n";
   if (r.status == Status::ok) {
-    std::cout << escape_control(to_display_string(r.value)) << "\n";
+    std::cout << json_values::escape_control(to_display_string(r.value)) << "\n";
   } else {
-    std::cerr << to_string(r.status) << ": " << escape_control(r.error) << "\n";
+    std::cerr << to_string(r.status) << ": " << json_values::escape_control(r.error) << "\n";
   }
   return r.status == Status::ok ? 0 : kExitFailed;
 }
@@ -258,7 +258,8 @@ int run_reload(int timeout_s) {
   }
   const auto& r = j["reload"];
   for (const auto& e : r["errors"])
-    if (e.is_string()) std::cerr << "outrun: " << escape_control(e.get<std::string>()) << "\n";
+    if (e.is_string())
+      std::cerr << "outrun: " << json_values::escape_control(e.get<std::string>()) << "\n";
   if (!r["ok"].get<bool>()) {
     std::cerr << "outrun: reload failed: outrund kept the tags it was running\n";
     return 1;
@@ -388,7 +389,7 @@ int run_register(const RegisterArgs& a) {
   RegisterOptions ro;
   ro.check = a.check;
   if (Error err = c->register_script(a.key, source, &script, ro)) {
-    std::cerr << to_string(err.code) << ": " << escape_control(err.message) << "\n";
+    std::cerr << to_string(err.code) << ": " << json_values::escape_control(err.message) << "\n";
     return err.code == ErrorCode::compile_error ? kExitFailed
            : err.code == ErrorCode::unavailable ? kExitNoRunner
                                                 : kExitUsage;
@@ -399,8 +400,8 @@ int run_register(const RegisterArgs& a) {
     sha += kHex[b >> 4];
     sha += kHex[b & 15];
   }
-  std::cout << "registered " << escape_control(a.key) << " (shard " << script.shard() << ", sha256 "
-            << sha << ")\n";
+  std::cout << "registered " << json_values::escape_control(a.key) << " (shard " << script.shard()
+            << ", sha256 " << sha << ")\n";
   return 0;
 }
 

@@ -272,7 +272,7 @@ std::string scripts_text(const nlohmann::json& doc, bool header) {
     for (auto it = s["by_status"].begin(); it != s["by_status"].end(); ++it)
       by += (by.empty() ? "" : " ") + it.key() + "=" + it.value().dump();
     std::snprintf(line, sizeof line, "%-6u %-32s %-16s %-5u %12llu  %s\n", s.value("handle", 0u),
-                  escape_control(s.value("key", "")).c_str(),  // keys are any bytes
+                  json_values::escape_control(s.value("key", "")).c_str(),  // keys are any bytes
                   s.value("sha256", "").substr(0, 16).c_str(), s.value("shard", 0u),
                   static_cast<unsigned long long>(s.value("evaluations", 0ull)), by.c_str());
     os << line;

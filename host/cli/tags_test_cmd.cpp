@@ -183,7 +183,8 @@ int run_tags_test(const TagsTestArgs& a) {
                      declared_inputs() + ")");
       if (values[*i]) return usage("--inputs-json: input '" + name_of(*i) + "' is given twice");
       Value v;
-      if (!from_json(*it, &v, &err)) return usage("--inputs-json: " + it.key() + ": " + err);
+      if (!json_values::from_json(*it, &v, &err))
+        return usage("--inputs-json: " + it.key() + ": " + err);
       // Typed as the tag or [[source]] of the file that it is would publish it.
       if (auto t = declared_type(defs, decls, def.inputs[*i].tag); t && !v.is_nil()) {
         Value coerced;
@@ -241,7 +242,7 @@ int run_tags_test(const TagsTestArgs& a) {
     if (!j.is_object() && !j.is_array())
       return usage("--state-json: expected a JSON object or array (the script's `state` table)");
     Value v;
-    if (!from_json(j, &v, &err)) return usage("--state-json: " + err);
+    if (!json_values::from_json(j, &v, &err)) return usage("--state-json: " + err);
     state_before = std::move(v);
   }
   std::optional<Value> prev;
@@ -268,7 +269,7 @@ int run_tags_test(const TagsTestArgs& a) {
       }
     }
     Value v;
-    if (!from_json(value, &v, &err)) return usage("--prev-json: " + err);
+    if (!json_values::from_json(value, &v, &err)) return usage("--prev-json: " + err);
     // As the engine publishes it: coerced to the tag's type, and no value with a Bad status.
     if (tags::severity(code) == tags::Severity::bad) {
       v = Value();
@@ -442,7 +443,7 @@ int run_tags_test(const TagsTestArgs& a) {
     for (std::size_t i = 0; i < def.inputs.size(); ++i) {
       nlohmann::ordered_json in;
       in["tag"] = def.inputs[i].tag;
-      in["value"] = values[i] ? to_json(*values[i]) : nlohmann::json();
+      in["value"] = values[i] ? json_values::to_json(*values[i]) : nlohmann::json();
       in["status"] = tags::status_code_name(input_status(i));
       ins[name_of(i)] = std::move(in);
     }
@@ -451,8 +452,8 @@ int run_tags_test(const TagsTestArgs& a) {
     for (const auto& l : r.logs) logs.push_back({{"level", to_string(l.level)}, {"text", l.text}});
     j["logs"] = std::move(logs);
     j["logs_dropped"] = r.logs_dropped;
-    j["state_after"] =
-        state_after ? nlohmann::ordered_json(to_json(*state_after)) : nlohmann::ordered_json();
+    j["state_after"] = state_after ? nlohmann::ordered_json(json_values::to_json(*state_after))
+                                   : nlohmann::ordered_json();
     if (!state_note.empty()) j["state_note"] = state_note;
     std::cout << dump(j) << "\n";
     return rc;
@@ -481,7 +482,8 @@ int run_tags_test(const TagsTestArgs& a) {
     std::cout << "log: [" << to_string(l.level) << "] " << printable(l.text) << "\n";
   if (r.logs_dropped > 0) std::cout << "log: " << r.logs_dropped << " more lines dropped\n";
   std::cout << "state after: "
-            << (state_after ? printable(dump(to_json(*state_after))) : printable(state_note))
+            << (state_after ? printable(dump(json_values::to_json(*state_after)))
+                            : printable(state_note))
             << (state_after && !state_note.empty() ? "  (" + printable(state_note) + ")" : "")
             << "\n";
   return rc;

@@ -150,7 +150,7 @@ void Server::pause_accepting(int err) {
     last_accept_warning_ = now;
     accept_failures_ = 0;
   }
-  if (!timers_ || !listening_) return;
+  if (!timers_ || !life_.accepting()) return;
   accept_paused_ = true;
   uv_poll_stop(&listen_poll_);
   uv_timer_start(&accept_pause_timer_, &Server::on_accept_pause, 100, 0);
@@ -160,7 +160,7 @@ void Server::on_accept_pause(uv_timer_t* h) {
   auto* s = static_cast<Server*>(h->data);
   loop_thread.assert_here();
   s->accept_paused_ = false;
-  if (!s->listening_) return;
+  if (!s->life_.accepting()) return;
   uv_poll_start(&s->listen_poll_, UV_READABLE, &Server::on_listen);
   s->accept_all();
 }

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "conn_phase.h"
 #include "outrun/protocol/frame.h"
 #include "outrun/protocol/frame_writer.h"
 #include "outrun/protocol/messages.h"
@@ -59,23 +60,21 @@ struct Conn : std::enable_shared_from_this<Conn> {
   // Loop thread only.
   uv_poll_t poll{};
   protocol::FrameReader reader GUARDED_BY(loop_thread);
-  bool hello GUARDED_BY(loop_thread) = false;
-  bool reading GUARDED_BY(loop_thread) = true;
+  // Awaiting its hello, open, checking a Register, closed (design/daemon.md "Connection
+  // phases"). Whether it is read also depends on the daemon's lifecycle (none is read once it
+  // drains), its budget (held) and a paused frame; whether it is written to on write_wait.
+  ConnPhase phase GUARDED_BY(loop_thread);
   // The items of an Evaluate frame, handled up to paused_item when the client went over its
   // budget; the reader is not touched until it is finished (the frame stays valid).
-  const flatbuffers::Vector<flatbuffers::Offset<wire::Evaluation>>* paused_frame
-      GUARDED_BY(loop_thread) = nullptr;
+  const EvaluationItems* paused_frame GUARDED_BY(loop_thread) = nullptr;
   uint32_t paused_item GUARDED_BY(loop_thread) = 0;
   // What the rest of its inputs may decode to.
   std::size_t paused_budget GUARDED_BY(loop_thread) = 0;
   // What the frame's inputs_buffers may still copy (each use of one counts).
   std::size_t paused_copy_budget GUARDED_BY(loop_thread) = 0;
-  // A Register with `check` waits for the compile-only process's verdict (D-register-check):
-  // neither read nor its frames handled meanwhile, so that its answers stay in order.
-  bool checking GUARDED_BY(loop_thread) = false;
-  // Polling for writability (the socket was full).
+  // Polling for writability (the socket was full): orthogonal to the phase (a client is
+  // written to in every phase but kClosed, whether read or not).
   bool write_wait GUARDED_BY(loop_thread) = false;
-  bool closing GUARDED_BY(loop_thread) = false;
   int events GUARDED_BY(loop_thread) = 0;
   uid_t uid GUARDED_BY(loop_thread) = 0;
   gid_t gid GUARDED_BY(loop_thread) = 0;

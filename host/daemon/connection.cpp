@@ -57,16 +57,16 @@ void reply_error_hello(int fd, const std::string& why) {
 }
 
 void Server::update_poll(Conn* c) {
-  if (c->closing) return;
+  if (c->phase.closed()) return;
   int ev = 0;
   const bool held = c->held.load(std::memory_order_relaxed);
   if (c->write_wait)
     ev |= UV_WRITABLE;
-  else if (c->reading && !held && !c->checking)
+  else if (life_.accepting() && c->phase.reads() && !held)
     ev |= UV_READABLE;  // a client that does not read its results is not read
   // Not read while over its budget (or checking): its disconnect is still seen (and cancels its
   // queue).
-  if (held || c->checking) ev |= UV_DISCONNECT;
+  if (held || c->phase.checking()) ev |= UV_DISCONNECT;
   if (ev == c->events) return;
   c->events = ev;
   if (ev == 0)
@@ -82,7 +82,7 @@ void Server::on_conn(uv_poll_t* h, int status, int events) {
 }
 
 void Server::conn_event(Conn* c, int status, int events) {
-  if (c->closing) return;
+  if (c->phase.closed()) return;
   if (status < 0) {
     close_conn(c, uv_strerror(status));
     return;
@@ -92,7 +92,7 @@ void Server::conn_event(Conn* c, int status, int events) {
     close_conn(c, "disconnected while over max_client_queued_bytes");
     return;
   }
-  if ((events & UV_DISCONNECT) && c->checking) {
+  if ((events & UV_DISCONNECT) && c->phase.checking()) {
     close_conn(c, "disconnected while its register --check waited");
     return;
   }
@@ -110,11 +110,11 @@ void Server::conn_event(Conn* c, int status, int events) {
     }
     if (c->held.load(std::memory_order_relaxed))
       maybe_resume(c);  // may keep write_wait, read frames, or close
-    if (c->closing) return;
+    if (c->phase.closed()) return;
     update_poll(c);
   }
-  if ((events & UV_READABLE) && c->reading && !c->held.load(std::memory_order_relaxed) &&
-      !c->paused_frame && !c->checking) {
+  if ((events & UV_READABLE) && life_.accepting() && c->phase.reads() &&
+      !c->held.load(std::memory_order_relaxed) && !c->paused_frame) {
     const long n = c->reader.read_from(c->fd);
     if (n == -EAGAIN) return;
     if (n <= 0) {
@@ -126,8 +126,7 @@ void Server::conn_event(Conn* c, int status, int events) {
 }
 
 void Server::close_conn(Conn* c, const char* why) {
-  if (c->closing) return;
-  c->closing = true;
+  if (!c->phase.close()) return;  // closed already
   c->writer.close();
   cancel_queued(c);
   {
@@ -152,9 +151,9 @@ void Server::close_conn(Conn* c, const char* why) {
 void Server::handle_frames(const std::shared_ptr<Conn>& c) {
   protocol::FrameView fv;
   frames_now_us_ = 0;  // the frames of one read arrived at once: one clock read serves them
-  while (!c->closing) {
+  while (!c->phase.closed()) {
     if (c->held.load(std::memory_order_relaxed)) return;  // maybe_resume() goes on
-    if (c->checking) return;  // the check's answer goes on (handle_register)
+    if (c->phase.checking()) return;  // the check's answer goes on (handle_register)
     if (const auto* ev = c->paused_frame) {
       c->paused_frame = nullptr;
       if (!evaluate_items(c, ev, c->paused_item)) return;  // over its budget again
@@ -173,7 +172,7 @@ void Server::handle_frames(const std::shared_ptr<Conn>& c) {
       return;
     }
   }
-  if (!c->closing && c->reader.error() != protocol::FrameError::kNone) {
+  if (!c->phase.closed() && c->reader.error() != protocol::FrameError::kNone) {
     ++violations_;
     spdlog::warn("client {} (pid {}) sent a bad frame ({}); disconnected", c->id, c->pid,
                  protocol::to_string(c->reader.error()));
@@ -181,13 +180,12 @@ void Server::handle_frames(const std::shared_ptr<Conn>& c) {
   }
 }
 
-bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr) {
-  const auto* frame = static_cast<const wire::Frame*>(frame_ptr);
+bool Server::handle_frame(const std::shared_ptr<Conn>& c, const wire::Frame* frame) {
   flatbuffers::FlatBufferBuilder& f = t_fbb;
   protocol::ClientMessage msg;
   std::string why;
   if (!protocol::decode_client_frame(frame, &msg, &why)) return false;
-  if (!c->hello) {
+  if (c->phase.awaiting_hello()) {
     const auto* h = std::get_if<protocol::ClientHelloMsg>(&msg);
     if (!h) return false;
     if (h->protocol_version < protocol::kMinClientProtocolVersion ||
@@ -198,7 +196,7 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const void* frame_ptr)
                                    std::to_string(protocol::kProtocolVersion));
       return false;
     }
-    c->hello = true;
+    c->phase.said_hello();
     c->protocol = h->protocol_version;
     pending_.erase(c->id);
     c->name = std::string(h->client_name.substr(0, 64));
@@ -268,7 +266,7 @@ void Server::hold(Conn* c) {
 }
 
 void Server::maybe_resume(Conn* c) {
-  if (c->closing || !c->held.load(std::memory_order_relaxed)) return;
+  if (c->phase.closed() || !c->held.load(std::memory_order_relaxed)) return;
   if (c->writer.queued_bytes() > cfg_.max_client_queued_bytes / 2) {
     c->write_wait = true;  // keep watching it drain
     return;

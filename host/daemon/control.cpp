@@ -92,11 +92,11 @@ constexpr uint32_t kMaxLogPage = 1000;
 
 Error Server::script_logs_json(const Conn& c, std::string_view key, uint64_t since, uint32_t limit,
                                std::string* out) {
-  auto it = key_entries_.find(key);
-  if (key.empty() || it == key_entries_.end() || it->second.empty())
+  ScriptEntry* cur = key.empty() ? nullptr : scripts_.current(key);
+  if (!cur)
     return {ErrorCode::invalid_argument,
             "no script is registered under '" + std::string(key.substr(0, 256)) + "'"};
-  ScriptEntry& e = *scripts_[it->second.back()];
+  ScriptEntry& e = *cur;
   // A script's lines may hold its inputs: only the uid that registered it or an admin reads them.
   if (Error o = check_owner(c, key, e.uid, "read the logs of")) return o;
   *out = log_page_json("key", key,

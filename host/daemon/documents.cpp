@@ -141,8 +141,9 @@ std::string Server::stats_json(bool shards_only) const {
         {"peak", queued_peak_bytes_.load(std::memory_order_relaxed)},
         {"budget", cfg_.max_client_queued_bytes},
         {"limit", kHardLimitFactor * cfg_.max_client_queued_bytes}}},
-      {"scripts", live_scripts_},
-      {"registry", {{"scripts", reg.scripts}, {"bytes", reg.bytes}, {"quota", quota_json(quota_)}}},
+      {"scripts", scripts_.live()},
+      {"registry",
+       {{"scripts", reg.scripts}, {"bytes", reg.bytes}, {"quota", quota_json(scripts_.quota())}}},
       {"compiler",
        {{"pid", comp.pid},
         {"compiled", comp.compiled},
@@ -241,12 +242,13 @@ Error Server::scripts_json(std::string_view after, uint32_t limit, std::string* 
   doc = "{\"scripts\":[";
   uint32_t n = 0;
   std::optional<std::string> next;
-  auto it = at.key.empty() ? key_entries_.begin() : key_entries_.lower_bound(at.key);
-  uint32_t skip = it != key_entries_.end() && it->first == at.key ? at.skip : 0;
-  for (; it != key_entries_.end() && !next; ++it, skip = 0) {
+  const ScriptTable::Keys& keys = scripts_.keys();
+  auto it = at.key.empty() ? keys.begin() : keys.lower_bound(at.key);
+  uint32_t skip = it != keys.end() && it->first == at.key ? at.skip : 0;
+  for (; it != keys.end() && !next; ++it, skip = 0) {
     const std::vector<uint32_t>& ids = it->second;
     for (std::size_t i = skip; i < ids.size(); ++i) {
-      const ScriptEntry& e = *scripts_[ids[i]];
+      const ScriptEntry& e = *scripts_.at(ids[i]);
       if (n == limit) {
         next = encode_cursor(it->first, static_cast<uint32_t>(i));
         break;
@@ -259,7 +261,7 @@ Error Server::scripts_json(std::string_view after, uint32_t limit, std::string* 
         if (k) by_status[std::string(to_string(static_cast<Status>(s)))] = k;
       }
       const ScriptCrashStats crashes = host_->script_crashes(e.script);
-      const std::string item = dump(json{{"handle", handle_of(e)},
+      const std::string item = dump(json{{"handle", ScriptTable::handle_of(e)},
                                          {"key", e.script.key()},
                                          {"sha256", hex(e.script.sha256())},
                                          {"shard", e.script.shard()},
@@ -277,7 +279,7 @@ Error Server::scripts_json(std::string_view after, uint32_t limit, std::string* 
       ++n;
     }
   }
-  doc += "],\"total\":" + std::to_string(live_scripts_) + ",\"next\":";
+  doc += "],\"total\":" + std::to_string(scripts_.live()) + ",\"next\":";
   doc += next ? "\"" + *next + "\"}" : "null}";
   return {};
 }

@@ -10,9 +10,8 @@
 
 namespace outrun::daemon {
 
-bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_ptr, uint32_t start) {
-  const auto* items =
-      static_cast<const flatbuffers::Vector<flatbuffers::Offset<wire::Evaluation>>*>(items_ptr);
+bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const EvaluationItems* items,
+                            uint32_t start) {
   if (!items) return true;
   if (frames_now_us_ == 0) frames_now_us_ = now_us();
   const uint64_t t0 = frames_now_us_;
@@ -44,7 +43,7 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_pt
     const uint64_t handle = e->handle64() ? e->handle64() : e->script_id();
     const uint32_t idx = static_cast<uint32_t>(handle & kHandleIdMask);
     const uint64_t gen = handle >> kHandleIdBits;
-    const ScriptEntry* entry = idx < scripts_.size() ? scripts_[idx].get() : nullptr;
+    const ScriptEntry* entry = scripts_.at(idx).get();
     if (!entry || gen > entry->gen) {
       refused = Result{
           Status::invalid_argument, {}, "unknown script handle " + std::to_string(handle), -1};
@@ -62,7 +61,7 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_pt
           "script '" + entry->key + "' was " +
               (entry->replaced ? "replaced by another source; register it again" : "unregistered"),
           -1};
-    } else if (draining_) {
+    } else if (!life_.admitting()) {
       refused = Result{Status::unavailable, {}, "outrund is stopping", -1};
     } else if (!cooling.empty()) {
       refused = Result{Status::busy, {}, cooling, -1};
@@ -120,7 +119,7 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const void* items_pt
     // Its home shard, or the slow lane while it is there (D-slow-lane): its own window.
     const auto shard = static_cast<uint32_t>(host_->shard_of(entry->script));
     admit_[shard].push_back(Queued{Request{entry->script, std::move(inputs), std::move(encoded)},
-                                   scripts_[idx], e->id(), t0, c->uid});
+                                   scripts_.at(idx), e->id(), t0, c->uid});
     ++admitted;
   }
   if (cooling_refused > 0) crash_budget_.count_refusals(cooling_refused);

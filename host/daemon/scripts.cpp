@@ -43,7 +43,7 @@ void Server::handle_register(const std::shared_ptr<Conn>& c, const protocol::Reg
   // that its answers stay in order. A source that does not compile is answered CompileError
   // and registers nothing; one that does is registered as without `check`.
   if (r.check && r.key && r.source && !check_client_key(*r.key)) {
-    c->checking = true;
+    c->phase.begin_check();
     update_poll(c.get());
     std::weak_ptr<Conn> weak = c;
     host_->check_source(*r.key, *r.source,
@@ -51,8 +51,8 @@ void Server::handle_register(const std::shared_ptr<Conn>& c, const protocol::Reg
                          source = std::string(*r.source)](Error e) {
                           loop_thread.assert_here();  // Host::check_source answers on the loop
                           const std::shared_ptr<Conn> conn = weak.lock();
-                          if (!conn || conn->closing) return;
-                          conn->checking = false;
+                          if (!conn || conn->phase.closed()) return;
+                          conn->phase.end_check();
                           if (e) {
                             flatbuffers::FlatBufferBuilder& fb = t_fbb;
                             fb.Clear();
@@ -61,7 +61,7 @@ void Server::handle_register(const std::shared_ptr<Conn>& c, const protocol::Reg
                           } else {
                             handle_register(conn, protocol::RegisterMsg{id, key, source, false});
                           }
-                          if (conn->closing) return;
+                          if (conn->phase.closed()) return;
                           update_poll(conn.get());
                           handle_frames(conn);  // what it sent meanwhile
                         });
@@ -75,8 +75,8 @@ void Server::handle_register(const std::shared_ptr<Conn>& c, const protocol::Reg
   std::size_t charge = 0;
   auto admit = [&](std::size_t bytes) {
     loop_thread.assert_here();  // called by register_script below, on this thread
-    if (auto it = key_entries_.find(*r.key); it != key_entries_.end() && !it->second.empty())
-      if (Error o = check_owner(*c, *r.key, scripts_[it->second.back()]->uid, "replace")) return o;
+    if (const ScriptEntry* cur = scripts_.current(*r.key))
+      if (Error o = check_owner(*c, *r.key, cur->uid, "replace")) return o;
     // A uid in its crash cool-down makes no new record (D-crash-budget): new bytes under a key
     // are what dodged the script's quarantine. A registration of what is held still works.
     if (std::string why = crash_budget_.refusal(c->uid, std::chrono::steady_clock::now());
@@ -84,7 +84,7 @@ void Server::handle_register(const std::shared_ptr<Conn>& c, const protocol::Reg
       crash_budget_.count_refusals(1);
       return Error{ErrorCode::unavailable, std::move(why)};
     }
-    Error q = quota_.admit(c->uid, bytes);
+    Error q = scripts_.quota().admit(c->uid, bytes);
     if (!q) charge = bytes;
     return q;
   };
@@ -95,35 +95,13 @@ void Server::handle_register(const std::shared_ptr<Conn>& c, const protocol::Reg
   uint64_t handle = 0;
   uint32_t legacy = 0;
   if (!e) {
-    const uint32_t id = script.id();
-    if (scripts_.size() <= id) scripts_.resize(id + 1);
-    auto& slot = scripts_[id];
-    if (!slot || !(slot->script == script)) {
-      // A new record (an index whose entry is a tombstone, or a new one). The key's earlier
-      // record, if any, was replaced: its handle goes and its charge is released, whoever
-      // replaced it (D-tenancy: a record no handle reaches is charged to nobody).
-      auto& ids = key_entries_[script.key()];
-      for (uint32_t old : ids)
-        if (scripts_[old] && scripts_[old]->script.valid()) {
-          scripts_[old]->replaced = true;
-          drop_entry(*scripts_[old]);
-        }
-      ids.clear();
-      auto entry = std::make_shared<ScriptEntry>();
-      entry->gen = slot ? (slot->gen + 1) & ((uint64_t{1} << kHandleGenBits) - 1) : 0;
-      entry->key = script.key();
-      entry->script = script;
-      entry->uid = c->uid;
-      entry->charge = charge;
-      if (charge) quota_.charge(c->uid, charge);
-      slot = std::move(entry);
-      ++live_scripts_;
-      ids.push_back(id);
-    }
-    handle = handle_of(*slot);
+    // A new record replaces the key's earlier one: its handle goes and its charge is released,
+    // whoever replaced it (D-tenancy: a record no handle reaches is charged to nobody).
+    const ScriptEntry& entry = scripts_.record(script, c->uid, charge);
+    handle = ScriptTable::handle_of(entry);
     // Protocols 1 and 2 only: a protocol 3 client uses handle64 (none is written for it).
-    if (c->protocol < 3) legacy = legacy_handle_of(*slot);
-    if (c->protocol < 3 && slot->gen >= kLegacyHandleGens)
+    if (c->protocol < 3) legacy = ScriptTable::legacy_handle_of(entry);
+    if (c->protocol < 3 && entry.gen >= kLegacyHandleGens)
       e = Error{ErrorCode::invalid_argument,
                 "this script's handle needs 64 bits (its record id was reused more than " +
                     std::to_string(kLegacyHandleGens - 1) +
@@ -143,36 +121,23 @@ void Server::handle_register(const std::shared_ptr<Conn>& c, const protocol::Reg
 void Server::handle_unregister(const std::shared_ptr<Conn>& c, const protocol::UnregisterMsg& u) {
   flatbuffers::FlatBufferBuilder& f = t_fbb;
   Error e;
-  auto it = u.key ? key_entries_.find(*u.key) : key_entries_.end();
+  const ScriptEntry* cur = u.key ? scripts_.current(*u.key) : nullptr;
   if (!u.key) {
     e = Error{ErrorCode::invalid_argument, "unregister needs a key"};
   } else if ((e = check_client_key(*u.key))) {
-  } else if (it != key_entries_.end() && !it->second.empty() &&
-             (e = check_owner(*c, *u.key, scripts_[it->second.back()]->uid, "unregister"))) {
+  } else if (cur && (e = check_owner(*c, *u.key, cur->uid, "unregister"))) {
   } else {
     e = host_->unregister_script(*u.key);
     if (!e) {
       // Every handle of the key this daemon gave out goes. Its record is freed once its
       // evaluations in flight end.
-      if (it != key_entries_.end()) {
-        for (uint32_t id : it->second)
-          if (scripts_[id]) drop_entry(*scripts_[id]);
-        key_entries_.erase(it);
-      }
+      scripts_.forget_key(*u.key);
       spdlog::info("client {} (pid {}): unregistered '{}'", c->id, c->pid, u.key->substr(0, 256));
     }
   }
   f.Clear();
   c->writer.write(
       protocol::encode_unregistered(f, u.request_id, detail::wire_status(e.code), e.message));
-}
-
-void Server::drop_entry(ScriptEntry& e) {
-  if (!e.script.valid()) return;
-  e.script = Script();
-  --live_scripts_;
-  if (e.charge) quota_.release(e.uid, e.charge);
-  e.charge = 0;
 }
 
 }  // namespace outrun::daemon

@@ -81,9 +81,9 @@ std::string check_socket_dir(const std::string& dir, bool strict) {
 
 Server::Server(DaemonConfig cfg)
     : cfg_(std::move(cfg)),
-      quota_(cfg_.max_registry_bytes_per_uid ? cfg_.max_registry_bytes_per_uid
-                                             : cfg_.host.max_script_bytes / 2,
-             cfg_.max_registry_scripts_per_uid),
+      scripts_(RegistryQuota(cfg_.max_registry_bytes_per_uid ? cfg_.max_registry_bytes_per_uid
+                                                             : cfg_.host.max_script_bytes / 2,
+                             cfg_.max_registry_scripts_per_uid)),
       crash_budget_(
           CrashBudget::Limits{cfg_.max_crashes_per_uid, cfg_.crash_window, cfg_.crash_cooldown}),
       host_log_limit_(std::make_shared<LogRateLimit>(cfg_.crash_log_per_second,
@@ -351,7 +351,7 @@ void Server::start_serving(uv_loop_t* loop) {
   uv_poll_init(loop_, &listen_poll_, listen_fd_);
   listen_poll_.data = this;
   uv_poll_start(&listen_poll_, UV_READABLE, &Server::on_listen);
-  listening_ = true;
+  life_.advance(Lifecycle::State::kListening);
   uv_async_init(loop_, &async_, &Server::on_async);
   async_.data = this;
   start_refill_check();
@@ -415,7 +415,7 @@ void Server::on_async(uv_async_t* h) {
     v.swap(s->want_write_);
   }
   for (auto& c : v) {
-    if (c->closing) continue;
+    if (c->phase.closed()) continue;
     if (c->over_limit.load(std::memory_order_relaxed)) {
       s->disconnect_over_limit(c.get());
       continue;
@@ -441,20 +441,16 @@ void Server::on_signal(uv_signal_t* h, int sig) {
 }
 
 void Server::begin_drain() {
-  if (draining_) return;
-  draining_ = true;
+  const bool was_listening = life_.accepting();
+  if (!life_.advance(Lifecycle::State::kDraining)) return;  // draining or finished already
   spdlog::info("stopping: no new connections; draining {} evaluations in flight (up to {} ms)",
                counters_.inflight.load(), cfg_.drain_timeout.count());
   sd_notify("STOPPING=1");
-  if (listening_) {
+  if (was_listening) {
     uv_close(reinterpret_cast<uv_handle_t*>(&listen_poll_), nullptr);
-    listening_ = false;
     ::unlink(cfg_.socket.c_str());
   }
-  for (auto& [p, c] : conns_) {
-    c->reading = false;
-    update_poll(p);
-  }
+  for (auto& [p, c] : conns_) update_poll(p);  // not read any more (life_.accepting())
   drain_deadline_ = std::chrono::steady_clock::now() + cfg_.drain_timeout;
   uv_timer_start(&drain_timer_, &Server::on_drain_timer, 0, 5);
 }
@@ -480,8 +476,7 @@ void Server::on_drain_timer(uv_timer_t* h) {
 }
 
 void Server::finish() {
-  if (finished_) return;
-  finished_ = true;
+  if (!life_.advance(Lifecycle::State::kFinished)) return;
   uv_timer_stop(&drain_timer_);
   uv_close(reinterpret_cast<uv_handle_t*>(&drain_timer_), nullptr);
   if (timers_) {

@@ -20,13 +20,16 @@
 #include "config.h"
 #include "crash_budget.h"
 #include "latency_histogram.h"
+#include "lifecycle.h"
 #include "log_rate_limit.h"
 #include "log_ring.h"
 #include "outrun/host.h"
+#include "outrun/protocol/outrun_generated.h"
 #include "outrun/tags.h"
 #include "outrun/thread_annotations.h"
 #include "registry_quota.h"
 #include "scheduler.h"
+#include "script_table.h"
 #include "state_store.h"
 
 // outrund's version (the build's project version; 0.0.0 in a program that compiles these
@@ -63,36 +66,8 @@ class TagsLane;
 // build). One per process: one Server at a time.
 inline ThreadRole loop_thread;
 
-inline constexpr int kStatusCount = 11;  // outrun::Status values
-
-// Per registered script (by Host record id): what `outrun scripts` shows. The client's handle is
-// `gen << kHandleIdBits | record id` (64 bits; design/protocol.md "Handles"): record ids are
-// reused once a record is freed, and the generation, one more at each reuse of the id, keeps a
-// stale handle from ever reaching the script that reuses it: a handle of an older generation is
-// refused "no longer registered". 42 bits of generation: one id reused every 0.4 ms (a
-// register/unregister round trip) wraps in 58 years.
-struct ScriptEntry {
-  Script script;  // empty once unregistered or replaced (the entry stays for its message)
-  std::string key;
-  uint64_t gen = 0;       // < 2^kHandleGenBits
-  bool replaced = false;  // dropped because its key got another source (not unregistered)
-  // The uid whose Register made the record: it owns the key (D-tenancy: only it or an admin may
-  // replace or unregister it). Charged to its registry quota while the entry holds the script:
-  // the record's bytes when this registration made the record, else 0.
-  uint32_t uid = 0;
-  std::size_t charge = 0;
-  std::array<std::atomic<uint64_t>, kStatusCount> by_status{};
-  // What its script printed or logged lately (`outrun logs KEY`): appended on the thread that
-  // completes an evaluation, read on the loop thread.
-  detail::LogRing logs;
-};
-inline constexpr int kHandleIdBits = 22;  // record ids are < 2^22
-inline constexpr uint32_t kHandleIdMask = (1u << kHandleIdBits) - 1;
-inline constexpr int kHandleGenBits = 64 - kHandleIdBits;
-// Protocol 1 and 2 clients have 32-bit handles: `gen << 22 | id` for the first
-// kLegacyHandleGens generations of an id only; a later one has no 32-bit handle (its Register is
-// refused to them), so a 32-bit handle never names another record either.
-inline constexpr uint64_t kLegacyHandleGens = uint64_t{1} << (32 - kHandleIdBits);
+// The evaluations of an Evaluate frame (EvaluateMsg::items), as the verified frame holds them.
+using EvaluationItems = flatbuffers::Vector<flatbuffers::Offset<wire::Evaluation>>;
 
 struct Counters {
   std::array<std::atomic<uint64_t>, kStatusCount> by_status{};
@@ -175,7 +150,7 @@ class Server {
   void start_refill_check() REQUIRES(loop_thread);
   void close_refill_check() REQUIRES(loop_thread);
   // The hello, then one handler per message body. False: a violation.
-  bool handle_frame(const std::shared_ptr<Conn>& c, const void* frame) REQUIRES(loop_thread);
+  bool handle_frame(const std::shared_ptr<Conn>& c, const wire::Frame* frame) REQUIRES(loop_thread);
   // Register, Unregister (scripts.cpp).
   void handle_register(const std::shared_ptr<Conn>& c, const protocol::RegisterMsg& r)
       REQUIRES(loop_thread);
@@ -197,10 +172,10 @@ class Server {
       REQUIRES(loop_thread);
   void handle_read_tags(const std::shared_ptr<Conn>& c, const protocol::ReadTagsMsg& r)
       REQUIRES(loop_thread);
-  // Admits and queues the items of an Evaluate frame (`items`: its Vector of Evaluation, or
-  // null) from `start`; false when it stopped because the client is over
+  // Admits and queues the items of an Evaluate frame (`items`: null when it has none) from
+  // `start`; false when it stopped because the client is over
   // max_client_queued_bytes (the rest waits in Conn::paused_*).
-  bool evaluate_items(const std::shared_ptr<Conn>& c, const void* items, uint32_t start)
+  bool evaluate_items(const std::shared_ptr<Conn>& c, const EvaluationItems* items, uint32_t start)
       REQUIRES(loop_thread);
 
   // Scheduler (design/daemon.md "Scheduler"). Any thread: the loop after queueing, a shard's
@@ -273,13 +248,6 @@ class Server {
   // previous page ("" the first), `limit` 0 the default.
   Error scripts_json(std::string_view after, uint32_t limit, std::string* out) const
       REQUIRES(loop_thread);
-  // Drops the daemon's handle of an entry (unregister) and its quota charge.
-  void drop_entry(ScriptEntry& e) REQUIRES(loop_thread);
-  static uint64_t handle_of(const ScriptEntry& e) { return e.gen << kHandleIdBits | e.script.id(); }
-  // The 32-bit handle of protocols 1 and 2 (valid while e.gen < kLegacyHandleGens).
-  static uint32_t legacy_handle_of(const ScriptEntry& e) {
-    return static_cast<uint32_t>(handle_of(e));
-  }
   // Why `c` (its uid, not an admin) may not replace or unregister `key`, which `owner` registered
   // (`what`: "replace", "unregister"); none when it may.
   Error check_owner(const Conn& c, std::string_view key, uint32_t owner, const char* what) const
@@ -333,9 +301,10 @@ class Server {
   std::chrono::steady_clock::time_point last_accept_warning_ GUARDED_BY(loop_thread){};
   uint64_t accept_failures_ GUARDED_BY(loop_thread) = 0;  // EMFILE/ENFILE since the last warning
   int listen_fd_ = -1;
-  bool listening_ GUARDED_BY(loop_thread) = false;
-  bool draining_ GUARDED_BY(loop_thread) = false;
-  bool finished_ GUARDED_BY(loop_thread) = false;
+  // Starting, listening, draining, finished (design/daemon.md "Lifecycle"): moved by
+  // start_serving, begin_drain and finish, on the loop thread. served_ above is the main
+  // thread's side of the last move, under its own mutex.
+  Lifecycle life_ GUARDED_BY(loop_thread);
   std::chrono::steady_clock::time_point started_ GUARDED_BY(loop_thread);
   std::chrono::steady_clock::time_point drain_deadline_ GUARDED_BY(loop_thread);
 
@@ -350,16 +319,9 @@ class Server {
   uint64_t next_conn_id_ GUARDED_BY(loop_thread) = 1;
   uint64_t clients_total_ GUARDED_BY(loop_thread) = 0, clients_refused_ GUARDED_BY(loop_thread) = 0;
   uint64_t violations_ GUARDED_BY(loop_thread) = 0;
-  // Index = Host record id; grows on the loop thread only. Evaluations in flight share the
-  // entry, so an index given to a new record never mixes their counts.
-  std::vector<std::shared_ptr<ScriptEntry>> scripts_ GUARDED_BY(loop_thread);
-  // Record ids of the entries of each key registered here: its current one (a replaced entry is
-  // dropped when its key gets another source, D-tenancy), dropped when the key is unregistered.
-  // Ordered: a ListScripts page starts at a key (lower_bound), so a page costs O(log n + its
-  // size).
-  std::map<std::string, std::vector<uint32_t>, std::less<>> key_entries_ GUARDED_BY(loop_thread);
-  std::size_t live_scripts_ GUARDED_BY(loop_thread) = 0;  // entries with a script
-  RegistryQuota quota_ GUARDED_BY(loop_thread);  // by peer uid (design/daemon.md "Registry quotas")
+  // The entries of the records handed out, by id and by key, and the per-uid charges
+  // (script_table.h). Evaluations in flight share an entry.
+  ScriptTable scripts_ GUARDED_BY(loop_thread);
   // Worker deaths charged to the uid that sent the evaluation (design/daemon.md "Crash budget");
   // any thread. The Host's log lines go through host_log_limit_ (its sink: any thread).
   CrashBudget crash_budget_;

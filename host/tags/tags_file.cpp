@@ -827,7 +827,7 @@ bool parse_wave(std::string_view line, Wave* out, std::string* error) {
         }
         if (value != nullptr) {
           std::string why;
-          if (!cli::from_json(*value, &u.value.value, &why)) {
+          if (!json_values::from_json(*value, &u.value.value, &why)) {
             *error = "values." + u.tag + ": " + why;
             return false;
           }
@@ -897,7 +897,7 @@ nlohmann::ordered_json apply_result_json(const ApplyResult& r) {
 nlohmann::ordered_json change_to_json(const std::string& tag, const DataValue& dv) {
   nlohmann::ordered_json j;
   j["tag"] = tag;
-  j["value"] = cli::to_json(dv.value);
+  j["value"] = json_values::to_json(dv.value);
   j["status"] = status_code_name(dv.status);
   j["status_code"] = dv.status;
   // A time never set (0 ticks, 1601-01-01) is null: no value has it, it is not a date.

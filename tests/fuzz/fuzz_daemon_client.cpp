@@ -85,7 +85,7 @@ struct ServerTestAccess {
     uv_poll_init(s.loop_, &s.listen_poll_, s.listen_fd_);
     s.listen_poll_.data = &s;
     uv_poll_start(&s.listen_poll_, UV_READABLE, &Server::on_listen);
-    s.listening_ = true;
+    s.life_.advance(Lifecycle::State::kListening);
     uv_async_init(s.loop_, &s.async_, &Server::on_async);
     s.async_.data = &s;
     s.start_refill_check();
@@ -103,7 +103,7 @@ struct ServerTestAccess {
     loop_thread.assert_here();
     FUZZ_CHECK(s.conns_.empty());
     uv_close(reinterpret_cast<uv_handle_t*>(&s.listen_poll_), nullptr);
-    s.listening_ = false;
+    s.life_.advance(Lifecycle::State::kFinished);  // no drain: no connection is left
     ::unlink(s.cfg_.socket.c_str());
     uv_close(reinterpret_cast<uv_handle_t*>(&s.drain_timer_), nullptr);
     s.close_refill_check();

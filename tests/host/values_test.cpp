@@ -120,7 +120,7 @@ TEST_CASE("Statuses: names round-trip") {
 }
 
 TEST_CASE("CLI values: -i scalars and JSON inputs") {
-  using cli::parse_scalar;
+  using json_values::parse_scalar;
   CHECK(parse_scalar("1") == Value(int64_t{1}));
   CHECK(parse_scalar("-7") == Value(int64_t{-7}));
   CHECK(parse_scalar("2.5") == Value(2.5));
@@ -136,10 +136,11 @@ TEST_CASE("CLI values: -i scalars and JSON inputs") {
   CHECK(range_err.find("out of a double's range") != std::string::npos);
   Value v;
   std::string err;
-  REQUIRE(
-      cli::from_json(nlohmann::json::parse(R"({"a":[1,2.5,null,"x"],"b":{"c":true}})"), &v, &err));
-  CHECK(cli::to_json(v) == nlohmann::json::parse(R"({"a":[1,2.5,null,"x"],"b":{"c":true}})"));
+  REQUIRE(json_values::from_json(nlohmann::json::parse(R"({"a":[1,2.5,null,"x"],"b":{"c":true}})"),
+                                 &v, &err));
+  CHECK(json_values::to_json(v) ==
+        nlohmann::json::parse(R"({"a":[1,2.5,null,"x"],"b":{"c":true}})"));
   nlohmann::json deep = 1;
   for (int i = 0; i < kMaxValueDepth + 1; ++i) deep = nlohmann::json::array({deep});
-  CHECK_FALSE(cli::from_json(deep, &v, &err));
+  CHECK_FALSE(json_values::from_json(deep, &v, &err));
 }

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 
-namespace outrun::cli {
+namespace outrun::json_values {
 
 bool from_json(const nlohmann::json& j, Value* out, std::string* error, int depth) {
   if (depth > kMaxValueDepth) {
@@ -137,4 +137,4 @@ std::string escape_control(std::string_view s) {
   return out;
 }
 
-}  // namespace outrun::cli
+}  // namespace outrun::json_values

@@ -1,11 +1,12 @@
-// JSON <-> outrun::Value for the command line (inputs in, results out).
+// JSON <-> outrun::Value (inputs in, results out): the CLI, the tags file and updates stream. Below
+// both (its own library, outrun_json_values), so the tags layer does not depend on the CLI.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include "outrun/value.h"
 
-namespace outrun::cli {
+namespace outrun::json_values {
 
 // null -> nil, true/false, integers -> int64, other numbers -> double, strings, arrays, objects
 // -> maps. Returns false (with *error) for input nested deeper than kMaxValueDepth.
@@ -24,4 +25,4 @@ std::string escape_control(std::string_view s);
 // when err is given (and returns nil).
 Value parse_scalar(const std::string& text, std::string* err = nullptr);
 
-}  // namespace outrun::cli
+}  // namespace outrun::json_values
