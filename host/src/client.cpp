@@ -441,7 +441,7 @@ Error Client::register_script(std::string_view key, std::string_view source, Scr
   rec->source = std::string(source);
   rec->sha256 = r.sha;
   rec->chunk_name = rec->key;
-  Script script(rec);
+  Script script = detail::ScriptAccess::make(rec);
   // The daemon retired the key's previous handle (design/daemon.md): forget it here too.
   auto [k, fresh] = impl_->by_key.try_emplace(rec->key, r.handle);
   if (!fresh) {
@@ -471,7 +471,7 @@ Error Client::unregister_script(std::string_view key) {
   MutexLock lock(impl_->smu);
   if (auto k = impl_->by_key.find(std::string(key)); k != impl_->by_key.end()) {
     if (auto h = impl_->by_handle.find(k->second); h != impl_->by_handle.end()) {
-      const_cast<detail::ScriptRecord*>(h->second.record())->unregistered.store(true);
+      const_cast<detail::ScriptRecord*>(detail::record_of(h->second))->unregistered.store(true);
       dropped = std::move(h->second);
       impl_->by_handle.erase(h);
     }
@@ -509,7 +509,7 @@ void Client::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
     const detail::InputBufferOffset buffer =
         bytes.empty() ? detail::InputBufferOffset() : protocol::add_input_list(f, bytes);
     // The 64-bit handle, and its low 32 bits as script_id (design/protocol.md "Handles").
-    const uint64_t handle = requests[i].script.record()->serial;
+    const uint64_t handle = detail::record_of(requests[i].script)->serial;
     items.push_back(protocol::build_evaluation(f, id, static_cast<uint32_t>(handle), 0, {}, nullptr,
                                                buffer, handle));
     return true;
@@ -544,12 +544,12 @@ void Client::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
   f.Clear();
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const Script& sc = requests[i].script;
-    if (!sc.valid() || sc.record()->owner != impl_.get()) {
+    if (!sc.valid() || detail::record_of(sc)->owner != impl_.get()) {
       failed.emplace_back(
           i, Result{Status::invalid_argument, {}, "script handle is not from this client", -1});
       continue;
     }
-    if (sc.record()->unregistered.load(std::memory_order_relaxed)) {
+    if (detail::record_of(sc)->unregistered.load(std::memory_order_relaxed)) {
       failed.emplace_back(
           i,
           Result{Status::invalid_argument, {}, "script '" + sc.key() + "' was unregistered", -1});

@@ -145,7 +145,7 @@ void Compiler::take(const Pending& p, std::size_t* bytes) {
   }
   const Script s = registry_->acquire(p.id, p.serial);
   if (!s.valid()) return;
-  const ScriptRecord* r = s.record();
+  const ScriptRecord* r = detail::record_of(s);
   if (r->unregistered.load(std::memory_order_relaxed) ||
       r->compiled.load(std::memory_order_relaxed))
     return;
@@ -347,7 +347,7 @@ bool Compiler::accept(const wire::Compiled* c, std::string* why) {
     }
     const Script s = registry_->acquire(in_flight_[i].name.id, in_flight_[i].name.serial);
     if (!s.valid()) continue;  // freed while it compiled
-    const ScriptRecord* r = s.record();
+    const ScriptRecord* r = detail::record_of(s);
     auto* chunk =
         new CompiledChunk(std::string(reinterpret_cast<const char*>(item->bytecode()->data()),
                                       item->bytecode()->size()),

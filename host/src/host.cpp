@@ -313,7 +313,7 @@ RegistryStats Host::registry_stats() const {
 
 ScriptCrashStats Host::script_crashes(const Script& script) const {
   ScriptCrashStats s;
-  const detail::ScriptRecord* r = script.record();
+  const detail::ScriptRecord* r = detail::record_of(script);
   if (!r || r->owner != impl_.get()) return s;
   s.crashes = r->crashes.load(std::memory_order_relaxed);
   s.slow_lane = r->slow.load(std::memory_order_relaxed);
@@ -330,7 +330,7 @@ void Host::evaluate(const Script& script, Inputs inputs, Callback done) {
 }
 
 Future Host::evaluate(const Script& script, Inputs inputs) {
-  const detail::ScriptRecord* r = script.record();
+  const detail::ScriptRecord* r = detail::record_of(script);
   Shard& sh = r && r->owner == impl_.get() ? impl_->route(*r) : *impl_->shards[0];
   auto state = std::make_shared<detail::HostFuture>(*impl_, sh);
   impl_->submit(script, std::move(inputs), Completion(state), {}, &sh);  // waits on that shard
@@ -354,7 +354,7 @@ int Host::slow_lane_shard() const {
 }
 
 int Host::shard_of(const Script& script) const {
-  const detail::ScriptRecord* r = script.record();
+  const detail::ScriptRecord* r = detail::record_of(script);
   return r && r->owner == impl_.get() ? impl_->route(*r).index : 0;
 }
 

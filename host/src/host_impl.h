@@ -130,6 +130,13 @@ struct Host::Impl final : detail::WorkerEvents {
   // Has the loop poll `sh` again if it stopped for a leader that has gone and nobody else asked.
   void resume_if_paused(detail::Shard& sh);
   void submit_batch(std::vector<Request>&& requests, BatchCallback&& cb);
+  // Admission's first step, the one check of the refusals that need no shard's lock, for an
+  // evaluation and for each item of a batch alike: a handle not from this host, an
+  // unregistered script, a quarantined one. Sets `*sh` to where the evaluation goes or where its
+  // refusal is delivered (`to`, else its route; shard 0 for a foreign handle); false with
+  // `*refusal` set when refused.
+  bool admissible(const detail::ScriptRecord* r, detail::Shard* to, detail::Shard** sh,
+                  Result* refusal);
   void deliver_now(detail::Shard& sh, detail::Completion&& done, Result&& r);
   // The Evaluation of slot `idx` (kSending), with its script's source or bytecode if the worker
   // lacks it; the slot is marked sent (SlotTable::mark_sent), so the caller writes it now.

@@ -110,7 +110,7 @@ RegistryStats InProcess::registry_stats() const {
 }
 
 Result InProcess::run(const Script& script, const Inputs& inputs) {
-  const detail::ScriptRecord* r = script.record();
+  const detail::ScriptRecord* r = detail::record_of(script);
   if (!r || r->owner != impl_.get())
     return {Status::invalid_argument, {}, "script handle is not from this runner", -1};
   if (r->unregistered.load(std::memory_order_relaxed)) [[unlikely]]

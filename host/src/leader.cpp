@@ -100,7 +100,7 @@ Result HostFuture::take() {
 }  // namespace detail
 
 Result Host::Impl::evaluate_sync(const Script& script, Inputs&& inputs) {
-  const detail::ScriptRecord* r = script.record();
+  const detail::ScriptRecord* r = detail::record_of(script);
   Shard& sh = r && r->owner == this ? route(*r) : *shards[0];
   SyncWaiter me(sh.reading);
   submit(script, std::move(inputs), detail::Completion(&me), {}, &sh);  // waits on that shard

@@ -62,7 +62,7 @@ const ScriptRecord* Host::Impl::crash_suspect(Shard& sh, const WorkerProcess& w,
             (cause == DeathCause::kExit && protocol::script_may_cause_exit(x->code)));
   if (!scripted) return nullptr;
   const Slot* slot = sh.table.sent(running);  // the page is the worker's: untrusted
-  return slot ? slot->script.record() : nullptr;
+  return slot ? detail::record_of(slot->script) : nullptr;
 }
 
 bool Host::Impl::charge_crash(Shard& sh, const ScriptRecord& r, const WorkerProcess& w) {
@@ -91,7 +91,7 @@ void Host::Impl::end_quarantined(Shard& sh, std::vector<uint32_t>* idxs, Ended* 
                                  std::vector<uint32_t>* promoted) {
   std::size_t kept = 0;
   for (uint32_t idx : *idxs) {
-    const ScriptRecord& r = *sh.table[idx].script.record();
+    const ScriptRecord& r = *detail::record_of(sh.table[idx].script);
     if (!in_quarantine(r)) {
       (*idxs)[kept++] = idx;
       continue;
@@ -108,7 +108,7 @@ void Host::Impl::end_quarantined_waiting(Shard& sh, Ended* out, std::vector<uint
   std::atomic<uint64_t>& refusals = sh.quarantine_refusals;
   sh.table.end_waiting_if(
       [&](const Slot& slot) -> std::optional<Result> {
-        const ScriptRecord& r = *slot.script.record();
+        const ScriptRecord& r = *detail::record_of(slot.script);
         if (!in_quarantine(r)) return std::nullopt;
         refusals.fetch_add(1, std::memory_order_relaxed);
         return Result{Status::runtime_error, {}, quarantine_message(r), shard};

@@ -83,4 +83,15 @@ struct ScriptRecord {
   ScriptRecord& operator=(const ScriptRecord&) = delete;
 };
 
+// How a runner reaches a handle's record, and makes a handle of one (the public Script keeps
+// both private: a user cannot forge a handle from a pointer or read the record).
+struct ScriptAccess {
+  static const ScriptRecord* record(const Script& s) { return s.record(); }
+  // A new reference to `rec`.
+  static Script make(const ScriptRecord* rec) { return Script(rec); }
+};
+inline const ScriptRecord* record_of(const Script& s) {
+  return ScriptAccess::record(s);
+}
+
 }  // namespace outrun::detail

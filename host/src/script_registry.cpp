@@ -84,7 +84,7 @@ Error ScriptRegistry::add(std::string_view key, std::string_view source, Script*
   {
     MutexLock lock(shared_->mu);
     auto it = by_key_.find(std::string(key));
-    if (it != by_key_.end() && it->second.record()->sha256 == digest) {
+    if (it != by_key_.end() && detail::record_of(it->second)->sha256 == digest) {
       result = it->second;
     } else {
       if (free_ids_.empty() && next_id_ >= (1u << 22))
@@ -116,7 +116,7 @@ Error ScriptRegistry::add(std::string_view key, std::string_view source, Script*
       r->chunk_name = std::string(chunk_name_of(key));
       r->bytes = bytes;
       if (it != by_key_.end()) {
-        r->key_id = it->second.record()->key_id;
+        r->key_id = detail::record_of(it->second)->key_id;
       } else if (!free_key_ids_.empty()) {
         r->key_id = free_key_ids_.back();
         free_key_ids_.pop_back();
@@ -129,7 +129,7 @@ Error ScriptRegistry::add(std::string_view key, std::string_view source, Script*
       bytes_ += bytes;
       ++records_;
       if (on_new) on_new(*r);
-      result = Script(r);
+      result = ScriptAccess::make(r);
       if (it != by_key_.end()) {
         replaced = std::move(it->second);
         it->second = result;
@@ -150,7 +150,7 @@ Error ScriptRegistry::remove(std::string_view key) {
     if (it == by_key_.end())
       return {ErrorCode::invalid_argument,
               "no script is registered under '" + std::string(key) + "'"};
-    const_cast<ScriptRecord*>(it->second.record())->unregistered.store(true);
+    const_cast<ScriptRecord*>(detail::record_of(it->second))->unregistered.store(true);
     gone = std::move(it->second);
     by_key_.erase(it);
   }
@@ -182,7 +182,7 @@ Script ScriptRegistry::acquire(uint32_t id, uint64_t serial) const {
   uint32_t n = r->refs.load(std::memory_order_acquire);
   while (n > 0)
     if (r->refs.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel)) {
-      Script s(r);
+      Script s = ScriptAccess::make(r);
       r->refs.fetch_sub(1, std::memory_order_acq_rel);  // the one Script(r) took is kept
       return s;
     }

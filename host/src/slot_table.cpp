@@ -44,7 +44,7 @@ uint32_t SlotTable::admit(Script script, Inputs&& inputs, Completion&& done, Slo
   assert(place == SlotPlace::kSending || place == SlotPlace::kQueued);
   const uint32_t idx = alloc();
   Slot& slot = slots_[idx];
-  const uint32_t kid = script.record()->key_id;
+  const uint32_t kid = detail::record_of(script)->key_id;
   slot.script = std::move(script);
   slot.inputs = std::move(inputs);
   if (!encoded.empty()) slot.encoded = std::move(encoded);
@@ -60,7 +60,7 @@ uint32_t SlotTable::admit(Script script, Inputs&& inputs, Completion&& done, Slo
 
 uint32_t SlotTable::admit_pending(const Script& script, Inputs&& inputs, Completion&& done,
                                   Completion* replaced, EncodedInputs&& encoded) {
-  const uint32_t kid = script.record()->key_id;
+  const uint32_t kid = detail::record_of(script)->key_id;
   ensure_key(kid);
   if (const uint32_t old = pending_[kid]) {
     std::vector<uint32_t> none;  // a pending evaluation has no successor to promote
@@ -79,7 +79,7 @@ uint32_t SlotTable::admit_pending(const Script& script, Inputs&& inputs, Complet
 
 Completion SlotTable::release(uint32_t idx, std::vector<uint32_t>* promoted) {
   Slot& s = slots_[idx];
-  const uint32_t kid = s.script.record()->key_id;
+  const uint32_t kid = detail::record_of(s.script)->key_id;
   if (kid < flight_.size()) {
     if (s.place == SlotPlace::kPending) {
       if (pending_[kid] == idx + 1) pending_[kid] = 0;

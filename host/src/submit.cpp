@@ -38,7 +38,7 @@ flatbuffers::Offset<wire::Evaluation> Host::Impl::build_evaluation(
     flatbuffers::FlatBufferBuilder& f, Shard& sh, uint32_t idx, detail::InputsOffset inputs,
     detail::InputBufferOffset buffer) {
   const Slot& slot = sh.table[idx];
-  const detail::ScriptRecord* r = slot.script.record();
+  const detail::ScriptRecord* r = detail::record_of(slot.script);
   if (r->id >= sh.known.size())
     sh.known.resize(std::max<std::size_t>(r->id + 1, sh.known.size() * 2), 0);
   protocol::ScriptSource source;
@@ -72,26 +72,34 @@ void Host::Impl::deliver_now(Shard& sh, Completion&& done, Result&& r) {
     done.deliver(std::move(r), log);
 }
 
-void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done,
-                        EncodedInputs&& encoded, Shard* to) {
-  const detail::ScriptRecord* r = script.record();
+bool Host::Impl::admissible(const detail::ScriptRecord* r, Shard* to, Shard** sh, Result* refusal) {
   if (!r || r->owner != this) {
-    deliver_now(*shards[0], std::move(done),
-                Result{Status::invalid_argument, {}, "script handle is not from this host", -1});
-    return;
+    *sh = shards[0].get();
+    *refusal = Result{Status::invalid_argument, {}, "script handle is not from this host", -1};
+    return false;
   }
-  Shard& sh = to ? *to : route(*r);
+  *sh = to ? to : &route(*r);
   if (r->unregistered.load(std::memory_order_relaxed)) [[unlikely]] {
-    deliver_now(sh, std::move(done),
-                Result{Status::invalid_argument, {}, unregistered_message(r), sh.index});
-    return;
+    *refusal = Result{Status::invalid_argument, {}, unregistered_message(r), (*sh)->index};
+    return false;
   }
   if (in_quarantine(*r)) [[unlikely]] {
-    sh.quarantine_refusals.fetch_add(1, std::memory_order_relaxed);
-    deliver_now(sh, std::move(done),
-                Result{Status::runtime_error, {}, quarantine_message(*r), sh.index});
+    (*sh)->quarantine_refusals.fetch_add(1, std::memory_order_relaxed);
+    *refusal = Result{Status::runtime_error, {}, quarantine_message(*r), (*sh)->index};
+    return false;
+  }
+  return true;
+}
+
+void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done,
+                        EncodedInputs&& encoded, Shard* to) {
+  const detail::ScriptRecord* r = detail::record_of(script);
+  Shard* routed = nullptr;
+  if (Result refused; !admissible(r, to, &routed, &refused)) [[unlikely]] {
+    deliver_now(*routed, std::move(done), std::move(refused));
     return;
   }
+  Shard& sh = *routed;
   if (stopping.load(std::memory_order_relaxed)) {
     deliver_now(sh, std::move(done),
                 Result{Status::cancelled, {}, "the host is shutting down", sh.index});
@@ -195,27 +203,13 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
   // (single flight, shard down or stopping) go through submit() one by one.
   std::vector<std::vector<std::size_t>> by_shard(shards.size());
   for (std::size_t i = 0; i < requests.size(); ++i) {
-    const detail::ScriptRecord* r = requests[i].script.record();
-    if (!r || r->owner != this) {
-      deliver_now(*shards[0], Completion(detail::BatchTarget{shared_cb, i}),
-                  Result{Status::invalid_argument, {}, "script handle is not from this host", -1});
+    Shard* sh = nullptr;
+    if (Result refused; !admissible(detail::record_of(requests[i].script), nullptr, &sh, &refused))
+        [[unlikely]] {
+      deliver_now(*sh, Completion(detail::BatchTarget{shared_cb, i}), std::move(refused));
       continue;
     }
-    if (r->unregistered.load(std::memory_order_relaxed)) [[unlikely]] {
-      deliver_now(
-          *shards[r->shard], Completion(detail::BatchTarget{shared_cb, i}),
-          Result{
-              Status::invalid_argument, {}, unregistered_message(r), static_cast<int>(r->shard)});
-      continue;
-    }
-    if (in_quarantine(*r)) [[unlikely]] {
-      Shard& sh = *shards[r->shard];
-      sh.quarantine_refusals.fetch_add(1, std::memory_order_relaxed);
-      deliver_now(sh, Completion(detail::BatchTarget{shared_cb, i}),
-                  Result{Status::runtime_error, {}, quarantine_message(*r), sh.index});
-      continue;
-    }
-    by_shard[static_cast<std::size_t>(route(*r).index)].push_back(i);
+    by_shard[static_cast<std::size_t>(sh->index)].push_back(i);
   }
   auto& f = thread_builder();
   std::vector<detail::InputsOffset> inputs;
@@ -271,7 +265,8 @@ void Host::Impl::submit_batch(std::vector<Request>&& requests, BatchCallback&& c
           // scripts the worker lacks (up to 1 MiB each) are not in that count, and a frame over
           // kMaxFrameSize would end the worker (and re-send everything it had).
           full = full || f.GetSize() > kMaxBatchFrameBytes;
-          if (!direct || full || (single && sh.table.in_flight(req.script.record()->key_id))) {
+          if (!direct || full ||
+              (single && sh.table.in_flight(detail::record_of(req.script)->key_id))) {
             one_by_one.push_back(chunk[k]);
             continue;
           }

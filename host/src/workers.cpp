@@ -274,7 +274,7 @@ void Host::Impl::handle_results(Shard& sh, WorkerProcess*,
           *violation = "asked twice for the source of evaluation " + std::to_string(id);
           break;
         }
-        const uint32_t sid = slot.script.record()->id;
+        const uint32_t sid = detail::record_of(slot.script)->id;
         if (sid < sh.known.size()) sh.known[sid] = 0;
         resend.push_back(idx);
         continue;
@@ -282,9 +282,9 @@ void Host::Impl::handle_results(Shard& sh, WorkerProcess*,
       // The slow lane (D-slow-lane): a timeout moves the script there; in the lane, one that
       // behaved counts towards its way back. One compare of a status already decoded elsewhere.
       if (r.status == wire::Status::Timeout) [[unlikely]]
-        misbehaved(*slot.script.record());
+        misbehaved(*detail::record_of(slot.script));
       else if (sh.index == lane) [[unlikely]]
-        behaved_in_lane(*slot.script.record());
+        behaved_in_lane(*detail::record_of(slot.script));
       // Release the slot (and the key's flight) now: a caller that awaited this result and
       // submits again must never be refused by its own finished evaluation.
       done.emplace_back(sh.table.release(idx, &promoted), r);
@@ -445,7 +445,8 @@ void Host::Impl::settle_death(Shard& sh, const WorkerProcess& w, detail::Death* 
         detail::EvaluationFate fate =
             policy.fate(d, stop, id, d.running, d.overrun_id, slot.retries);
         if (fate.retry) return std::nullopt;
-        if (fate.status == Status::killed) misbehaved(*slot.script.record());  // overran T+G
+        if (fate.status == Status::killed)
+          misbehaved(*detail::record_of(slot.script));  // overran T+G
         Result r{fate.status, {}, std::move(fate.error), shard};
         r.killed_worker = killer != 0 && id == killer;
         return r;

@@ -128,7 +128,7 @@ TEST_CASE("Host: a script key always routes to the same shard") {
   CHECK(host->evaluate(a, {}).get().value == Value(1));  // the old handle keeps its source
   CHECK(host->evaluate(b, {}).get().value == Value(2));
   Script c = reg(*host, "Line1.Temp.avg", "return 2");  // same key and source: same handle
-  CHECK(c.record() == b.record());
+  CHECK(c == b);                                        // the same record
 }
 
 TEST_CASE("Host: callbacks run once each, on a dispatcher thread") {
@@ -360,7 +360,7 @@ TEST_CASE("Host: registered scripts hold at most max_script_bytes, past it, unav
   CHECK(host->register_script("k0", source(40), &s).code == ErrorCode::unavailable);
   // ...but a script already held registers again, and whatever is held runs.
   CHECK(!host->register_script("k1", source(1), &s));
-  CHECK(s.record() == held[1].record());
+  CHECK(s == held[1]);                                    // the same record
   CHECK(!host->register_script("tiny", "return 7", &s));  // 4 + 8 + 4 + overhead still fit
   CHECK(host->evaluate(s, {}).get().value == Value(int64_t{7}));
   for (int i = 0; i < 4; ++i) CHECK(host->evaluate(held[i], {}).get().value == Value(int64_t{i}));
@@ -487,7 +487,7 @@ void check_unregister_semantics(Runner& r) {
   CHECK(r.unregister_script("unreg.a").code == ErrorCode::invalid_argument);
   // The key registers again: a fresh record (the same source too), and it runs.
   Script again = reg(r, "unreg.a", "return 1");
-  CHECK(again.record() != s.record());
+  CHECK_FALSE(again == s);  // a new record
   CHECK(again.registered());
   CHECK(r.evaluate(again, {}).get().value == Value(int64_t{1}));
   CHECK(r.evaluate(s, {}).get().status == Status::invalid_argument);  // still the old one

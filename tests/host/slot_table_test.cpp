@@ -89,19 +89,19 @@ TEST_CASE("slot table: single flight holds the key until the evaluation ends") {
   Script a = scripts.get("a"), b = scripts.get("b");
   SlotTable t;
   Done d1, d2;
-  CHECK_FALSE(t.in_flight(a.record()->key_id));
+  CHECK_FALSE(t.in_flight(detail::record_of(a)->key_id));
   const uint32_t i = send(t, a, d1, true);
-  CHECK(t.in_flight(a.record()->key_id));
-  CHECK_FALSE(t.in_flight(b.record()->key_id));
+  CHECK(t.in_flight(detail::record_of(a)->key_id));
+  CHECK_FALSE(t.in_flight(detail::record_of(b)->key_id));
   t.admit(b, {}, d2.completion(), SlotPlace::kQueued, true);
-  CHECK(t.in_flight(b.record()->key_id));
+  CHECK(t.in_flight(detail::record_of(b)->key_id));
   std::vector<uint32_t> promoted;
   t.release(i, &promoted);
-  CHECK_FALSE(t.in_flight(a.record()->key_id));
+  CHECK_FALSE(t.in_flight(detail::record_of(a)->key_id));
   // Without single flight the key is never taken.
   Done d3;
   send(t, a, d3);
-  CHECK_FALSE(t.in_flight(a.record()->key_id));
+  CHECK_FALSE(t.in_flight(detail::record_of(a)->key_id));
 }
 
 TEST_CASE("slot table: coalesce-latest keeps one waiting behind the flight and promotes it") {
@@ -126,14 +126,14 @@ TEST_CASE("slot table: coalesce-latest keeps one waiting behind the flight and p
   finish(t.release(i, &promoted), Status::ok);
   REQUIRE(promoted == std::vector<uint32_t>{p3});
   CHECK(t[p3].place == SlotPlace::kSending);
-  CHECK(t.in_flight(a.record()->key_id));
+  CHECK(t.in_flight(detail::record_of(a)->key_id));
   t.mark_sent(p3, SentWith::kId);
   CHECK(t.sent(t.id(p3)) == &t[p3]);
   // Ending the promoted one frees the flight (it is not mistaken for a pending one).
   std::vector<uint32_t> none;
   finish(t.release(p3, &none), Status::ok);
   CHECK(none.empty());
-  CHECK_FALSE(t.in_flight(a.record()->key_id));
+  CHECK_FALSE(t.in_flight(detail::record_of(a)->key_id));
 }
 
 TEST_CASE("slot table: the waiting queue - admit, take, send, park, in order") {
@@ -324,7 +324,7 @@ TEST_CASE("slot table: a death settles what was sent - retried ahead of the queu
   // b's retry keeps its flight: the pending one stays behind it.
   CHECK(promoted.empty());
   CHECK(t[p].place == SlotPlace::kPending);
-  CHECK(t.in_flight(b.record()->key_id));
+  CHECK(t.in_flight(detail::record_of(b)->key_id));
   // The retries go ahead of what waited.
   t.requeue_retries(retried);
   CHECK(t.waiting() == std::vector<uint32_t>{s1, s3, w});
@@ -385,7 +385,7 @@ TEST_CASE("slot table: ending what waits - all of it, or those a verdict picks, 
   // pending one is promoted, for the caller to place.
   t.end_waiting_if(
       [&](const Slot& s) -> std::optional<Result> {
-        if (s.script.record() != b.record()) return std::nullopt;
+        if (detail::record_of(s.script) != detail::record_of(b)) return std::nullopt;
         return Result{Status::runtime_error, {}, "quarantined", 0};
       },
       &ended, &promoted);
@@ -404,5 +404,5 @@ TEST_CASE("slot table: ending what waits - all of it, or those a verdict picks, 
   for (auto& e : ended) CHECK(e.second.status == Status::unavailable);
   CHECK(t.waiting_count() == 0);
   CHECK(t.in_use() == 0);
-  CHECK_FALSE(t.in_flight(b.record()->key_id));
+  CHECK_FALSE(t.in_flight(detail::record_of(b)->key_id));
 }

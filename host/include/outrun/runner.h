@@ -28,6 +28,8 @@ void release_script_record(const ScriptRecord* rec);
 void retain_script_record(const ScriptRecord* rec);
 // Makes EncodedInputs from bytes already checked (host/codec/wire_codec.h).
 struct EncodedInputsAccess;
+// The runners' way to a Script's record and back (host/src/script_record.h); not for users.
+struct ScriptAccess;
 }  // namespace detail
 
 // Handle of a registered script. Cheap to copy (one atomic increment); keeps its record alive,
@@ -72,11 +74,12 @@ class Script {
   // The same record: the same registration (same key and source, same runner).
   friend bool operator==(const Script& a, const Script& b) { return a.rec_ == b.rec_; }
 
-  // For runner implementations: a new reference to `rec` (an opaque record).
+ private:
+  // For runner implementations, through detail::ScriptAccess: a new reference to `rec`.
+  friend struct detail::ScriptAccess;
   explicit Script(const detail::ScriptRecord* rec) : rec_(rec) { retain(); }
   const detail::ScriptRecord* record() const { return rec_; }
 
- private:
   void retain() {
     if (rec_) detail::retain_script_record(rec_);
   }
