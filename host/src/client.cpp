@@ -1,9 +1,10 @@
 // outrun::Client: Runner over a Unix socket to outrund. One reader thread completes results;
-// callers write their own frames (one writer at a time, frames queued meanwhile are merged into
-// the next send). Design: design/daemon.md.
+// callers write their own frames through a protocol::FrameWriter (one write pass at a time,
+// frames queued meanwhile go out with its next send). Design: design/daemon.md.
 #include "outrun/client.h"
 
 #include <flatbuffers/flatbuffers.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -22,6 +23,7 @@
 #include "future_state.h"
 #include "outrun/protocol/client_messages.h"
 #include "outrun/protocol/frame.h"
+#include "outrun/protocol/frame_writer.h"
 #include "outrun/protocol/input_list.h"
 #include "outrun/thread_annotations.h"
 #include "script_record.h"
@@ -65,10 +67,9 @@ struct Client::Impl {
   std::thread reader_thread;
   std::atomic<bool> alive{true};
 
-  // Writing: one sender at a time; frames appended meanwhile go out with its next send.
-  Mutex wmu;
-  std::vector<uint8_t> wpending GUARDED_BY(wmu);
-  bool wbusy GUARDED_BY(wmu) = false;
+  // Writing: FrameWriter's passes (its sends never block: MSG_DONTWAIT). The client has no
+  // event loop, so the thread whose write found the socket full finishes the backlog itself.
+  std::optional<protocol::FrameWriter> writer;  // set once fd is connected
 
   // Completions.
   Mutex mu;
@@ -99,36 +100,34 @@ struct Client::Impl {
     }
   }
 
-  // Sends `bytes` (blocking); merges with frames other threads queued meanwhile.
-  bool send(std::span<const uint8_t> bytes) EXCLUDES(wmu) {
-    std::vector<uint8_t> mine;
-    {
-      MutexLock lock(wmu);
-      wpending.insert(wpending.end(), bytes.begin(), bytes.end());
-      if (wbusy) return true;
-      wbusy = true;
-      mine.swap(wpending);
+  // Sends `bytes`, blocking while the socket is full; frames other threads write meanwhile go
+  // out with it. False: the connection is gone (the reader fails what is pending).
+  bool send(std::span<const uint8_t> bytes) {
+    using W = protocol::FrameWriter;
+    switch (writer->write(bytes)) {
+      case W::State::kWritten:
+        return true;
+      case W::State::kClosed:
+        return false;
+      case W::State::kHandedOff:
+        break;
     }
-    bool ok = true;
+    // This thread holds the backlog now (on_blocked ran here): it plays the loop's part, waiting
+    // for room. A closed or shut-down socket polls POLLHUP/POLLERR and the flush says kClosed.
     for (;;) {
-      std::size_t off = 0;
-      while (ok && off < mine.size()) {
-        const ssize_t n = ::send(fd, mine.data() + off, mine.size() - off, MSG_NOSIGNAL);
-        if (n > 0)
-          off += static_cast<std::size_t>(n);
-        else if (n < 0 && errno == EINTR)
+      pollfd p{fd, POLLOUT, 0};
+      if (::poll(&p, 1, -1) < 0 && errno != EINTR) {
+        writer->close();
+        return false;
+      }
+      switch (writer->flush_from_loop()) {
+        case W::Flush::kDone:
+          return true;
+        case W::Flush::kClosed:
+          return false;
+        case W::Flush::kMore:
           continue;
-        else
-          ok = false;
       }
-      mine.clear();
-      MutexLock lock(wmu);
-      if (!ok) wpending.clear();
-      if (wpending.empty()) {
-        wbusy = false;
-        return ok;
-      }
-      mine.swap(wpending);
     }
   }
 
@@ -332,6 +331,7 @@ Error Client::connect(const ClientOptions& options, std::unique_ptr<Client>* out
   if (::connect(impl->fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
     return Error{ErrorCode::unavailable,
                  "cannot connect to outrund at " + path + ": " + std::strerror(errno)};
+  impl->writer.emplace(impl->fd);
   // The socket is the owner's: whoever listens there must run as our uid or as root, else it
   // may be a squatter waiting for our scripts and inputs. Checked before anything is sent.
   {

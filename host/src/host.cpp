@@ -263,18 +263,19 @@ Error Host::register_script(std::string_view key, std::string_view source, Scrip
 void Host::check_source(std::string_view key, std::string_view source,
                         std::function<void(Error)> done) {
   detail::Compiler* compiler = impl_->compiler.get();
-  if (key.empty() || key.size() > kMaxKeySize || source.size() > kMaxSourceSize || !compiler) {
-    // No check to make: a bad key or source is the registration's to refuse.
-    Error e;
-    if (!compiler && !key.empty() && key.size() <= kMaxKeySize && source.size() <= kMaxSourceSize)
-      e = Error{ErrorCode::unavailable,
-                "cannot check the source: no compile-only process "
-                "(HostOptions::bytecode_cache_bytes is 0)"};
-    post_to_loop(
-        [done = std::move(done), e = std::move(e)](uv_loop_s*) mutable { done(std::move(e)); });
+  Error e;  // ok: a bad key or source is the registration's to refuse, not the check's
+  const bool checkable =
+      !key.empty() && key.size() <= kMaxKeySize && source.size() <= kMaxSourceSize;
+  if (checkable && compiler) {
+    compiler->check(std::string(source), std::string(chunk_name_of(key)), std::move(done));
     return;
   }
-  compiler->check(std::string(source), std::string(chunk_name_of(key)), std::move(done));
+  if (checkable)
+    e = Error{ErrorCode::unavailable,
+              "cannot check the source: no compile-only process "
+              "(HostOptions::bytecode_cache_bytes is 0)"};
+  post_to_loop(
+      [done = std::move(done), e = std::move(e)](uv_loop_s*) mutable { done(std::move(e)); });
 }
 
 Error Host::register_script(std::string_view key, std::string_view source, Script* out,

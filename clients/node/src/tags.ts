@@ -5,22 +5,11 @@ import * as w from './generated/outrun_generated';
 import { CheckedByteBuffer, MalformedFrame } from './checked-buffer';
 import { DECODED_TAG_ENTRY_BYTES, MAX_DECODED_BYTES, MAX_FRAME_SIZE, MAX_SOURCE_UPDATES, MAX_TAG_ID_BYTES, MAX_VALUE_DEPTH } from './constants';
 import { statusCodeName, toStatusCode } from './opcua-status';
+import { dateToTicks, ticksToDate } from './ticks';
+import { decodeAnyValue } from './value-decoder';
 import { DecodeBudget, InputValue, InvalidInput, InvalidValue, toWire, WireBudget, WireValue } from './values';
 
-/** Ticks (100 ns since 1601-01-01 UTC) at the Unix epoch. */
-export const EPOCH_TICKS = 116444736000000000n;
-
-export function dateToTicks(d: Date): bigint {
-  const ms = d.getTime();
-  if (!Number.isFinite(ms)) throw new InvalidInput('invalid Date');
-  return BigInt(Math.round(ms)) * 10000n + EPOCH_TICKS;
-}
-/** Ticks -> Date, rounded to the nearest millisecond (a Date has no finer precision). */
-export function ticksToDate(t: bigint): Date {
-  const d = t - EPOCH_TICKS;
-  const ms = d >= 0n ? (d + 5000n) / 10000n : -((-d + 5000n) / 10000n);
-  return new Date(Number(ms));
-}
+export { EPOCH_TICKS, dateToTicks, ticksToDate } from './ticks';
 
 /** A tag value as it arrives: the JS mapping of design/protocol.md plus UInt, Float, DateTime. */
 export type TagOutputValue =
@@ -165,67 +154,8 @@ export function sourceUpdates(requestId: number, time: bigint, updates: readonly
 
 // ---- decoding ----
 
-export function decodeTagValue(v: w.Value, budget: DecodeBudget, depth = 1): TagOutputValue {
-  if (--budget.nodes < 0) throw new MalformedFrame('frame decodes to too many values');
-  if (depth > MAX_VALUE_DEPTH) throw new InvalidValue(`value nests deeper than ${MAX_VALUE_DEPTH} levels`);
-  const kind = v.kind();
-  switch (kind) {
-    case w.ValueKind.Nil:
-      return null;
-    case w.ValueKind.Boolean:
-      return v.boolValue();
-    case w.ValueKind.Int: {
-      const i = v.intValue();
-      return i >= BigInt(Number.MIN_SAFE_INTEGER) && i <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(i) : i;
-    }
-    case w.ValueKind.UInt: {
-      const u = v.uintValue();
-      return u <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(u) : u;
-    }
-    case w.ValueKind.Double:
-    case w.ValueKind.Float:
-      return v.doubleValue();
-    case w.ValueKind.DateTime:
-      return ticksToDate(v.intValue());
-    case w.ValueKind.String: {
-      const s = v.stringValue();
-      if (s === null) throw new InvalidValue('String value without a string');
-      return s;
-    }
-    case w.ValueKind.Bytes: {
-      const n = v.bytesValueLength();
-      const a = v.bytesValueArray();
-      if (n > 0 && (!a || a.length !== n)) throw new MalformedFrame('bytes vector runs past the frame');
-      if (v.bb instanceof CheckedByteBuffer) v.bb.charge(n);
-      return Buffer.from(a ? Uint8Array.from(a) : new Uint8Array(0));
-    }
-    case w.ValueKind.Array: {
-      const n = v.itemsLength();
-      const out: TagOutputValue[] = new Array(n);
-      const item = new w.Value();
-      for (let i = 0; i < n; i++) {
-        const x = v.items(i, item);
-        out[i] = x ? decodeTagValue(x, budget, depth + 1) : null;
-      }
-      return out;
-    }
-    case w.ValueKind.Map: {
-      const n = v.itemsLength();
-      if (v.keysLength() !== n) throw new InvalidValue('map keys and items differ in length');
-      const out: { [key: string]: TagOutputValue } = {};
-      const item = new w.Value();
-      for (let i = 0; i < n; i++) {
-        const key = v.keys(i);
-        if (key === null || key === undefined) throw new InvalidValue('map key missing');
-        const x = v.items(i, item);
-        const val = x ? decodeTagValue(x, budget, depth + 1) : null;
-        Object.defineProperty(out, key, { value: val, enumerable: true, writable: true, configurable: true });
-      }
-      return out;
-    }
-    default:
-      throw new InvalidValue(`unknown value kind ${kind}`);
-  }
+export function decodeTagValue(v: w.Value, budget: DecodeBudget): TagOutputValue {
+  return decodeAnyValue(v, budget, true) as TagOutputValue;
 }
 
 function decodeOne(tv: w.TagValue, budget: DecodeBudget): TagChange {

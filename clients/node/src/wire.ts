@@ -7,6 +7,7 @@ import { InputList } from './generated/outrun/wire/input-list';
 import { CheckedByteBuffer, MalformedFrame } from './checked-buffer';
 import { EVALUATE_SPLIT_BYTES, MAX_VALUE_DEPTH, PROTOCOL_VERSION } from './constants';
 import { DecodeBudget, InvalidValue, OutputValue, WireInputs, WireValue } from './values';
+import { decodeAnyValue } from './value-decoder';
 
 export { w, InputList };
 
@@ -204,64 +205,9 @@ export function bytesOf(arr: Uint8Array | null): Uint8Array | null {
 }
 
 /**
- * Decodes a result Value. Throws InvalidValue for a value that breaks the rules (unknown kind,
- * depth > 32, map keys/items mismatch or duplicate keys, missing fields); MalformedFrame (from
- * the checked buffer, or when `budget` runs out) for a frame that cannot be read.
+ * Decodes a result Value (decodeAnyValue without the tag-only kinds): InvalidValue for a value
+ * that breaks the rules, MalformedFrame for a frame that cannot be read.
  */
-export function decodeValue(v: w.Value, budget: DecodeBudget, depth = 1): OutputValue {
-  if (--budget.nodes < 0) throw new MalformedFrame('frame decodes to too many values');
-  if (depth > MAX_VALUE_DEPTH) throw new InvalidValue(`value nests deeper than ${MAX_VALUE_DEPTH} levels`);
-  const kind = v.kind();
-  switch (kind) {
-    case w.ValueKind.Nil:
-      return null;
-    case w.ValueKind.Boolean:
-      return v.boolValue();
-    case w.ValueKind.Int: {
-      const i = v.intValue();
-      return i >= BigInt(Number.MIN_SAFE_INTEGER) && i <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(i) : i;
-    }
-    case w.ValueKind.Double:
-      return v.doubleValue();
-    case w.ValueKind.String: {
-      const s = v.stringValue();
-      if (s === null) throw new InvalidValue('String value without a string');
-      return s;
-    }
-    case w.ValueKind.Bytes: {
-      const n = v.bytesValueLength();
-      const a = v.bytesValueArray();
-      if (n > 0 && (!a || a.length !== n)) throw new MalformedFrame('bytes vector runs past the frame');
-      if (v.bb instanceof CheckedByteBuffer) v.bb.charge(n);
-      return Buffer.from(a ? Uint8Array.from(a) : new Uint8Array(0));
-    }
-    case w.ValueKind.Array: {
-      const n = v.itemsLength();
-      const out: OutputValue[] = new Array(n);
-      const item = new w.Value();
-      for (let i = 0; i < n; i++) {
-        const x = v.items(i, item);
-        out[i] = x ? decodeValue(x, budget, depth + 1) : null;
-      }
-      return out;
-    }
-    case w.ValueKind.Map: {
-      const n = v.itemsLength();
-      if (v.keysLength() !== n) throw new InvalidValue('map keys and items differ in length');
-      const out: { [key: string]: OutputValue } = {};
-      const item = new w.Value();
-      for (let i = 0; i < n; i++) {
-        const key = v.keys(i);
-        if (key === null || key === undefined) throw new InvalidValue('map key missing');
-        if (Object.prototype.hasOwnProperty.call(out, key)) throw new InvalidValue(`duplicate map key '${key}'`);
-        const x = v.items(i, item);
-        const val = x ? decodeValue(x, budget, depth + 1) : null;
-        if (key === '__proto__') Object.defineProperty(out, key, { value: val, enumerable: true, writable: true, configurable: true });
-        else out[key] = val;
-      }
-      return out;
-    }
-    default:
-      throw new InvalidValue(`unknown value kind ${kind}`);
-  }
+export function decodeValue(v: w.Value, budget: DecodeBudget): OutputValue {
+  return decodeAnyValue(v, budget, false) as OutputValue;
 }
