@@ -1,0 +1,105 @@
+# The Windows cross-build (included by the top-level CMakeLists.txt when WIN32; configure with
+# -DCMAKE_TOOLCHAIN_FILE=cmake/mingw-w64.cmake, or run scripts/test-windows). It builds the
+# libraries that compile for Windows unchanged and a doctest binary of their tests, which CTest
+# runs under Wine (cmake/wine-run). design/windows.md says what is in and what is not yet.
+#
+# The dependencies come from scripts/windows-deps (OUTRUN_WIN_PREFIX): static libraries
+# cross-built from Debian's sources, and include-shared/, links to the system's header-only
+# libraries. They are given the Linux build's target names (PkgConfig::LUA, mimalloc,
+# flatbuffers::flatbuffers, ...), so that protocol/ and worker/ define their libraries here as
+# they do there.
+if(NOT EXISTS "${OUTRUN_WIN_PREFIX}/outrun-deps.stamp")
+  message(FATAL_ERROR "No Windows dependencies in ${OUTRUN_WIN_PREFIX}: run scripts/windows-deps")
+endif()
+set(_w "${OUTRUN_WIN_PREFIX}")
+
+# gmtime_r() and localtime_r() from MinGW's <time.h>.
+add_compile_definitions(_POSIX_THREAD_SAFE_FUNCTIONS)
+# Static executables: no MinGW runtime DLLs (libstdc++, winpthread) to find under Wine.
+add_link_options(-static)
+
+find_program(FLATC flatc REQUIRED)  # the build machine's
+find_package(Threads REQUIRED)
+find_package(spdlog REQUIRED)  # from the prefix, with its fmt
+
+function(_outrun_win_import name)  # name INCLUDE dir... LIBS lib...
+  cmake_parse_arguments(A "" "" "INCLUDE;LIBS" ${ARGN})
+  add_library(${name} INTERFACE IMPORTED GLOBAL)
+  set_target_properties(${name} PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${A_INCLUDE}"
+    INTERFACE_LINK_LIBRARIES "${A_LIBS}")
+endfunction()
+_outrun_win_import(PkgConfig::LUA INCLUDE ${_w}/include/lua LIBS ${_w}/lib/liblua.a)
+_outrun_win_import(PkgConfig::LIBUV INCLUDE ${_w}/include
+  LIBS ${_w}/lib/libuv.a ws2_32 iphlpapi userenv psapi user32 dbghelp ole32 shell32)
+_outrun_win_import(mimalloc INCLUDE ${_w}/include LIBS ${_w}/lib/libmimalloc-static.a advapi32 psapi bcrypt)
+# Header-only: the system's trees, through links that expose nothing else of /usr/include.
+foreach(t flatbuffers::flatbuffers Boost::headers nlohmann_json::nlohmann_json CLI11::CLI11
+    tomlplusplus::tomlplusplus)
+  _outrun_win_import(${t} INCLUDE ${_w}/include-shared)
+endforeach()
+_outrun_win_import(doctest::doctest INCLUDE ${_w}/include-shared)
+
+# --- the libraries -------------------------------------------------------------------------------
+# protocol/ (all of it), worker/'s outrun_sandbox, host/'s outrun_codec and outrun_log_ring: their
+# own CMakeLists.txt, which stop there under WIN32.
+add_subdirectory(protocol)
+# But for the POSIX transport: FrameWriter sends on a socket (send(), MSG_NOSIGNAL), which the
+# named-pipe transport will replace; FrameReader::read_from() read()s an fd, through MinGW's
+# read() whose length is an unsigned int (its parsing is what the tests use).
+set_source_files_properties(${CMAKE_SOURCE_DIR}/protocol/frame_writer.cpp DIRECTORY protocol
+  PROPERTIES HEADER_FILE_ONLY ON)
+set_source_files_properties(${CMAKE_SOURCE_DIR}/protocol/frame_reader.cpp DIRECTORY protocol
+  PROPERTIES COMPILE_OPTIONS -Wno-conversion)
+add_subdirectory(worker)
+add_subdirectory(host)
+
+# SHA-256 (the script registry's source digests): Windows' BCrypt behind OpenSSL's one-shot
+# SHA256(), the only OpenSSL call outrun makes; platform/win/include/openssl/sha.h declares it.
+add_library(outrun_win_sha256 STATIC platform/win/sha256_bcrypt.cpp)
+target_include_directories(outrun_win_sha256 PUBLIC ${CMAKE_SOURCE_DIR}/platform/win/include)
+target_link_libraries(outrun_win_sha256 PUBLIC bcrypt)
+
+# The host's sources that compile for Windows unchanged: the in-process runner (outrun::InProcess),
+# the script registry, the slot table, the restart policy, the tags engine. Not linked into any
+# program yet: the tests take from it what they use. The others (the Host's worker processes,
+# supervision, the client, the daemon) wait for the platform seam (design/windows.md);
+# host_absent.cpp stands in for the Host's futures, which completion.cpp names.
+add_library(outrun_win_host STATIC
+  host/src/common.cpp host/src/compiler.cpp host/src/completion.cpp host/src/in_process.cpp host/src/log.cpp
+  host/src/restart_policy.cpp host/src/script_registry.cpp host/src/slot_table.cpp
+  host/src/slow_lane.cpp host/src/submit.cpp host/src/supervise.cpp
+  host/tags/codes.cpp host/tags/engine.cpp
+  host/cli/json_values.cpp
+  platform/win/host_absent.cpp)
+target_include_directories(outrun_win_host PUBLIC ${CMAKE_SOURCE_DIR}/host/include
+  ${CMAKE_SOURCE_DIR}/host/src ${CMAKE_SOURCE_DIR}/host/cli)
+target_link_libraries(outrun_win_host PUBLIC outrun_sandbox outrun_codec outrun_protocol outrun_log_ring
+  outrun_win_sha256 PkgConfig::LIBUV spdlog::spdlog nlohmann_json::nlohmann_json Boost::headers
+  Threads::Threads)
+
+# --- the tests, under Wine -----------------------------------------------------------------------
+set(OUTRUN_WIN_TESTS
+  protocol/messages_test.cpp
+  worker/sandbox_test.cpp
+  host/values_test.cpp
+  host/latency_histogram_test.cpp
+  host/restart_policy_test.cpp
+  host/slot_table_test.cpp
+  host/status_codes_test.cpp)
+set(_t ${CMAKE_SOURCE_DIR}/tests)
+list(TRANSFORM OUTRUN_WIN_TESTS PREPEND ${_t}/ OUTPUT_VARIABLE _win_test_src)
+add_executable(outrun_win_tests ${_t}/main.cpp ${_win_test_src}
+  ${CMAKE_SOURCE_DIR}/platform/win/sha256_test.cpp)
+target_include_directories(outrun_win_tests PRIVATE ${_t} ${CMAKE_SOURCE_DIR}/host/metrics)
+target_link_libraries(outrun_win_tests PRIVATE outrun_win_host doctest::doctest)
+target_compile_definitions(outrun_win_tests PRIVATE OUTRUN_TEST_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+# One CTest test per test file (doctest's --source-file filter): a Wine start costs ~1 s, so not
+# one per test case as the Linux build registers them.
+enable_testing()
+foreach(f ${OUTRUN_WIN_TESTS} ../platform/win/sha256_test.cpp)
+  get_filename_component(_name ${f} NAME_WE)
+  # --test-case=*: tests/main.cpp then fails a file that ran no test case.
+  add_test(NAME win.${_name} COMMAND outrun_win_tests --source-file=*${_name}.cpp --test-case=*)
+  set_tests_properties(win.${_name} PROPERTIES TIMEOUT 300 LABELS windows
+    ENVIRONMENT OUTRUN_WINEPREFIX=${CMAKE_BINARY_DIR}/wine)
+endforeach()
