@@ -1,7 +1,7 @@
 # The Windows cross-build (included by the top-level CMakeLists.txt when WIN32; configure with
-# -DCMAKE_TOOLCHAIN_FILE=cmake/mingw-w64.cmake, or run scripts/test-windows). It builds the
+# -DCMAKE_TOOLCHAIN_FILE=scripts/cmake/mingw-w64.cmake, or run scripts/test-windows). It builds the
 # libraries that compile for Windows unchanged and a doctest binary of their tests, which CTest
-# runs under Wine (cmake/wine-run). design/windows.md says what is in and what is not yet.
+# runs under Wine (scripts/cmake/wine-run). design/windows.md says what is in and what is not yet.
 #
 # The dependencies come from scripts/windows-deps (OUTRUN_WIN_PREFIX): static libraries
 # cross-built from Debian's sources, and include-shared/, links to the system's header-only
@@ -54,9 +54,9 @@ add_subdirectory(worker)
 add_subdirectory(host)
 
 # SHA-256 (the script registry's source digests): Windows' BCrypt behind OpenSSL's one-shot
-# SHA256(), the only OpenSSL call outrun makes; platform/win/include/openssl/sha.h declares it.
-add_library(outrun_win_sha256 STATIC platform/win/sha256_bcrypt.cpp)
-target_include_directories(outrun_win_sha256 PUBLIC ${CMAKE_SOURCE_DIR}/platform/win/include)
+# SHA256(), the only OpenSSL call outrun makes; host/platform/win/include/openssl/sha.h declares it.
+add_library(outrun_win_sha256 STATIC host/platform/win/sha256_bcrypt.cpp)
+target_include_directories(outrun_win_sha256 PUBLIC ${CMAKE_SOURCE_DIR}/host/platform/win/include)
 target_link_libraries(outrun_win_sha256 PUBLIC bcrypt)
 
 # The host's sources that compile for Windows unchanged: the in-process runner (outrun::InProcess),
@@ -69,10 +69,10 @@ add_library(outrun_win_host STATIC
   host/src/restart_policy.cpp host/src/script_registry.cpp host/src/slot_table.cpp
   host/src/slow_lane.cpp host/src/submit.cpp host/src/supervise.cpp
   host/tags/codes.cpp host/tags/engine.cpp
-  host/cli/json_values.cpp
-  platform/win/host_absent.cpp)
+  host/codec/json_values.cpp
+  host/platform/win/host_absent.cpp)
 target_include_directories(outrun_win_host PUBLIC ${CMAKE_SOURCE_DIR}/host/include
-  ${CMAKE_SOURCE_DIR}/host/src ${CMAKE_SOURCE_DIR}/host/cli)
+  ${CMAKE_SOURCE_DIR}/host/src ${CMAKE_SOURCE_DIR}/host/codec)
 target_link_libraries(outrun_win_host PUBLIC outrun_sandbox outrun_codec outrun_protocol outrun_log_ring
   outrun_win_sha256 PkgConfig::LIBUV spdlog::spdlog nlohmann_json::nlohmann_json Boost::headers
   Threads::Threads)
@@ -89,14 +89,14 @@ set(OUTRUN_WIN_TESTS
 set(_t ${CMAKE_SOURCE_DIR}/tests)
 list(TRANSFORM OUTRUN_WIN_TESTS PREPEND ${_t}/ OUTPUT_VARIABLE _win_test_src)
 add_executable(outrun_win_tests ${_t}/main.cpp ${_win_test_src}
-  ${CMAKE_SOURCE_DIR}/platform/win/sha256_test.cpp)
+  ${CMAKE_SOURCE_DIR}/tests/windows/sha256_test.cpp)
 target_include_directories(outrun_win_tests PRIVATE ${_t} ${CMAKE_SOURCE_DIR}/host/metrics)
 target_link_libraries(outrun_win_tests PRIVATE outrun_win_host doctest::doctest)
 target_compile_definitions(outrun_win_tests PRIVATE OUTRUN_TEST_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 # One CTest test per test file (doctest's --source-file filter): a Wine start costs ~1 s, so not
 # one per test case as the Linux build registers them.
 enable_testing()
-foreach(f ${OUTRUN_WIN_TESTS} ../platform/win/sha256_test.cpp)
+foreach(f ${OUTRUN_WIN_TESTS} windows/sha256_test.cpp)
   get_filename_component(_name ${f} NAME_WE)
   # --test-case=*: tests/main.cpp then fails a file that ran no test case.
   add_test(NAME win.${_name} COMMAND outrun_win_tests --source-file=*${_name}.cpp --test-case=*)

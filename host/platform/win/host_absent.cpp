@@ -1,5 +1,5 @@
 // The Windows build has outrun::InProcess but not yet outrun::Host (design/windows.md). The
-// Host's futures are fulfilled in host/src/follower.cpp, whose leader/follower read token waits
+// Host's futures are fulfilled in host/src/leader.cpp, whose read token (read_token.h) waits
 // on an eventfd and poll(): its Windows form (an Event, WaitForMultipleObjects on the named
 // pipe) comes with the platform seam. completion.cpp, which InProcess uses, also names the
 // Host's two waiters; these stand-ins satisfy the linker and are never reached, since only a
