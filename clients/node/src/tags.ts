@@ -6,22 +6,13 @@ import { CheckedByteBuffer, MalformedFrame } from './checked-buffer';
 import { DECODED_TAG_ENTRY_BYTES, MAX_DECODED_BYTES, MAX_FRAME_SIZE, MAX_SOURCE_UPDATES, MAX_TAG_ID_BYTES, MAX_VALUE_DEPTH } from './constants';
 import { statusCodeName, toStatusCode } from './opcua-status';
 import { dateToTicks, ticksToDate } from './ticks';
-import { decodeAnyValue } from './value-decoder';
+import { AnyOutputValue, decodeAnyValue } from './value-decoder';
 import { DecodeBudget, InputValue, InvalidInput, InvalidValue, toWire, WireBudget, WireValue } from './values';
 
 export { EPOCH_TICKS, dateToTicks, ticksToDate } from './ticks';
 
 /** A tag value as it arrives: the JS mapping of design/protocol.md plus UInt, Float, DateTime. */
-export type TagOutputValue =
-  | null
-  | boolean
-  | number
-  | bigint
-  | string
-  | Buffer
-  | Date
-  | TagOutputValue[]
-  | { [key: string]: TagOutputValue };
+export type TagOutputValue = AnyOutputValue;
 
 /** A value a source update may carry: the input values of evaluate(), plus Date (DateTime). */
 export type TagInputValue = InputValue | Date | readonly TagInputValue[];
@@ -155,7 +146,7 @@ export function sourceUpdates(requestId: number, time: bigint, updates: readonly
 // ---- decoding ----
 
 export function decodeTagValue(v: w.Value, budget: DecodeBudget): TagOutputValue {
-  return decodeAnyValue(v, budget, true) as TagOutputValue;
+  return decodeAnyValue(v, budget, true);
 }
 
 function decodeOne(tv: w.TagValue, budget: DecodeBudget): TagChange {
