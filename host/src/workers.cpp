@@ -438,12 +438,15 @@ void Host::Impl::settle_death(Shard& sh, const WorkerProcess& w, detail::Death* 
                           : death->cause == DeathCause::kOverrun ? death->overrun_id
                                                                  : 0;
   const detail::Death& d = *death;
-  const detail::RestartPolicy& policy = sh.policy;
+  on_loop(sh);
+  // The lambda runs here, on the loop thread, under sh.mu (the analysis does not carry the
+  // loop's role into a lambda: it gets the policy's address, taken where the role is held).
+  const detail::RestartPolicy* policy = &sh.policy;
   const int shard = sh.index;
   std::vector<uint32_t> retry = sh.table.settle(
       [&](uint64_t id, const Slot& slot) -> std::optional<Result> {
         detail::EvaluationFate fate =
-            policy.fate(d, stop, id, d.running, d.overrun_id, slot.retries);
+            policy->fate(d, stop, id, d.running, d.overrun_id, slot.retries);
         if (fate.retry) return std::nullopt;
         if (fate.status == Status::killed)
           misbehaved(*detail::record_of(slot.script));  // overran T+G
