@@ -6,8 +6,11 @@
 
 #include <atomic>
 #include <cmath>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
+#include <sstream>
 #include <thread>
 
 #include "host/host_support.h"
@@ -700,13 +703,27 @@ TEST_CASE("tags: a worker down past last_usable shows BadResourceUnavailable") {
   ho.timeout = 5000ms;
   Rig rig(Kind::host, ho);
   auto d =
-      tag("Slow", "local t = os.clock() while os.clock() - t < 0.05 do end return inputs.X", {"X"});
+      tag("Slow", "local t = os.clock() while os.clock() - t < 0.3 do end return inputs.X", {"X"});
   d.last_usable = 0ms;
   rig.define(d);
   rig.update({src("X", Value(1))}, at(1));
   rig.changes.clear();
+  // The kill must find the evaluation running, not still on its way (a loaded machine): the
+  // worker, idle until then, has spent CPU on it.
+  const int pid = rig.host->worker_pids()[0];
+  const auto cpu = [pid] {
+    std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+    std::string field;
+    long ticks = 0;
+    for (int i = 3; i <= 15 && rest >> field; ++i)
+      if (i == 14 || i == 15) ticks += std::stol(field);  // utime, stime
+    return ticks;
+  };
+  const long before = cpu();
   REQUIRE(!rig.engine->update({src("X", Value(2))}, at(2)));
-  std::this_thread::sleep_for(15ms);
+  for (int i = 0; i < 1000 && cpu() - before < 3; ++i) std::this_thread::sleep_for(2ms);
   REQUIRE(!rig.host->kill_shard(0));
   REQUIRE(rig.changes.wait_for([&] { return rig.changes.count("Slow") >= 2; }));
   CHECK(rig.changes.of("Slow")[0].value.status == tags::codes::BadResourceUnavailable);
