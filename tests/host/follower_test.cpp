@@ -293,6 +293,10 @@ TEST_CASE("Follower: garbage read by a follower is a protocol violation, the oth
   FaultEnv fault("garbage");
   auto o = test::with_test_faults(base_options());
   o.crash_loop_limit = 1000;
+  // Each case ends by the violation, never by the deadline: under TSan on a loaded machine the
+  // read of a shared-string frame took 13 s once (the decode copies 64 MiB before the budget
+  // refuses it), and a kill at T+G would move `bad` to the slow lane.
+  o.grace = 60000ms;
   auto host = test::start_host(o);
   Script s = reg(*host, "double", "return inputs.x * 2");
   Script bad = reg(*host, "bad", "return 1");
