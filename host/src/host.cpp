@@ -67,8 +67,6 @@ Error Host::Impl::start() {
   }
   timeout_us = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(opts.timeout).count());
-  hard_deadline_ns =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(opts.timeout + opts.grace).count();
   uv_loop_init(&loop);
   loop.data = this;
   uv_async_init(&loop, &wakeup, &Impl::on_wakeup);
@@ -89,14 +87,16 @@ Error Host::Impl::start() {
   restart.retries = opts.retries;
   restart.timeout = opts.timeout;
   restart.grace = opts.grace;
-  if (opts.slow_lane) lane = opts.shards;  // one more shard, the last (D-slow-lane)
-  for (int i = 0; i < opts.shards + (opts.slow_lane ? 1 : 0); ++i) {
-    auto sh = std::make_unique<Shard>(i, restart, loop_role);
+  for (int i = 0; i < opts.shards + (lane >= 0 ? 1 : 0); ++i) {
+    auto sh = std::make_unique<Shard>(i, loop_role);
     sh->dispatcher = std::make_unique<detail::Dispatcher>(log);
-    uv_timer_init(&loop, &sh->restart_timer);
-    uv_timer_init(&loop, &sh->watchdog);
     shards.push_back(std::move(sh));
   }
+  // Its timers are initialised here, before the loop thread runs, and closed by it at the end.
+  supervisor = std::make_unique<detail::Supervisor>(
+      &loop, loop_role, log,
+      detail::Supervisor::Config{opts.timeout, opts.grace, opts.silence_limit, restart}, shards,
+      stopping, reader, quarantine, slow, started, *this);
   if (opts.bytecode_cache_bytes > 0) {
     detail::CompilerOptions co;
     co.spawn = worker_spec(-1);
@@ -117,9 +117,9 @@ Error Host::Impl::start() {
     loop_role.assert_here();
     for (auto& sh : shards) {
       if (Error e = spawn(*sh)) {
-        MutexLock lock(start_mu);
-        start_error = e.message;
-        start_cv.notify_all();
+        MutexLock lock(started.mu);
+        started.error = e.message;
+        started.cv.notify_all();
         break;
       }
     }
@@ -127,12 +127,13 @@ Error Host::Impl::start() {
     if (compiler) compiler->start_first();
     run_loop();
   });
-  MutexLock lock(start_mu);
-  const bool ready = start_cv.wait_until(
-      start_mu, std::chrono::steady_clock::now() + opts.start_timeout, [&]() REQUIRES(start_mu) {
-        return hellos >= static_cast<int>(shards.size()) || !start_error.empty();
+  MutexLock lock(started.mu);
+  const bool ready = started.cv.wait_until(
+      started.mu, std::chrono::steady_clock::now() + opts.start_timeout,
+      [&]() REQUIRES(started.mu) {
+        return started.hellos >= static_cast<int>(shards.size()) || !started.error.empty();
       });
-  if (!start_error.empty()) return {ErrorCode::unavailable, start_error};
+  if (!started.error.empty()) return {ErrorCode::unavailable, started.error};
   if (!ready) return {ErrorCode::unavailable, "workers did not say hello within the start timeout"};
   return {};
 }
@@ -159,6 +160,7 @@ void Host::Impl::shutdown() {
   for (auto& sh : shards) sh->dispatcher->stop_and_join();
   // Every evaluation has ended: wait for the threads still inside a future's wait to leave.
   future_gate->close();
+  supervisor.reset();  // its per-shard state names the shards
   shards.clear();
   compiler.reset();
 }
@@ -363,14 +365,14 @@ SlowLaneStats Host::slow_lane_stats() const {
   const Impl& h = *impl_;
   if (h.lane < 0) return s;
   s.shard = h.lane;
-  s.moves_in = h.lane_moves_in.load(std::memory_order_relaxed);
-  s.moves_out = h.lane_moves_out.load(std::memory_order_relaxed);
+  s.moves_in = h.slow.moves_in();
+  s.moves_out = h.slow.moves_out();
   // Each move is counted once, by the exchange that made it; read apart, they may cross.
   const uint64_t left = s.moves_out + h.registry.freed_slow();  // moved out, or freed there
   s.scripts = s.moves_in > left ? s.moves_in - left : 0;
   s.evaluations =
       h.shards[static_cast<std::size_t>(h.lane)]->evaluations.load(std::memory_order_relaxed);
-  s.refused_full = h.lane_refused.load(std::memory_order_relaxed);
+  s.refused_full = h.slow.refused();
   return s;
 }
 

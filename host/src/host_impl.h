@@ -1,12 +1,18 @@
-// outrun::Host::Impl. Threads and what they own (design/threading.md):
+// outrun::Host::Impl: the loop, the registry, the compiler, start and shutdown, and routing and
+// admission; the rest is its owners' (design/architecture.md "The pieces"): reading a shard's
+// results (detail::ShardReader, shard_reader.h), deaths and restarts (detail::Supervisor,
+// supervisor.h), crash attribution (detail::Quarantine, quarantine.h), the slow lane
+// (detail::SlowLane, slow_lane.h). Threads and what they own (design/threading.md):
 //  - caller threads (submit.cpp): encode under the shard's mutex; write frames themselves
 //    (FrameWriter), never block on a full socket.
-//  - the loop thread (libuv; workers.cpp, supervise.cpp): worker processes, their sockets (reads,
-//    writes handed off), status pages, timers, child exits. Completes evaluations: releases the
-//    slot, then fulfils futures or hands callbacks to the shard's dispatcher.
+//  - the loop thread (libuv; workers.cpp, supervise.cpp, the reader, the supervisor): worker
+//    processes, their sockets (reads, writes handed off), status pages, timers, child exits.
+//    Completes evaluations: releases the slot, then fulfils futures or hands callbacks to the
+//    shard's dispatcher.
 //  - one dispatcher thread per shard: runs callbacks.
-//  - a caller in evaluate_sync (leader.cpp) may read its shard's results itself while it holds
-//    the shard's read token (leader/follower); it runs no callback and owns no handle.
+//  - a caller in evaluate_sync (leader.cpp) may read its shard's results itself (the reader's
+//    lead) while it holds the shard's read token (leader/follower); it runs no callback and owns
+//    no handle.
 #pragma once
 
 #include <flatbuffers/flatbuffers.h>
@@ -28,8 +34,12 @@
 #include "log.h"
 #include "outrun/host.h"
 #include "outrun/protocol/messages.h"
+#include "quarantine.h"
 #include "script_registry.h"
 #include "shard.h"
+#include "shard_reader.h"
+#include "slow_lane.h"
+#include "supervisor.h"
 #include "wire_codec.h"
 
 namespace outrun {
@@ -38,8 +48,13 @@ struct Host::Impl final : detail::WorkerEvents {
   explicit Impl(const HostOptions& o)
       : opts(o),
         log(o.log),
-        registry(this, static_cast<uint32_t>(o.shards), o.max_script_bytes, /*deferred_ids=*/true) {
-  }
+        registry(this, static_cast<uint32_t>(o.shards), o.max_script_bytes, /*deferred_ids=*/true),
+        lane(o.slow_lane ? o.shards : -1),  // one more shard, the last (D-slow-lane)
+        slow(lane, o.slow_lane_release_after, o.slow_lane_max_in_flight),
+        quarantine({o.crash_loop_window, o.quarantine_after, o.quarantine_cooldown}, log),
+        reader(loop_role, log,
+               {o.callbacks_on_loop, o.fulfill_futures_on_loop, o.after_loop_callbacks}, slow,
+               started, *this) {}
 
   using Ended = detail::Ended;
 
@@ -52,7 +67,6 @@ struct Host::Impl final : detail::WorkerEvents {
   std::vector<std::string> worker_env_strings;
   std::vector<char*> worker_env;
   uint64_t timeout_us = 0;
-  int64_t hard_deadline_ns = 0;  // T + G
 
   uv_loop_t loop{};
   uv_async_t wakeup{};
@@ -61,25 +75,20 @@ struct Host::Impl final : detail::WorkerEvents {
   ThreadRole loop_role;                                // the loop thread: bound when it starts
   std::vector<std::unique_ptr<detail::Shard>> shards;  // the home shards, then the slow lane
   // The slow lane (design/decisions.md D-slow-lane): its index in `shards` (opts.shards), or -1.
-  int lane = -1;
-  std::atomic<uint64_t> lane_moves_in{0}, lane_moves_out{0}, lane_refused{0};
+  const int lane;
+  detail::SlowLane slow;  // who is in it, the moves
   // Where an evaluation of `r` goes now: one relaxed load of a flag the record already shares a
   // cache line with (unregistered, quarantine), no hashing, no lookup.
   detail::Shard& route(const detail::ScriptRecord& r) const {
     return *shards[r.slow.load(std::memory_order_relaxed) ? static_cast<uint32_t>(lane) : r.shard];
   }
-  // What a result of `r` says about it (slow_lane.cpp): it timed out, was killed at T+G or was
-  // charged with a crash (into the lane), or it behaved in the lane (out after
-  // slow_lane_release_after in a row). Atomics on the record only: any reader of results.
-  void misbehaved(const detail::ScriptRecord& r);
-  void behaved_in_lane(const detail::ScriptRecord& r);
-  std::string lane_full_message() const;
+  detail::Quarantine quarantine;  // crash attribution: charged by the supervisor, read by all
   // Threads waiting on this host's futures (shutdown closes it before the shards go).
   std::shared_ptr<detail::WaitGate> future_gate = std::make_shared<detail::WaitGate>();
   // The compile-only process (null: bytecode_cache_bytes 0). Created before the loop thread
   // starts; its loop-side members are the loop thread's.
   std::unique_ptr<detail::Compiler> compiler;
-  flatbuffers::FlatBufferBuilder loop_fbb{4096};  // loop thread only (Forget frames)
+  flatbuffers::FlatBufferBuilder loop_fbb GUARDED_BY(loop_role){4096};  // Forget frames
 
   std::atomic<bool> stopping{false};
   Mutex wakeup_mu;  // uv_async_send on a closed handle aborts
@@ -101,10 +110,11 @@ struct Host::Impl final : detail::WorkerEvents {
   bool any_in_flight();
 
   // Start-up: the loop thread reports hellos and early failures here.
-  Mutex start_mu;
-  CondVar start_cv;
-  int hellos GUARDED_BY(start_mu) = 0;
-  std::string start_error GUARDED_BY(start_mu);
+  detail::StartReport started;
+  // Reads each shard's results, on the loop or by a leader.
+  detail::ShardReader reader;
+  // Deaths and restarts; made by start() once the shards are (their timers).
+  std::unique_ptr<detail::Supervisor> supervisor;
 
   bool on_loop_thread() const { return loop_role.here(); }
   // `sh`'s loop-only members are this loop thread's: its role is this host's (checked in debug
@@ -112,14 +122,6 @@ struct Host::Impl final : detail::WorkerEvents {
   void on_loop([[maybe_unused]] const detail::Shard& sh) const REQUIRES(loop_role)
       ASSERT_CAPABILITY(sh.loop_role) {
     assert(&sh.loop_role == &loop_role);
-  }
-  // Loop thread: a callback ran there since the last end_loop_callbacks(), which then runs
-  // opts.after_loop_callbacks (once per run of callbacks).
-  bool loop_callbacks_ran = false;
-  void end_loop_callbacks() {
-    if (!loop_callbacks_ran) return;
-    loop_callbacks_ran = false;
-    if (opts.after_loop_callbacks) opts.after_loop_callbacks();
   }
 
   // submit.cpp (any thread)
@@ -150,28 +152,16 @@ struct Host::Impl final : detail::WorkerEvents {
       std::size_t n);
 
   // Sends or parks evaluations that just took their key's flight (or were re-sent), ending the
-  // quarantined ones. The loop thread or a leader (the thread's own builder).
+  // quarantined ones. The loop thread or a leader (the thread's own builder): the reader and the
+  // supervisor place what they promote here.
   void place_promoted(detail::Shard& sh, std::vector<uint32_t>& promoted, Ended* out)
       REQUIRES(sh.mu);
   void send_slots(detail::Shard& sh, const std::vector<uint32_t>& idxs) REQUIRES(sh.mu);
-  // Where a reader (the loop, or a leader) delivers what it read: futures and waiters now,
-  // callbacks into `to_dispatch` (posted to the shard's dispatcher by the reader).
-  void deliver_read(detail::Completion&& done, Result&& r,
-                    std::vector<detail::Delivery>* to_dispatch);
-  void deliver_all(detail::Shard& sh, Ended& ended) REQUIRES(loop_role);
 
-  // leader.cpp (caller threads): evaluate_sync, leader/follower (design/threading.md).
+  // leader.cpp (caller threads): evaluate_sync, leader/follower (design/threading.md): a waiting
+  // caller leads (the reader's lead) whenever the token is handed to it.
   Result evaluate_sync(const Script& script, Inputs&& inputs);
-  using Handoff = detail::Handoff;
   void wait_for_result(detail::Shard& sh, detail::SyncWaiter& me);
-  Handoff lead(detail::Shard& sh, detail::WorkerProcess* w, detail::SyncWaiter& me)
-      REQUIRES(sh.reading.token);
-  void lead_frames(detail::Shard& sh, detail::WorkerProcess* w, Handoff* h,
-                   std::vector<detail::Delivery>* to_dispatch) REQUIRES(sh.reading.token);
-  // Gives the token up (ReadToken::leader_release, under Shard::mu); true when the loop must be
-  // woken (a hand-off, or it must poll again).
-  bool leader_release(detail::Shard& sh, detail::SyncWaiter& me, Handoff&& h)
-      RELEASE(sh.reading.token);
 
   // workers.cpp (loop thread): the worker's events, and what the host does with them.
   Error spawn(detail::Shard& sh) REQUIRES(loop_role);
@@ -183,63 +173,14 @@ struct Host::Impl final : detail::WorkerEvents {
   void on_worker_stream_error(detail::WorkerProcess* w) override;
   void on_worker_linger_expired(detail::WorkerProcess* w) override;
   void on_worker_freed(detail::WorkerProcess* w) override;
-  // The loop's read of `w`'s result socket when it is readable or a leader handed it over:
-  // takes the read token, or stops polling while a leader holds it.
-  void loop_read(detail::Shard& sh, detail::WorkerProcess* w) REQUIRES(loop_role);
-  // The loop gives the token up (to a waiting caller, else to nobody; polls again when it had
-  // stopped and evaluations are in flight). `poison`: nobody reads `w` again.
-  void loop_release(detail::Shard& sh, detail::WorkerProcess* w, bool poison) REQUIRES(loop_role)
-      RELEASE(sh.reading.token);
-  // Hand-offs and resume requests of leaders (on_wakeup).
-  void attend_reading(detail::Shard& sh) REQUIRES(loop_role);
-  void process_frames(detail::Shard& sh, detail::WorkerProcess* w, std::string* violation)
-      REQUIRES(loop_role, sh.reading.token);
-  // The items of a Results frame (null: none). The loop or a leader.
-  void handle_results(detail::Shard& sh, detail::WorkerProcess* w,
-                      const flatbuffers::Vector<flatbuffers::Offset<wire::Result>>* items,
-                      std::string* violation, std::vector<detail::Delivery>* to_dispatch)
-      REQUIRES(sh.reading.token);
-  void drain(detail::Shard& sh, detail::WorkerProcess* w) REQUIRES(loop_role, sh.reading.token);
+  // What the loop does about a read: the stream ended (stream_ended), or a violation (the
+  // worker is killed for it).
+  void act_on(detail::Shard& sh, detail::WorkerProcess* w, detail::ShardReader::LoopRead&& r)
+      REQUIRES(loop_role);
   void stream_ended(detail::WorkerProcess* w) REQUIRES(loop_role);
   void flush_writer(detail::WorkerProcess* w) REQUIRES(loop_role);
-  void kill_worker(detail::WorkerProcess* w, detail::DeathCause cause, const std::string& why,
-                   uint64_t overrun_id = 0) REQUIRES(loop_role);
-  void worker_died(detail::WorkerProcess* w, detail::DeathCause cause, const std::string& why)
-      REQUIRES(loop_role);
-  void record_death(detail::Shard& sh, const detail::WorkerProcess& w, const detail::Death& death,
-                    bool stop) REQUIRES(loop_role);
-  void settle_death(detail::Shard& sh, const detail::WorkerProcess& w, detail::Death* death,
-                    bool stop, Ended* ended) REQUIRES(sh.mu, loop_role);
-
-  // quarantine.cpp: crash attribution (design/supervision.md "Crash attribution").
-  // The script a death is charged to: the one `w` was running when it died of a fault signal or
-  // exited with an error code; null for a death nothing explains. Loop thread, sh.mu held.
-  const detail::ScriptRecord* crash_suspect(detail::Shard& sh, const detail::WorkerProcess& w,
-                                            detail::DeathCause cause, uint64_t running)
-      REQUIRES(sh.mu, loop_role);
-  // Charges one crash to `r`; true when that quarantines it. Loop thread.
-  bool charge_crash(detail::Shard& sh, const detail::ScriptRecord& r,
-                    const detail::WorkerProcess& w) REQUIRES(loop_role);
-  // Ends (`runtime_error`) the evaluations of `idxs` whose script is quarantined, keeping the
-  // others in order. sh.mu held.
-  void end_quarantined(detail::Shard& sh, std::vector<uint32_t>* idxs, Ended* out,
-                       std::vector<uint32_t>* promoted) REQUIRES(sh.mu);
-  // The same for the shard's waiting queue.
-  void end_quarantined_waiting(detail::Shard& sh, Ended* out, std::vector<uint32_t>* promoted)
-      REQUIRES(sh.mu);
-  std::string quarantine_message(const detail::ScriptRecord& r) const;
 
   // supervise.cpp (loop thread)
-  void arm_watchdog(detail::Shard& sh, int64_t now_ns) REQUIRES(loop_role);
-  static void on_watchdog(uv_timer_t* t);
-  // Asks the shard's restart policy what follows the death `d`, and does it: arms the restart
-  // timer, or enters the crash loop.
-  void after_death(detail::Shard& sh, const detail::Death& d) REQUIRES(loop_role);
-  // Applies a decision (detail::apply_restart): the crash loop, then the restart timer, once.
-  void apply(detail::Shard& sh, const detail::RestartDecision& decision) REQUIRES(loop_role);
-  static void on_restart(uv_timer_t* t);
-  // The shard's crash loop begins: `unavailable` (with `why`) for what waits and what comes.
-  void enter_crash_loop(detail::Shard& sh, const std::string& why) REQUIRES(loop_role);
   static void on_wakeup(uv_async_t* a);
   void run_commands() REQUIRES(loop_role);
   // Freed records: Forget frames to their shards' workers, then their ids may be reused.
@@ -247,7 +188,6 @@ struct Host::Impl final : detail::WorkerEvents {
   void begin_shutdown() REQUIRES(loop_role);
   static void on_shutdown_timeout(uv_timer_t* t);
   void maybe_finish_shutdown() REQUIRES(loop_role);
-  void set_state(detail::Shard& sh, detail::ShardState s) REQUIRES(sh.mu);
 
   // host.cpp
   Error start();
@@ -298,24 +238,6 @@ inline flatbuffers::FlatBufferBuilder& thread_builder() {
   thread_local protocol::HotBuilder fbb(4096);
   return fbb;
 }
-
-// Whether `r` is quarantined now. The common answer costs one relaxed load (hot path: every
-// evaluation); only a record that was quarantined reads the clock, and the first call after the
-// quarantine passed clears it.
-inline bool in_quarantine(const detail::ScriptRecord& r) {
-  int64_t until = r.quarantined_until_ns.load(std::memory_order_relaxed);
-  if (until == 0) [[likely]]
-    return false;
-  if (monotonic_ns() < until) return true;
-  // Over. The exchange fails when another caller cleared it (until is then 0) or the loop thread
-  // quarantined it again meanwhile (until is then the new end).
-  if (r.quarantined_until_ns.compare_exchange_strong(until, 0, std::memory_order_relaxed))
-    return false;
-  return until != 0;
-}
-
-// How a worker's exit reads in messages: "was killed by signal 11 (Segmentation fault)".
-std::string describe_exit(int64_t status, int signal);
 
 // Resident set of a process from /proc/PID/statm, in bytes; 0 if it cannot be read. Statistics
 // only (shard_stats), never on a hot path.

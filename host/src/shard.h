@@ -1,5 +1,5 @@
-// One shard: the slot table of its evaluations, its current worker process, its restart policy,
-// its dispatcher.
+// One shard: the slot table of its evaluations, its current worker process, its read token, its
+// dispatcher. (Its restart policy and timers are the supervisor's: supervisor.h.)
 #pragma once
 
 #include <uv.h>
@@ -62,8 +62,7 @@ struct WaitGate {
 };
 
 struct Shard {
-  Shard(int i, const RestartConfig& restart, const ThreadRole& loop)
-      : index(i), loop_role(loop), policy(i, restart) {}
+  Shard(int i, const ThreadRole& loop) : index(i), loop_role(loop) {}
 
   const int index;
   // The host's loop thread (Host::Impl::loop_role, the same object): it alone touches the members
@@ -77,16 +76,14 @@ struct Shard {
   // The current worker's writer; null while down. Producers copy it under mu and write after.
   std::shared_ptr<protocol::FrameWriter> writer GUARDED_BY(mu);
   std::string unavailable_reason GUARDED_BY(mu);  // kCrashLoop: the `unavailable` message
+  // `state`, and the copy stats read without the mutex.
+  void set_state(ShardState s) REQUIRES(mu) {
+    state = s;
+    public_state.store(static_cast<int>(s), std::memory_order_relaxed);
+  }
 
-  // Loop thread only. (The timers are initialised by Host::Impl::start before the loop thread
-  // runs, and closed by it at the end: the analysis does not follow a member's address.)
+  // Loop thread only.
   WorkerProcess* worker GUARDED_BY(loop_role) = nullptr;
-  uv_timer_t restart_timer GUARDED_BY(loop_role){};
-  // Heartbeat age and the running evaluation's T+G deadline.
-  uv_timer_t watchdog GUARDED_BY(loop_role){};
-  RestartPolicy policy GUARDED_BY(loop_role);
-  // Scratch: the results of one read by the loop (a leader has its own, thread_local).
-  std::vector<Delivery> to_dispatch GUARDED_BY(loop_role);
   std::atomic<bool> write_blocked{false};  // a producer handed the rest of a write to the loop
 
   std::unique_ptr<Dispatcher> dispatcher;

@@ -85,7 +85,7 @@ bool Host::Impl::admissible(const detail::ScriptRecord* r, Shard* to, Shard** sh
   }
   if (in_quarantine(*r)) [[unlikely]] {
     (*sh)->quarantine_refusals.fetch_add(1, std::memory_order_relaxed);
-    *refusal = Result{Status::runtime_error, {}, quarantine_message(*r), (*sh)->index};
+    *refusal = Result{Status::runtime_error, {}, detail::Quarantine::message(*r), (*sh)->index};
     return false;
   }
   return true;
@@ -141,9 +141,8 @@ void Host::Impl::submit(const Script& script, Inputs&& inputs, Completion&& done
                                std::move(encoded));
         resume = !waiter && must_resume(sh);
       }
-    } else if (sh.index == lane && sh.table.in_use() >= opts.slow_lane_max_in_flight) [[unlikely]] {
-      lane_refused.fetch_add(1, std::memory_order_relaxed);
-      refusal = {Status::busy, {}, lane_full_message(), sh.index};
+    } else if (sh.index == lane && slow.refuse(sh.table.in_use())) [[unlikely]] {
+      refusal = {Status::busy, {}, slow.full_message(), sh.index};
     } else if (sh.state == ShardState::kDown &&
                sh.table.waiting_count() >= opts.max_queued_while_down) {
       refusal = {Status::unavailable,
@@ -299,7 +298,9 @@ void Host::Impl::place_promoted(Shard& sh, std::vector<uint32_t>& promoted, Ende
   while (!promoted.empty()) {
     std::vector<uint32_t> batch;
     batch.swap(promoted);
-    end_quarantined(sh, &batch, out, &promoted);  // one was charged with the crash just handled
+    // One was charged with the crash just handled.
+    detail::Quarantine::end_quarantined(sh.table, sh.index, sh.quarantine_refusals, &batch, out,
+                                        &promoted);
     switch (sh.state) {
       case ShardState::kRunning:
         send_slots(sh, batch);
@@ -346,29 +347,6 @@ void Host::Impl::send_slots(Shard& sh, const std::vector<uint32_t>& idxs) {
     // Nobody else is writing when this returns true: write now so the builder can be reused.
     if (sh.writer->enqueue(finish_evaluate(f, evs.data(), evs.size()))) sh.writer->write_pending();
   }
-}
-
-void Host::Impl::deliver_read(Completion&& done, Result&& r, std::vector<Delivery>* to_dispatch) {
-  // Waiters and futures (no caller code) and, when the application promised they never block
-  // and this is the loop thread, callbacks are delivered here: no dispatcher hop. A leader
-  // (leader.cpp) never runs a callback, and fulfils futures itself whatever
-  // fulfill_futures_on_loop says (that option is the loop's).
-  if (done.wakes_waiter()) {
-    done.deliver(std::move(r), log);
-  } else if (done.runs_caller_code() ? opts.callbacks_on_loop && on_loop_thread()
-                                     : opts.fulfill_futures_on_loop || !on_loop_thread()) {
-    if (done.runs_caller_code()) loop_callbacks_ran = true;  // the loop's: see the condition
-    done.deliver(std::move(r), log);
-  } else
-    to_dispatch->push_back(Delivery{std::move(done), std::move(r)});
-}
-
-void Host::Impl::deliver_all(Shard& sh, Ended& ended) {
-  on_loop(sh);
-  for (auto& [c, r] : ended) deliver_read(std::move(c), std::move(r), &sh.to_dispatch);
-  ended.clear();
-  if (!sh.to_dispatch.empty()) sh.dispatcher->post(sh.to_dispatch);
-  end_loop_callbacks();
 }
 
 }  // namespace outrun

@@ -1,5 +1,5 @@
-// Supervision (loop thread): the deadline of the running evaluation, heartbeats, restarts with
-// backoff and a crash-loop limit, drills, shutdown.
+// The loop (loop thread): its wake-ups, drills, Forget frames, busy polling, shutdown. Deaths,
+// restarts and the watchdog are the supervisor's (supervisor.h).
 #include <signal.h>
 
 #include <cassert>
@@ -13,14 +13,6 @@ using detail::DeathCause;
 using detail::Shard;
 using detail::ShardState;
 using detail::WorkerProcess;
-
-namespace {
-
-uint64_t ceil_ms(int64_t ns) {
-  return ns <= 0 ? 0 : static_cast<uint64_t>((ns + 999'999) / 1'000'000);
-}
-
-}  // namespace
 
 const char* detail::to_string(ShardState s) {
   switch (s) {
@@ -38,114 +30,6 @@ const char* detail::to_string(ShardState s) {
   return "unknown";
 }
 
-void Host::Impl::set_state(Shard& sh, ShardState s) {
-  sh.state = s;
-  sh.public_state.store(static_cast<int>(s), std::memory_order_relaxed);
-}
-
-// One timer per shard watches its worker. It costs nothing per evaluation: the worker publishes
-// the evaluation it runs and since when on its status page, and the timer reads it.
-//  - Idle or far from any deadline, it wakes every min(T, silence_limit / 2).
-//  - When an evaluation is running, it is armed for exactly that evaluation's since + T + G, so
-//    an overrun is killed within a timer tick (1 ms) of its deadline.
-//  - A heartbeat older than silence_limit kills the worker (frozen or SIGSTOPped).
-void Host::Impl::arm_watchdog(Shard& sh, int64_t now_ns) {
-  on_loop(sh);
-  WorkerProcess* w = sh.worker;
-  if (!w || w->dead()) return;
-  const int64_t idle_period =
-      std::min<int64_t>(hard_deadline_ns - std::chrono::nanoseconds(opts.grace).count(),
-                        std::chrono::nanoseconds(opts.silence_limit).count() / 2);
-  int64_t next = now_ns + std::max<int64_t>(idle_period, 1'000'000);
-  uint64_t id = 0;
-  int64_t since = 0;
-  if (w->page() && protocol::read_running(*w->page(), &id, &since) && id != 0)
-    next = std::min(next, since + hard_deadline_ns);
-  sh.watchdog.data = &sh;
-  uv_timer_start(&sh.watchdog, &Impl::on_watchdog, ceil_ms(next - now_ns), 0);
-}
-
-void Host::Impl::on_watchdog(uv_timer_t* t) {
-  auto* sh = static_cast<Shard*>(t->data);
-  Impl* self = static_cast<Impl*>(t->loop->data);
-  self->loop_role.assert_here();
-  self->on_loop(*sh);
-  WorkerProcess* w = sh->worker;
-  if (!w || w->dead()) return;
-  const int64_t now = monotonic_ns();
-  if (w->page()) {
-    const int64_t beat =
-        std::max(w->page()->heartbeat_ns.load(std::memory_order_relaxed), w->started_ns());
-    const int64_t silent = now - beat;
-    if (silent > std::chrono::nanoseconds(self->opts.silence_limit).count()) {
-      self->kill_worker(w, DeathCause::kSilence,
-                        "was silent for " + std::to_string(silent / 1'000'000) +
-                            " ms (no heartbeat) and was killed");
-      return;
-    }
-    uint64_t id = 0;
-    int64_t since = 0;
-    if (protocol::read_running(*w->page(), &id, &since) && id != 0 &&
-        now >= since + self->hard_deadline_ns) {
-      self->kill_worker(w, DeathCause::kOverrun,
-                        "was killed: an evaluation ran past T+G (" +
-                            std::to_string(self->opts.timeout.count()) + "+" +
-                            std::to_string(self->opts.grace.count()) + " ms)",
-                        id);
-      return;
-    }
-  }
-  // A future left to its caller (HostFuture::owes_resume) that nobody waits on is read by now.
-  if (sh->reading.loop_paused()) self->resume_if_paused(*sh);
-  self->arm_watchdog(*sh, now);
-}
-
-void Host::Impl::after_death(Shard& sh, const detail::Death& d) {
-  on_loop(sh);
-  apply(sh, sh.policy.on_death(d, detail::Clock::now()));
-}
-
-void Host::Impl::apply(Shard& sh, const detail::RestartDecision& decision) {
-  on_loop(sh);
-  sh.restart_timer.data = &sh;
-  detail::apply_restart(&sh.restart_timer, &Impl::on_restart, decision,
-                        [&](const std::string& why) {
-                          loop_role.assert_here();
-                          enter_crash_loop(sh, why);
-                        });
-}
-
-void Host::Impl::enter_crash_loop(Shard& sh, const std::string& why) {
-  on_loop(sh);
-  log(LogLevel::error, "outrun: {}", why);
-  Ended ended;
-  std::vector<uint32_t> promoted;
-  {
-    MutexLock lock(sh.mu);
-    set_state(sh, ShardState::kCrashLoop);
-    sh.unavailable_reason = why;
-    sh.table.end_waiting(Result{Status::unavailable, {}, why, sh.index}, &ended, &promoted);
-    place_promoted(sh, promoted, &ended);
-  }
-  deliver_all(sh, ended);
-}
-
-void Host::Impl::on_restart(uv_timer_t* t) {
-  auto* sh = static_cast<Shard*>(t->data);
-  Impl* self = static_cast<Impl*>(t->loop->data);
-  self->loop_role.assert_here();
-  self->on_loop(*sh);
-  if (self->stopping.load() || sh->worker) return;
-  if (Error err = self->spawn(*sh)) {
-    self->log(LogLevel::error, "outrun: shard {}: {}", sh->index, err.message);
-    {
-      MutexLock lock(sh->stats_mu);
-      sh->last_death = "could not be started: " + err.message;
-    }
-    self->apply(*sh, sh->policy.on_start_failure(err.message, detail::Clock::now()));
-  }
-}
-
 void Host::Impl::on_wakeup(uv_async_t* a) {
   Impl* self = static_cast<Impl*>(a->data);
   self->loop_role.assert_here();
@@ -153,7 +37,7 @@ void Host::Impl::on_wakeup(uv_async_t* a) {
     self->on_loop(*sh);
     if (sh->write_blocked.exchange(false, std::memory_order_acq_rel) && sh->worker)
       sh->worker->watch_writable();
-    self->attend_reading(*sh);
+    if (WorkerProcess* w = sh->worker) self->act_on(*sh, w, self->reader.attend(*sh));
   }
   self->flush_forgets();
   if (self->compiler) self->compiler->pump();
@@ -269,7 +153,8 @@ void Host::Impl::run_commands() {
     WorkerProcess* w = sh.worker;
     if (kind == CommandKind::kKill) {
       if (w && !w->dead())
-        kill_worker(w, DeathCause::kRequested, "was killed on request (kill_shard)");
+        supervisor->kill_worker(sh, w, DeathCause::kRequested,
+                                "was killed on request (kill_shard)");
       continue;
     }
     // Restart: the worker answers what it has, exits; new evaluations wait for its successor.
@@ -279,12 +164,8 @@ void Host::Impl::run_commands() {
         MutexLock lock(sh.mu);
         state = sh.state;
       }
-      if (state == ShardState::kCrashLoop || state == ShardState::kDown) {
-        uv_timer_stop(&sh.restart_timer);
-        sh.policy.reset();
-        sh.restart_timer.data = &sh;
-        on_restart(&sh.restart_timer);
-      }
+      if (state == ShardState::kCrashLoop || state == ShardState::kDown)
+        supervisor->restart_now(sh);
       continue;
     }
     // It must exit by itself within shutdown_timeout, or it is killed: what waits for its
@@ -297,7 +178,7 @@ void Host::Impl::run_commands() {
       MutexLock lock(sh.mu);
       if (sh.writer && sh.writer->enqueue(shutdown)) writer = sh.writer;
       sh.writer.reset();  // nothing more goes to this worker
-      set_state(sh, ShardState::kDown);
+      sh.set_state(ShardState::kDown);
     }
     if (writer) writer->write_pending();
   }
@@ -310,13 +191,13 @@ void Host::Impl::begin_shutdown() {
   for (auto& shp : shards) {
     Shard& sh = *shp;
     on_loop(sh);
-    uv_timer_stop(&sh.restart_timer);
+    supervisor->stop_restarts(sh);
     std::shared_ptr<protocol::FrameWriter> writer;
     Ended ended;
     std::vector<uint32_t> promoted;
     {
       MutexLock lock(sh.mu);
-      set_state(sh, sh.worker ? ShardState::kStopping : ShardState::kStopped);
+      sh.set_state(sh.worker ? ShardState::kStopping : ShardState::kStopped);
       if (sh.writer && sh.writer->enqueue(shutdown)) writer = sh.writer;
       sh.table.end_waiting(
           Result{Status::cancelled, {}, "the host shut down before it ran", sh.index}, &ended,
@@ -324,7 +205,7 @@ void Host::Impl::begin_shutdown() {
       place_promoted(sh, promoted, &ended);
     }
     if (writer) writer->write_pending();
-    deliver_all(sh, ended);
+    reader.deliver_all(sh, ended);
   }
   if (compiler) compiler->shutdown();
   uv_timer_start(&shutdown_timer, &Impl::on_shutdown_timeout,
@@ -338,7 +219,8 @@ void Host::Impl::on_shutdown_timeout(uv_timer_t* t) {
   for (auto& sh : self->shards) {
     self->on_loop(*sh);
     if (sh->worker)
-      self->kill_worker(sh->worker, DeathCause::kRequested, "did not stop in time and was killed");
+      self->supervisor->kill_worker(*sh, sh->worker, DeathCause::kRequested,
+                                    "did not stop in time and was killed");
   }
 }
 
@@ -351,10 +233,7 @@ void Host::Impl::maybe_finish_shutdown() {
     wakeup_open = false;
   }
   uv_close(reinterpret_cast<uv_handle_t*>(&wakeup), nullptr);
-  for (auto& sh : shards) {
-    uv_close(reinterpret_cast<uv_handle_t*>(&sh->restart_timer), nullptr);
-    uv_close(reinterpret_cast<uv_handle_t*>(&sh->watchdog), nullptr);
-  }
+  supervisor->close();
   // uv_run returns once these close callbacks have run: nothing is left on the loop.
 }
 
