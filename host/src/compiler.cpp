@@ -21,9 +21,11 @@ static_assert(protocol::kMaxBytecodeSize == kMaxSourceSize);
 
 }  // namespace
 
-Compiler::Compiler(uv_loop_t* loop, const Log* log, const ScriptRegistry* registry,
-                   CompilerOptions opts, std::function<void()> wake, std::function<void()> freed)
+Compiler::Compiler(uv_loop_t* loop, const ThreadRole& loop_role, const Log* log,
+                   const ScriptRegistry* registry, CompilerOptions opts, std::function<void()> wake,
+                   std::function<void()> freed)
     : loop_(loop),
+      loop_role_(loop_role),
       log_(log),
       registry_(registry),
       opts_(std::move(opts)),
@@ -73,6 +75,7 @@ void Compiler::run_verdicts() {
 
 void Compiler::answer_queued_checks(const std::string& why) {
   auto answer = [&](auto& pendings) {
+    loop_role_.assert_here();  // run here (the analysis does not carry the role into a lambda)
     for (auto it = pendings.begin(); it != pendings.end();)
       if (it->check) {
         verdict(*it, Error{ErrorCode::unavailable, why});
@@ -94,6 +97,7 @@ Error Compiler::start() {
   if (Error e = WorkerProcess::spawn(
           loop_, nullptr, this, log_, spec,
           [this] {
+            loop_role_.assert_here();
             if (process_) process_->watch_writable();
           },
           &w))
@@ -109,6 +113,7 @@ Error Compiler::start() {
 }
 
 void Compiler::pump() {
+  loop_role_.assert_here();
   {
     MutexLock lock(mu_);
     queue_.insert(queue_.end(), incoming_.begin(), incoming_.end());
@@ -188,14 +193,17 @@ void Compiler::send_next() {
 }
 
 void Compiler::on_worker_created(WorkerProcess*) {
+  loop_role_.assert_here();
   ++live_;
 }
 
 void Compiler::on_worker_freed(WorkerProcess*) {
+  loop_role_.assert_here();
   if (--live_ == 0 && phase_ == Phase::kStopped && freed_) freed_();
 }
 
 void Compiler::on_worker_exit(WorkerProcess* w) {
+  loop_role_.assert_here();
   if (w != process_) return;  // an earlier process, already given up
   const auto& x = *w->exit_status();
   fail(x.signal != 0 ? "was killed by signal " + std::to_string(x.signal)
@@ -204,10 +212,12 @@ void Compiler::on_worker_exit(WorkerProcess* w) {
 }
 
 void Compiler::on_worker_stream_error(WorkerProcess* w) {
+  loop_role_.assert_here();
   if (w == process_) w->end_stream(kLingerMs);  // its exit status names the cause
 }
 
 void Compiler::on_worker_linger_expired(WorkerProcess* w) {
+  loop_role_.assert_here();
   if (w == process_) {
     fail("closed its stream and did not exit", DeathCause::kProtocol);
   } else {
@@ -217,6 +227,7 @@ void Compiler::on_worker_linger_expired(WorkerProcess* w) {
 }
 
 void Compiler::on_worker_writable(WorkerProcess* w) {
+  loop_role_.assert_here();
   if (w != process_) return;
   switch (w->writer()->flush_from_loop()) {
     case protocol::FrameWriter::Flush::kMore:
@@ -231,6 +242,7 @@ void Compiler::on_worker_writable(WorkerProcess* w) {
 }
 
 void Compiler::on_worker_readable(WorkerProcess* w) {
+  loop_role_.assert_here();
   if (w != process_) return;
   const long n = w->reader().read_from(w->result_fd());
   if (n == 0) {
@@ -407,6 +419,7 @@ void Compiler::fail(const std::string& why, DeathCause cause) {
 // the workers compile every source they are sent.
 void Compiler::schedule_restart(const RestartDecision& d) {
   apply_restart(&restart_, &Compiler::on_restart, d, [&](const std::string&) {
+    loop_role_.assert_here();  // run here (the analysis does not carry the role into a lambda)
     (*log_)(LogLevel::error,
             "outrun: the compile-only process keeps failing; the next one starts in {} ms "
             "(meanwhile the workers compile every source)",
@@ -430,14 +443,18 @@ void Compiler::start_or_retry() {
 
 void Compiler::on_deadline(uv_timer_t* t) {
   auto* self = static_cast<Compiler*>(t->data);
+  self->loop_role_.assert_here();
   self->fail("did not answer in time and was killed", DeathCause::kProtocol);
 }
 
 void Compiler::on_restart(uv_timer_t* t) {
-  static_cast<Compiler*>(t->data)->start_or_retry();
+  auto* self = static_cast<Compiler*>(t->data);
+  self->loop_role_.assert_here();
+  self->start_or_retry();
 }
 
 void Compiler::shutdown() {
+  loop_role_.assert_here();
   if (phase_ == Phase::kStopped) return;
   phase_ = Phase::kStopped;
   uv_timer_stop(&deadline_);

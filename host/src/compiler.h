@@ -5,7 +5,9 @@
 // HostOptions::bytecode_cache_bytes), and a worker that does not hold the script yet (after a
 // restart) gets the bytecode instead of the source: a load of ~2 µs instead of a compile of ~22.
 //
-// Loop thread only, but for enqueue(). Nothing here is on an evaluation's path: a script without
+// Loop thread only, but for enqueue(), check() and the counters: its loop-side members are
+// GUARDED_BY(loop_role_) (the host's loop role); the entry points (the loop's calls, the worker's
+// events, the timers) assert it. Nothing here is on an evaluation's path: a script without
 // bytecode (not compiled yet, refused, over the cache) is sent with its source, as before.
 #pragma once
 
@@ -51,8 +53,9 @@ class Compiler final : public WorkerEvents {
 
   // `wake` runs on any thread to have the loop call pump(); `freed` on the loop once the last
   // process object is gone after shutdown() (the host waits for it like for its workers).
-  Compiler(uv_loop_t* loop, const Log* log, const ScriptRegistry* registry, CompilerOptions opts,
-           std::function<void()> wake, std::function<void()> freed);
+  Compiler(uv_loop_t* loop, const ThreadRole& loop_role, const Log* log,
+           const ScriptRegistry* registry, CompilerOptions opts, std::function<void()> wake,
+           std::function<void()> freed);
   ~Compiler();
   Compiler(const Compiler&) = delete;
   Compiler& operator=(const Compiler&) = delete;
@@ -69,16 +72,22 @@ class Compiler final : public WorkerEvents {
   using CheckDone = std::function<void(Error)>;
   void check(std::string source, std::string chunk_name, CheckDone done) EXCLUDES(mu_);
 
-  // Loop thread.
+  // Loop thread (each asserts it).
   // Spawns the process (start-up does not wait for its hello); on failure the restart timer
   // tries again.
-  void start_first() { start_or_retry(); }
-  void pump();      // takes what enqueue() queued; sends the next Compile frame if none is out
-  void shutdown();  // Shutdown to the process, its handles closed when it exits
+  void start_first() {
+    loop_role_.assert_here();
+    start_or_retry();
+  }
+  void pump();          // takes what enqueue() queued; sends the next Compile frame if none is out
+  void shutdown();      // Shutdown to the process, its handles closed when it exits
+  bool alive() const {  // a process object not yet freed
+    loop_role_.assert_here();
+    return live_ > 0;
+  }
   // Any thread: nothing queued or in flight; the current process (0: none).
   bool idle() const { return idle_pub_.load(std::memory_order_acquire); }
   int pid() const { return pid_pub_.load(std::memory_order_relaxed); }
-  bool alive() const { return live_ > 0; }  // a process object not yet freed
   const CompilerCounters& counters() const { return counters_; }
   std::size_t cached_bytes() const;  // any thread
 
@@ -92,18 +101,18 @@ class Compiler final : public WorkerEvents {
   void on_worker_freed(WorkerProcess* w) override;
 
  private:
-  Error start();
-  void send_next();
-  void publish();         // idle_pub_, pid_pub_
-  void start_or_retry();  // start(), or the restart timer when it fails
+  Error start() REQUIRES(loop_role_);
+  void send_next() REQUIRES(loop_role_);
+  void publish() REQUIRES(loop_role_);         // idle_pub_, pid_pub_
+  void start_or_retry() REQUIRES(loop_role_);  // start(), or the restart timer when it fails
   // Applies the policy's decision (detail::apply_restart): the crash loop, then the timer once.
-  void schedule_restart(const RestartDecision& d);
-  void handle_frames();
+  void schedule_restart(const RestartDecision& d) REQUIRES(loop_role_);
+  void handle_frames() REQUIRES(loop_role_);
   // The current process failed (`why`; `cause` is its Death's): killed, its frame's
   // sources retried one per frame (a source in two failed frames is given up), the next process
   // started when the policy says.
-  void fail(const std::string& why, DeathCause cause);
-  bool accept(const wire::Compiled* c, std::string* why);
+  void fail(const std::string& why, DeathCause cause) REQUIRES(loop_role_);
+  bool accept(const wire::Compiled* c, std::string* why) REQUIRES(loop_role_);
   static void on_deadline(uv_timer_t* t);
   static void on_restart(uv_timer_t* t);
 
@@ -123,13 +132,17 @@ class Compiler final : public WorkerEvents {
     Pending name;
     std::string source, chunk_name;
   };
-  void take(const Pending& p, std::size_t* bytes);
+  void take(const Pending& p, std::size_t* bytes) REQUIRES(loop_role_);
   // Checks answered: their `done` runs once the compiler's state is consistent (run_verdicts).
-  void verdict(const Pending& p, Error e) { verdicts_.emplace_back(p.check, std::move(e)); }
-  void run_verdicts();
-  void answer_queued_checks(const std::string& why);  // every check waiting: `unavailable`
+  void verdict(const Pending& p, Error e) REQUIRES(loop_role_) {
+    verdicts_.emplace_back(p.check, std::move(e));
+  }
+  void run_verdicts() REQUIRES(loop_role_);
+  // Every check waiting: `unavailable`.
+  void answer_queued_checks(const std::string& why) REQUIRES(loop_role_);
 
   uv_loop_t* loop_;
+  const ThreadRole& loop_role_;  // the host's loop thread
   const Log* log_;
   const ScriptRegistry* registry_;
   const CompilerOptions opts_;
@@ -139,10 +152,11 @@ class Compiler final : public WorkerEvents {
   Mutex mu_;
   std::vector<Pending> incoming_ GUARDED_BY(mu_);
 
-  // Loop thread.
-  std::deque<Pending> queue_;        // to compile, in order; singles_ first
-  std::vector<Pending> singles_;     // of a frame whose process failed: retried one at a time
-  std::vector<InFlight> in_flight_;  // the Compile frame out now
+  // Loop thread. (The timers are initialised by the constructor, before the loop thread runs.)
+  std::deque<Pending> queue_ GUARDED_BY(loop_role_);  // to compile, in order; singles_ first
+  // Of a frame whose process failed: retried one at a time.
+  std::vector<Pending> singles_ GUARDED_BY(loop_role_);
+  std::vector<InFlight> in_flight_ GUARDED_BY(loop_role_);  // the Compile frame out now
   // Where the compiler is in its life (one value for what were four booleans):
   //   kNew ──start──► kStarting ──hello──► kReady ──fail──► kDown ──restart timer──► kStarting
   //   a decision of the crash loop (fail, or a failed start) ──► kCrashLoop ──hello──► kReady
@@ -156,14 +170,15 @@ class Compiler final : public WorkerEvents {
                  // may be starting after the cool-down): checks are answered at once
     kStopped,    // shutdown(): nothing starts again
   };
-  Phase phase_ = Phase::kNew;
-  WorkerProcess* process_ = nullptr;  // the current process (kStarting, kReady, or kCrashLoop)
-  int live_ = 0;
-  uint64_t starts_ = 0;  // processes started (the first is no restart)
-  RestartPolicy policy_;
-  std::vector<std::pair<std::shared_ptr<Check>, Error>> verdicts_;
-  uv_timer_t deadline_{};
-  uv_timer_t restart_{};
+  Phase phase_ GUARDED_BY(loop_role_) = Phase::kNew;
+  // The current process (kStarting, kReady, or kCrashLoop).
+  WorkerProcess* process_ GUARDED_BY(loop_role_) = nullptr;
+  int live_ GUARDED_BY(loop_role_) = 0;
+  uint64_t starts_ GUARDED_BY(loop_role_) = 0;  // processes started (the first is no restart)
+  RestartPolicy policy_ GUARDED_BY(loop_role_);
+  std::vector<std::pair<std::shared_ptr<Check>, Error>> verdicts_ GUARDED_BY(loop_role_);
+  uv_timer_t deadline_ GUARDED_BY(loop_role_){};
+  uv_timer_t restart_ GUARDED_BY(loop_role_){};
   std::shared_ptr<std::atomic<int64_t>> account_;  // bytes of all kept bytecode
   CompilerCounters counters_;
   std::atomic<bool> idle_pub_{true};

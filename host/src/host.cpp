@@ -104,7 +104,7 @@ Error Host::Impl::start() {
     co.deadline = std::chrono::milliseconds(2000);
     co.restart = restart;
     compiler = std::make_unique<detail::Compiler>(
-        &loop, &log, &registry, std::move(co), [this] { wake(); },
+        &loop, loop_role, &log, &registry, std::move(co), [this] { wake(); },
         [this] {
           loop_role.assert_here();
           maybe_finish_shutdown();
