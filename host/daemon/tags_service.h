@@ -103,7 +103,8 @@ class TagsService {
   void reads_main() EXCLUDES(rq_mu_);
   // A wave's changes to the subscribers (the thread that completed it).
   void on_changes(const std::vector<tags::Change>& changes) EXCLUDES(sub_mu_);
-  // `covers`: the SIGHUPs received when it started; its result is kept for stats' "reload".
+  // `covers`: the SIGHUPs received when it started (reload_seen_ then); its result is kept for
+  // stats' "reload" (what `outrun reload`, systemd's ExecReload, waits for).
   void reload(uint64_t covers) EXCLUDES(reload_mu_);
   // Reads cfg.tags_file and applies it (replace_all; tags_strict), logging every error with its
   // FILE:LINE:COL (and adding each to *errors). False when nothing was applied.
