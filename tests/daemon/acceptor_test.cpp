@@ -114,14 +114,14 @@ TEST_CASE("Acceptor: accept() out of fds (EMFILE) pauses accepting, which resume
   // Every fd below a lowered soft limit in use: accept() gets EMFILE.
   rlimit old{};
   REQUIRE(::getrlimit(RLIMIT_NOFILE, &old) == 0);
-  const int top = ::dup(0);
+  const int top = ::dup(client);
   REQUIRE(top >= 0);
   ::close(top);
   rlimit low = old;
   low.rlim_cur = static_cast<rlim_t>(top + 1);
   REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
   std::vector<int> fillers;
-  for (int fd; (fd = ::dup(0)) >= 0;) fillers.push_back(fd);
+  for (int fd; (fd = ::dup(client)) >= 0;) fillers.push_back(fd);
   const int dup_errno = errno;
   uv_run(&loop, UV_RUN_NOWAIT);  // the socket is readable: accept() finds no fd
   const bool paused = a.paused();
