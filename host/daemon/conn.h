@@ -36,14 +36,14 @@ namespace outrun::daemon {
 // is dropped; the fd is closed when the last reference goes (never reused under a writer).
 struct Conn : std::enable_shared_from_this<Conn> {
   Conn(Server* s, int fd_, uint64_t id_)
-      : server(s),
-        fd(fd_),
-        id(id_),
-        writer(fd_, [this] { server->want_write(shared_from_this()); }) {}
+      : server(s), fd(fd_), id(id_), writer(fd_, [this] {
+          if (server) server->want_write(shared_from_this());
+        }) {}
   ~Conn() {
-    if (fd >= 0) ::close(fd);  // -1: the tags lane (Server::tags_lane_), no socket
+    if (fd >= 0) ::close(fd);  // -1: the tags lane (Scheduler::lane_), no socket
   }
 
+  // Null: the tags lane, or a client of the Scheduler's unit tests (no daemon).
   Server* server;
   const int fd;
   const uint64_t id;
@@ -90,7 +90,7 @@ struct Conn : std::enable_shared_from_this<Conn> {
   // (Server::flush_corked). The Host's loop thread only.
   std::vector<std::pair<uint64_t, Result>> corked;
 
-  // Tags subscription (design/daemon.md "Subscribers"), guarded by Server::sub_mu_.
+  // Tags subscription (design/daemon.md "Subscribers"), guarded by TagsService::sub_mu_.
   bool gone = false;  // closed: never subscribed again
   // It sent SourceUpdates that may have created source tags: at close, those no tag uses go
   // (Engine::forget_sources). Loop thread.
@@ -104,8 +104,8 @@ struct Conn : std::enable_shared_from_this<Conn> {
 // The thread's builder for what the daemon writes to clients (replies, results); kept for its
 // capacity. Tags changes use their own (t_changes_fbb).
 inline thread_local protocol::HotBuilder t_fbb(4096);
-// Changes are encoded with their own builder: on_tag_changes can run inside a frame's handling
-// (an update whose wave completes at once), which uses t_fbb.
+// Changes are encoded with their own builder: TagsService::on_changes can run inside a frame's
+// handling (an update whose wave completes at once), which uses t_fbb.
 inline thread_local flatbuffers::FlatBufferBuilder t_changes_fbb(4096);
 
 // One Results frame of one result, to the client's writer (any thread).

@@ -100,7 +100,7 @@ void Server::conn_event(Conn* c, int status, int events) {
     switch (c->writer.flush_from_loop()) {
       case protocol::FrameWriter::Flush::kDone:
         c->write_wait = false;
-        flush_subscriber(c);  // a subscriber that was over its budget gets its latest values
+        tags_.flush_subscriber(*c);  // a subscriber that was over its budget gets its latest values
         break;
       case protocol::FrameWriter::Flush::kMore:
         break;
@@ -129,14 +129,7 @@ void Server::close_conn(Conn* c, const char* why) {
   if (!c->phase.close()) return;  // closed already
   c->writer.close();
   cancel_queued(c);
-  {
-    MutexLock lock(sub_mu_);
-    c->gone = true;
-    subscribers_.erase(c);
-    c->sub_latest.clear();
-  }
-  // The source tags it created that no tag uses go with it (design/daemon.md "Tags bounds").
-  if (c->made_sources && tags_) tags_->forget_sources(c->id);
+  tags_.forget(*c);  // no changes to it; the source tags it made that no tag uses go
   spdlog::debug("client {} closed: {} ({} in flight dropped)", c->id, why, c->inflight.load());
   pending_.erase(c->id);
   auto it = conns_.find(c);
@@ -160,7 +153,7 @@ void Server::handle_frames(const std::shared_ptr<Conn>& c) {
       continue;
     }
     // Every frame may be answered: none is handled while the client is over its budget.
-    if (over_budget(*c)) {
+    if (sched_->over_budget(*c)) {
       hold(c.get());
       return;
     }
@@ -241,21 +234,11 @@ bool Server::handle_frame(const std::shared_ptr<Conn>& c, const wire::Frame* fra
   }
 }
 
-bool Server::over_budget(Conn& c) {
-  const std::size_t q = c.writer.queued_bytes();
-  uint64_t peak = queued_peak_bytes_.load(std::memory_order_relaxed);
-  while (q > peak &&
-         !queued_peak_bytes_.compare_exchange_weak(peak, q, std::memory_order_relaxed)) {
-  }
-  return q > cfg_.max_client_queued_bytes;
-}
-
 // Loop thread: the client is over its budget. Its frames are not handled (the one in progress
 // waits in paused_frame), its socket is not read, its queued evaluations are not fed (the
 // dispatchers drop it from their turns), until maybe_resume().
 void Server::hold(Conn* c) {
-  if (!c->held.exchange(true)) {
-    held_total_.fetch_add(1, std::memory_order_relaxed);
+  if (sched_->hold(*c)) {
     spdlog::debug(
         "client {}: over max_client_queued_bytes ({} bytes queued); not read until it "
         "drains",
@@ -271,26 +254,10 @@ void Server::maybe_resume(Conn* c) {
     c->write_wait = true;  // keep watching it drain
     return;
   }
-  c->held.store(false, std::memory_order_relaxed);
-  for (int s = 0; s < host_->shards(); ++s) {
-    bool any = false;
-    {
-      ShardSched& sh = sched_[s];
-      MutexLock lock(sh.mu);
-      ConnShard& cs = c->sched[s];
-      if (!cs.in_ring && !cs.q.empty()) {
-        cs.in_ring = true;
-        sh.ring.push_back(c);
-      }
-      any = cs.in_ring;
-    }
-    if (any) refill(s, nullptr);
-  }
+  sched_->resume(*c);  // fed again
   update_poll(c);
   handle_frames(conns_.at(c));  // the paused frame, then what was read
 }
-
-// Loop thread, when the connection closes: what it still has queued in the daemon ends
 
 // Loop thread: a dispatcher saw the client's unread answers pass the hard limit.
 void Server::disconnect_over_limit(Conn* c) {

@@ -105,9 +105,10 @@ Error Server::script_logs_json(const Conn& c, std::string_view key, uint64_t sin
 }
 
 Error Server::tag_logs_json(std::string_view id, uint64_t since, uint32_t limit, std::string* out) {
-  if (!tags_) return {ErrorCode::unavailable, "the tags engine is not running"};
+  if (!tags_.running()) return {ErrorCode::unavailable, "the tags engine is not running"};
   LogPage page;
-  if (Error e = tags_->logs(id, since, std::min(limit ? limit : kMaxLogPage, kMaxLogPage), &page))
+  if (Error e =
+          tags_.engine().logs(id, since, std::min(limit ? limit : kMaxLogPage, kMaxLogPage), &page))
     return e;
   *out = log_page_json("tag", id, page);
   return {};

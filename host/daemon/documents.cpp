@@ -58,14 +58,13 @@ std::string Server::stats_json(bool shards_only) const {
     const ShardStats s = host_->shard_stats(i);
     json window;
     {
-      ShardSched& sh = sched_[i];
-      MutexLock lock(sh.mu);
-      window = json{{"size", sh.window},
-                    {"used", sh.used},
-                    {"service_us", static_cast<uint64_t>(sh.service_us)},
-                    {"queued", sh.queued},
-                    {"clients", sh.ring.size()}};
-      queued += sh.queued;
+      const Scheduler::WindowStats w = sched_->window(i);
+      window = json{{"size", w.size},
+                    {"used", w.used},
+                    {"service_us", static_cast<uint64_t>(w.service_us)},
+                    {"queued", w.queued},
+                    {"clients", w.clients}};
+      queued += w.queued;
     }
     shards.push_back(
         json{{"index", s.index},
@@ -115,11 +114,7 @@ std::string Server::stats_json(bool shards_only) const {
   const CrashBudget::Stats cb = crash_budget_.stats(std::chrono::steady_clock::now());
   const CrashBudget::Limits& cl = crash_budget_.limits();
   uint64_t lane_queued = 0;
-  for (int i = 0; i < host_->shards(); ++i) {
-    ShardSched& sh = sched_[i];
-    MutexLock lock(sh.mu);
-    lane_queued += tags_lane_->sched[i].q.size();
-  }
+  for (int i = 0; i < host_->shards(); ++i) lane_queued += sched_->window(i).lane_queued;
   const SlowLaneStats lane = host_->slow_lane_stats();
   json j{
       {"version", OUTRUN_VERSION},
@@ -128,17 +123,17 @@ std::string Server::stats_json(bool shards_only) const {
        std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count()},
       {"clients", conns_.size()},
       {"clients_total", clients_total_},
-      {"clients_refused", clients_refused_},
+      {"clients_refused", clients_refused_ + acceptor_.refused()},
       {"client_protocol_violations", violations_},
       {"inflight", counters_.inflight.load(std::memory_order_relaxed)},
       {"queued", queued},
       {"clients_held", held},
-      {"clients_held_total", held_total_.load(std::memory_order_relaxed)},
+      {"clients_held_total", sched_->held_total()},
       {"clients_over_limit", over_limit_.load(std::memory_order_relaxed)},
       {"heap_collects", trims_},
       {"client_queued_bytes",
        {{"max", max_queued},
-        {"peak", queued_peak_bytes_.load(std::memory_order_relaxed)},
+        {"peak", sched_->queued_peak_bytes()},
         {"budget", cfg_.max_client_queued_bytes},
         {"limit", kHardLimitFactor * cfg_.max_client_queued_bytes}}},
       {"scripts", scripts_.live()},
@@ -172,17 +167,18 @@ std::string Server::stats_json(bool shards_only) const {
         {"evaluations", lane.evaluations},
         {"refused_full", lane.refused_full}}},
       {"shards", shards}};
-  if (tags_) {
+  if (tags_.running()) {
+    tags::Engine& engine = tags_.engine();
     // The tags engine's own counters. Its evaluations also count in "evaluations" by status,
     // where an alert on timeouts looks ("tags" keeps them apart too).
-    const tags::EngineCounters tc = tags_->counters();
+    const tags::EngineCounters tc = engine.counters();
     json tag_status = json::object();
     for (int i = 0; i < kStatusCount; ++i) {
       const std::string name(to_string(static_cast<Status>(i)));
       tag_status[name] = tc.by_status[i];
       j["evaluations"][name] = j["evaluations"][name].get<uint64_t>() + tc.by_status[i];
     }
-    j["tags"] = {{"tags", tags_->size()},
+    j["tags"] = {{"tags", engine.size()},
                  {"waves", tc.waves},
                  {"waves_waiting", tc.waves_waiting},
                  {"last_wave_us", tc.last_wave.count()},
@@ -200,7 +196,7 @@ std::string Server::stats_json(bool shards_only) const {
       std::vector<tags::TagInfo> page;
       bool more = false;
       json per_tag = json::array();
-      if (!tags_->page("", limit, std::size_t{64} << 20, &page, &more))
+      if (!engine.page("", limit, std::size_t{64} << 20, &page, &more))
         for (const tags::TagInfo& t : page) {
           json by = json::object();
           for (int i = 0; i < kStatusCount; ++i)
@@ -211,18 +207,18 @@ std::string Server::stats_json(bool shards_only) const {
                              {"by_status", std::move(by)},
                              {"last_duration_us", t.counters.last_duration.count()}});
         }
-      const std::size_t total = tags_->size();
+      const std::size_t total = engine.size();
       j["tags"]["per_tag_omitted"] = total > per_tag.size() ? total - per_tag.size() : 0;
       j["tags"]["per_tag"] = std::move(per_tag);
     }
   }
   {
     // SIGHUPs seen, and the last finished reload: which of them it covered, its result.
-    MutexLock lock(reload_mu_);
-    j["reload"] = {{"requested", reload_seen_},
-                   {"covered", reload_covered_},
-                   {"ok", reload_ok_},
-                   {"errors", reload_errors_}};
+    TagsService::ReloadStats r = tags_.reload_stats();
+    j["reload"] = {{"requested", r.requested},
+                   {"covered", r.covered},
+                   {"ok", r.ok},
+                   {"errors", std::move(r.errors)}};
   }
   return dump(j);
 }

@@ -103,7 +103,7 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const EvaluationItem
     if (refused.status != Status::ok) {
       // An answer is written now: not while the client is over its budget (a frame of a million
       // refused evaluations would otherwise queue a million answers).
-      if (over_budget(*c)) {
+      if (sched_->over_budget(*c)) {
         decode_budget = decode_before;
         copy_budget = copy_before;
         c->paused_frame = items;
@@ -118,33 +118,15 @@ bool Server::evaluate_items(const std::shared_ptr<Conn>& c, const EvaluationItem
     }
     // Its home shard, or the slow lane while it is there (D-slow-lane): its own window.
     const auto shard = static_cast<uint32_t>(host_->shard_of(entry->script));
-    admit_[shard].push_back(Queued{Request{entry->script, std::move(inputs), std::move(encoded)},
-                                   scripts_.at(idx), e->id(), t0, c->uid});
+    sched_->admit(shard, Queued{Request{entry->script, std::move(inputs), std::move(encoded)},
+                                scripts_.at(idx), e->id(), t0, c->uid});
     ++admitted;
   }
   if (cooling_refused > 0) crash_budget_.count_refusals(cooling_refused);
   if (admitted > 0) {
     c->inflight.fetch_add(admitted, std::memory_order_relaxed);
     counters_.inflight.fetch_add(admitted, std::memory_order_relaxed);
-    const bool held = c->held.load(std::memory_order_relaxed);
-    for (std::size_t s = 0; s < admit_.size(); ++s) {
-      std::vector<Queued>& add = admit_[s];
-      if (add.empty()) continue;
-      {
-        ShardSched& sh = sched_[s];
-        MutexLock lock(sh.mu);
-        ConnShard& cs = c->sched[s];
-        for (Queued& q : add) cs.q.push_back(std::move(q));
-        sh.queued += add.size();
-        if (!cs.in_ring && !held) {
-          cs.in_ring = true;
-          sh.ring.push_back(c.get());
-        }
-      }
-      add.clear();
-      refill_due_.shards[s] = 1;  // refilled in the loop's check phase (on_refill_check)
-      refill_due_.any = true;
-    }
+    sched_->queue_admitted(*c);  // refilled in the loop's check phase (on_refill_check)
   }
   if (paused) hold(c.get());
   return !paused;

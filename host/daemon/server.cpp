@@ -23,7 +23,6 @@
 #include "log_ring.h"
 #include "outrun/spdlog_sink.h"
 #include "tags_file.h"
-#include "tags_lane.h"
 
 namespace outrun::daemon {
 
@@ -43,40 +42,6 @@ void sd_notify(const char* msg) {
   ::close(fd);
 }
 
-bool mkdirs(const std::string& dir, mode_t mode) {
-  if (dir.empty()) return true;
-  struct stat st;
-  if (::stat(dir.c_str(), &st) == 0) return S_ISDIR(st.st_mode);
-  const auto slash = dir.rfind('/');
-  if (slash != std::string::npos && slash > 0 && !mkdirs(dir.substr(0, slash), mode)) return false;
-  return ::mkdir(dir.c_str(), mode) == 0 || errno == EEXIST;
-}
-
-// The socket's directory must be the daemon's: a directory another user can write to (or owns)
-// lets them replace the socket with their own listener, and every client's scripts and inputs
-// go to them. Checked with lstat after it is created (or found): a real directory, not a
-// symbolic link; owned by the daemon's uid (also root for a configured path); not group- or
-// world-writable (a configured path may be a sticky directory such as /tmp). Returns why not,
-// or empty.
-std::string check_socket_dir(const std::string& dir, bool strict) {
-  struct stat st;
-  if (::lstat(dir.c_str(), &st) != 0)
-    return "cannot check the socket directory " + dir + ": " + std::strerror(errno);
-  if (S_ISLNK(st.st_mode)) return "the socket directory " + dir + " is a symbolic link";
-  if (!S_ISDIR(st.st_mode)) return "the socket directory " + dir + " is not a directory";
-  const uid_t me = ::geteuid();
-  if (st.st_uid != me && (strict || st.st_uid != 0))
-    return "the socket directory " + dir + " is owned by uid " + std::to_string(st.st_uid) +
-           ", not by outrund's uid " + std::to_string(me) + (strict ? "" : " or root");
-  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (strict || (st.st_mode & S_ISVTX) == 0)) {
-    char mode[8];
-    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    return "the socket directory " + dir + " is writable by its group or by others (mode " + mode +
-           ")";
-  }
-  return {};
-}
-
 }  // namespace
 
 Server::Server(DaemonConfig cfg)
@@ -91,9 +56,7 @@ Server::Server(DaemonConfig cfg)
   script_log_budget_.limit = cfg_.max_log_bytes;
 }
 
-Server::~Server() {
-  if (listen_fd_ >= 0) ::close(listen_fd_);
-}
+Server::~Server() = default;
 
 // In server.cpp, not config.cpp: the fuzz target links the daemon without config.cpp.
 std::string log_dir_problem(const std::string& log_file) {
@@ -128,90 +91,6 @@ void Server::reopen_logs() {
   spdlog::set_default_logger(lg);
 }
 
-bool Server::open_socket(std::string* err) {
-  const std::string& path = cfg_.socket;
-  const auto slash = path.rfind('/');
-  if (slash != std::string::npos && slash > 0) {
-    const std::string dir = path.substr(0, slash);
-    // The default directory ($XDG_RUNTIME_DIR/outrun, /tmp/outrun-UID, /run/outrun) is made
-    // here, 0700 (0755 for root, whose socket_group clients must reach it), and must be ours
-    // exactly; a configured one is made 0755 if missing, and may also be root's.
-    const bool strict = cfg_.socket_is_default;
-    const auto up = dir.rfind('/');
-    const bool made =
-        (up == std::string::npos || up == 0 || mkdirs(dir.substr(0, up), 0755)) &&
-        (strict ? (::mkdir(dir.c_str(), ::geteuid() == 0 ? 0755 : 0700) == 0 || errno == EEXIST)
-                : mkdirs(dir, 0755));
-    if (!made) {
-      *err = "cannot create the directory of " + path + ": " + std::strerror(errno);
-      return false;
-    }
-    if (std::string why = check_socket_dir(dir, strict); !why.empty()) {
-      *err = "refusing to start: " + why +
-             " (another user could replace the socket; fix or remove it, or set daemon.socket)";
-      return false;
-    }
-  }
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::memcpy(a.sun_path, path.data(), path.size());
-  // A socket file left by a daemon that died: remove it, unless a daemon still answers there.
-  struct stat st;
-  if (::lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      *err = path + " exists and is not a socket";
-      return false;
-    }
-    int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    const bool alive =
-        probe >= 0 && ::connect(probe, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    if (probe >= 0) ::close(probe);
-    if (alive) {
-      *err = "another daemon is listening on " + path;
-      return false;
-    }
-    ::unlink(path.c_str());
-  }
-  listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (listen_fd_ < 0) {
-    *err = std::string("socket: ") + std::strerror(errno);
-    return false;
-  }
-  // The file is created with the configured mode (no window with wider permissions).
-  const mode_t old = ::umask(0777 & ~static_cast<mode_t>(cfg_.socket_mode));
-  const int rc = ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::umask(old);
-  if (rc != 0) {
-    *err = "bind " + path + ": " + std::strerror(errno);
-    return false;
-  }
-  ::chmod(path.c_str(), static_cast<mode_t>(cfg_.socket_mode));
-  if (!cfg_.socket_group.empty()) {
-    gid_t gid = 0;
-    char buf[4096];
-    group gr{}, *found = nullptr;
-    char* end = nullptr;
-    const unsigned long num = std::strtoul(cfg_.socket_group.c_str(), &end, 10);
-    if (::getgrnam_r(cfg_.socket_group.c_str(), &gr, buf, sizeof buf, &found) == 0 && found)
-      gid = found->gr_gid;
-    else if (*end == 0 && end != cfg_.socket_group.c_str())
-      gid = static_cast<gid_t>(num);
-    else {
-      *err = "daemon.socket_group: no group named " + cfg_.socket_group;
-      return false;
-    }
-    if (::chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) {
-      *err = "cannot give " + path + " to group " + cfg_.socket_group + ": " + std::strerror(errno);
-      return false;
-    }
-  }
-  if (::listen(listen_fd_, 128) != 0) {
-    *err = std::string("listen: ") + std::strerror(errno);
-    return false;
-  }
-  return true;
-}
-
 namespace {
 // SIGTERM, SIGINT and SIGHUP reach only the loop thread, through its uv_signal handles: they are
 // blocked before the host starts its threads, which inherit the mask, and unblocked on the loop
@@ -237,7 +116,7 @@ int Server::run() {
   started_ = std::chrono::steady_clock::now();
   {
     std::string why;
-    if (!check_fd_limit(&why)) {
+    if (!Acceptor::check_fd_limit(cfg_, &why)) {
       spdlog::critical("{}", why);
       return 1;
     }
@@ -255,7 +134,14 @@ int Server::run() {
       sink(LogLevel::warn, limit->report_line(n));
     sink(level, line);
   };
-  if (cfg_.host.callbacks_on_loop) cfg_.host.after_loop_callbacks = [this] { corked_run_ended(); };
+  if (cfg_.host.callbacks_on_loop)
+    cfg_.host.after_loop_callbacks = [this] {
+      // Before start_serving (the tags file's evaluations at start) the role is still this
+      // thread's: nothing is corked then (only a client's results are, and none is connected).
+      if (!loop_thread.here()) return;
+      loop_thread.assert_here();
+      corked_run_ended();
+    };
   if (Error e = Host::create(cfg_.host, &host_)) {
     spdlog::critical("cannot start the workers: {}", e.message);
     return 3;
@@ -263,57 +149,16 @@ int Server::run() {
   counters_.shards = host_->shards();
   counters_.shard_latency = std::make_unique<LatencyHistogram[]>(counters_.shards);
   init_scheduler();
-  auto stop_tags = [this] {
-    {
-      MutexLock lock(tq_mu_);
-      tq_stop_ = true;
-    }
-    tags_stopping_.store(true, std::memory_order_release);
-    tq_cv_.notify_all();
-    { MutexLock lock(rq_mu_); }  // the read thread is waiting, or sees tags_stopping_
-    rq_cv_.notify_all();
-    if (tags_thread_.joinable()) tags_thread_.join();
-    if (tags_read_thread_.joinable()) tags_read_thread_.join();
-    tags_.reset();  // before the Host it runs on
-    // After the engine: what it published last is committed.
-    if (state_store_) state_store_->close();
-  };
-  {
-    tags::TagsOptions to;
-    to.on_change = [this](const std::vector<tags::Change>& ch) { on_tag_changes(ch); };
-    to.max_tags = cfg_.max_tags;
-    to.max_sources = cfg_.max_tag_sources;
-    to.max_source_bytes = cfg_.max_tag_source_bytes;
-    to.max_source_value_bytes = cfg_.max_tag_source_value_bytes;
-    to.max_log_bytes = cfg_.max_log_bytes;
-    to.on_log = [](std::string_view id, const std::vector<LogLine>& lines) {
-      if (!spdlog::should_log(spdlog::level::debug)) return;
-      for (const LogLine& l : lines)
-        spdlog::debug("tag '{}': {}: {}", id, detail::script_level_name(l.level), l.text);
-    };
-    if (!cfg_.state_dir.empty() && !open_state_store(&to)) {
-      destroy_host();
-      return 1;
-    }
-    tags_runner_ = std::make_unique<TagsLane>(*this, *host_);
-    if (Error e = tags::Engine::create(*tags_runner_, std::move(to), &tags_)) {
-      spdlog::critical("cannot start the tags engine: {}", e.message);
-      destroy_host();
-      return 3;
-    }
-    // A broken tag gets BadConfigurationError and the others run (not strict). A file that
-    // cannot be read as a whole (missing, TOML syntax, [defaults]) -- or any error, strict --
-    // is a configuration error: exit 2 (the unit's RestartPreventExitStatus=2: no restart loop).
-    if (!cfg_.tags_file.empty() && !apply_tags_file("start")) {
-      stop_tags();
-      destroy_host();
-      return 2;
-    }
-    tags_thread_ = std::thread([this] { tags_thread_main(); });
-    tags_read_thread_ = std::thread([this] { tags_read_thread_main(); });
+  auto stop_tags = [this] { tags_.stop(); };
+  if (const int rc = tags_.start(*host_, [this](Request rq, Callback done) {
+        submit_tag_evaluation(std::move(rq), std::move(done));
+      })) {
+    stop_tags();
+    destroy_host();
+    return rc;
   }
   std::string err;
-  if (!open_socket(&err)) {
+  if (!acceptor_.open(&err)) {
     spdlog::critical("{}", err);
     stop_tags();
     destroy_host();
@@ -348,9 +193,7 @@ void Server::start_serving(uv_loop_t* loop) {
   loop_thread.bind_to_current_thread();
   loop_thread.assert_here();
   loop_ = loop;
-  uv_poll_init(loop_, &listen_poll_, listen_fd_);
-  listen_poll_.data = this;
-  uv_poll_start(&listen_poll_, UV_READABLE, &Server::on_listen);
+  acceptor_.start(loop_);
   life_.advance(Lifecycle::State::kListening);
   uv_async_init(loop_, &async_, &Server::on_async);
   async_.data = this;
@@ -372,8 +215,6 @@ void Server::start_serving(uv_loop_t* loop) {
   drain_timer_.data = this;
   uv_timer_init(loop_, &hello_timer_);
   hello_timer_.data = this;
-  uv_timer_init(loop_, &accept_pause_timer_);
-  accept_pause_timer_.data = this;
   timers_ = true;
   {
     const auto every =
@@ -431,25 +272,21 @@ void Server::on_signal(uv_signal_t* h, int sig) {
   if (sig == SIGHUP) {
     spdlog::info("SIGHUP: reopening logs");
     s->reopen_logs();
-    s->note_sighup();
+    s->tags_.note_sighup();
     // The reload waits for running waves and compiles in the workers: not on the loop.
     // Ahead of every queued definition, never refused (design/daemon.md "Tags").
-    if (!s->cfg_.tags_file.empty()) s->request_reload();
+    if (!s->cfg_.tags_file.empty()) s->tags_.request_reload();
     return;
   }
   s->begin_drain();
 }
 
 void Server::begin_drain() {
-  const bool was_listening = life_.accepting();
   if (!life_.advance(Lifecycle::State::kDraining)) return;  // draining or finished already
   spdlog::info("stopping: no new connections; draining {} evaluations in flight (up to {} ms)",
                counters_.inflight.load(), cfg_.drain_timeout.count());
   sd_notify("STOPPING=1");
-  if (was_listening) {
-    uv_close(reinterpret_cast<uv_handle_t*>(&listen_poll_), nullptr);
-    ::unlink(cfg_.socket.c_str());
-  }
+  acceptor_.stop();                            // no new connections; the socket file goes
   for (auto& [p, c] : conns_) update_poll(p);  // not read any more (life_.accepting())
   drain_deadline_ = std::chrono::steady_clock::now() + cfg_.drain_timeout;
   uv_timer_start(&drain_timer_, &Server::on_drain_timer, 0, 5);
@@ -465,8 +302,8 @@ void Server::on_drain_timer(uv_timer_t* h) {
     MutexLock lock(s->wake_mu_);
     pending_writes |= !s->want_write_.empty();
   }
-  const bool idle = s->counters_.inflight.load() == 0 && !pending_writes &&
-                    s->tags_reads_.load(std::memory_order_acquire) == 0;
+  const bool idle =
+      s->counters_.inflight.load() == 0 && !pending_writes && s->tags_.reads_waiting() == 0;
   if (idle || std::chrono::steady_clock::now() >= s->drain_deadline_) {
     if (!idle)
       spdlog::warn("drain deadline passed with {} evaluations in flight; they end cancelled",
@@ -479,12 +316,11 @@ void Server::finish() {
   if (!life_.advance(Lifecycle::State::kFinished)) return;
   uv_timer_stop(&drain_timer_);
   uv_close(reinterpret_cast<uv_handle_t*>(&drain_timer_), nullptr);
+  acceptor_.close();
   if (timers_) {
     timers_ = false;
-    for (uv_timer_t* t : {&hello_timer_, &accept_pause_timer_}) {
-      uv_timer_stop(t);
-      uv_close(reinterpret_cast<uv_handle_t*>(t), nullptr);
-    }
+    uv_timer_stop(&hello_timer_);
+    uv_close(reinterpret_cast<uv_handle_t*>(&hello_timer_), nullptr);
   }
   // Stopping already: a repeated SIGTERM or SIGINT (systemd's, a second Ctrl-C) is ignored from
   // here on, with no window in which it would meet the default action (see stop_signals()).
@@ -517,38 +353,6 @@ void Server::maybe_trim() {
   trimmed_at_ = ended;
   mi_collect(true);
   ++trims_;
-}
-
-// max_clients connections, max_pending_hello more before their hello, and a margin for the
-// daemon's own fds (listening socket, loop, logs, each shard's sockets and pipes) must fit
-// RLIMIT_NOFILE. The soft limit is raised up to the hard one if needed; past it, refuse.
-bool Server::check_fd_limit(std::string* err) {
-  const rlim_t margin = 64 + 8 * static_cast<rlim_t>(cfg_.host.shards);
-  const rlim_t need =
-      static_cast<rlim_t>(cfg_.max_clients) + static_cast<rlim_t>(cfg_.max_pending_hello) + margin;
-  rlimit rl{};
-  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return true;
-  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
-    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need) {
-      *err = "RLIMIT_NOFILE is " + std::to_string(rl.rlim_cur) + " (hard " +
-             std::to_string(rl.rlim_max) + "), but max_clients " +
-             std::to_string(cfg_.max_clients) + " + max_pending_hello " +
-             std::to_string(cfg_.max_pending_hello) + " + " + std::to_string(margin) +
-             " for the daemon itself need " + std::to_string(need) +
-             " file descriptors: lower daemon.max_clients or raise the limit (LimitNOFILE=)";
-      return false;
-    }
-    const rlim_t old = rl.rlim_cur;
-    rl.rlim_cur = need;
-    if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) {
-      *err = std::string("cannot raise RLIMIT_NOFILE to ") + std::to_string(need) + ": " +
-             std::strerror(errno);
-      return false;
-    }
-    spdlog::info("raised RLIMIT_NOFILE from {} to {} (max_clients + max_pending_hello + {})", old,
-                 need, margin);
-  }
-  return true;
 }
 
 }  // namespace outrun::daemon

@@ -33,11 +33,6 @@ std::string dump_json(const nlohmann::ordered_json& j) {
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
-// ListTags pages (design/protocol.md "Paged ListTags"): at most this many tags, and about this
-// many bytes of document (one tag at least).
-constexpr uint32_t kListTagsDefaultLimit = 10'000;
-constexpr uint32_t kListTagsMaxLimit = 10'000;
-constexpr std::size_t kListTagsPageBytes = 4u << 20;
 // What a reply's values may take (the frame's limit, less room for its tables).
 constexpr std::size_t kMaxReplyValues = protocol::kMaxFrameSize - (64u << 10);
 
@@ -69,62 +64,6 @@ void busy(Conn& c, uint64_t rid) {
 }
 
 }  // namespace
-
-Error Server::tags_list_json(std::string_view after, uint32_t limit, std::string* out) const {
-  if (limit == 0) limit = kListTagsDefaultLimit;
-  limit = std::min(limit, kListTagsMaxLimit);
-  std::vector<tags::TagInfo> page;
-  bool more = false;
-  if (Error e = tags_->page(after, limit, kListTagsPageBytes, &page, &more)) return e;
-  nlohmann::ordered_json arr = nlohmann::ordered_json::array();
-  for (tags::TagInfo& info : page) {
-    const std::string& id = info.definition.id;
-    nlohmann::ordered_json d = tags::file::definition_to_json(info.definition);
-    nlohmann::ordered_json j;
-    j["id"] = id;
-    for (const char* k :
-         {"type", "trigger", "period_ms", "max_age_ms", "timestamps", "inputs", "keep_state"})
-      if (d.contains(k)) j[k] = d[k];
-    j["value"] = tags::file::change_to_json(id, info.value);
-    const tags::TagCounters& tc = info.counters;
-    nlohmann::ordered_json by_status = nlohmann::ordered_json::object();
-    for (int i = 0; i < kStatusCount; ++i)
-      if (tc.by_status[i])
-        by_status[std::string(to_string(static_cast<Status>(i)))] = tc.by_status[i];
-    j["counters"] = {{"evaluations", tc.evaluations},
-                     {"by_status", by_status},
-                     {"coalesced", tc.coalesced},
-                     {"overflows", tc.overflows},
-                     {"skipped_bad", tc.skipped_bad},
-                     {"busy", tc.busy},
-                     {"changes", tc.changes},
-                     {"last_error", tc.last_error},
-                     {"last_duration_us", tc.last_duration.count()}};
-    // What the state store says of this tag (design/daemon.md "State store"); "" when all is well.
-    j["counters"]["state_store"] = tc.state_store;
-    j["version"] = info.version;
-    arr.push_back(std::move(j));
-  }
-  nlohmann::ordered_json doc{{"tags", std::move(arr)}, {"total", tags_->size()}};
-  if (after.empty()) {  // the declarations, on the first page
-    std::shared_ptr<const tags::file::Declarations> decls;
-    {
-      MutexLock l(decls_mu_);
-      decls = decls_;
-    }
-    if (decls) {
-      doc["sources"] = decls->sources;
-      doc["alarms"] = decls->alarms;
-    } else {
-      doc["sources"] = nlohmann::ordered_json::array();
-      doc["alarms"] = nlohmann::ordered_json::array();
-    }
-  }
-  doc["next"] = more && !page.empty() ? nlohmann::ordered_json(page.back().definition.id)
-                                      : nlohmann::ordered_json(nullptr);
-  *out = dump_json(doc);
-  return {};
-}
 
 void Server::handle_define_tags(const std::shared_ptr<Conn>& c, const protocol::DefineTagsMsg& d) {
   const uint64_t rid = d.request_id;
@@ -167,7 +106,7 @@ void Server::handle_define_tags(const std::shared_ptr<Conn>& c, const protocol::
     o.replace_all = replace;
     o.strict = cfg_.tags_strict;
     tags::ApplyResult res;
-    if (Error e = tags_->apply(defs, o, &res)) {
+    if (Error e = tags_.engine().apply(defs, o, &res)) {
       // Strict: the first error is the reply's; every one is in the message.
       std::string why = e.message;
       for (std::size_t i = 1; i < res.errors.size(); ++i)
@@ -176,10 +115,10 @@ void Server::handle_define_tags(const std::shared_ptr<Conn>& c, const protocol::
       write_tags_reply(c->writer, rid, Error{e.code, why}, {});
       return;
     }
-    set_declarations(std::move(decls), replace);
+    tags_.set_declarations(std::move(decls), replace);
     write_tags_reply(c->writer, rid, {}, dump_json(tags::file::apply_result_json(res)));
   };
-  if (!post_tags_job(std::move(job))) busy(*c, rid);
+  if (!tags_.post_job(std::move(job))) busy(*c, rid);
 }
 
 void Server::handle_remove_tags(const std::shared_ptr<Conn>& c, const protocol::RemoveTagsMsg& r) {
@@ -197,7 +136,7 @@ void Server::handle_remove_tags(const std::shared_ptr<Conn>& c, const protocol::
   auto job = [this, c, rid, ids = std::move(ids)] {
     // All or none: every id must be a virtual tag, and no tag that stays may use one.
     std::unordered_set<std::string> gone(ids.begin(), ids.end());
-    const std::vector<std::string> all = tags_->ids();  // topological order
+    const std::vector<std::string> all = tags_.engine().ids();  // topological order
     std::unordered_set<std::string> known(all.begin(), all.end());
     for (const auto& id : ids)
       if (!known.count(id)) {
@@ -209,7 +148,7 @@ void Server::handle_remove_tags(const std::shared_ptr<Conn>& c, const protocol::
     for (const auto& id : all) {
       if (gone.count(id)) continue;
       tags::TagInfo info;
-      if (tags_->info(id, &info)) continue;
+      if (tags_.engine().info(id, &info)) continue;
       for (const auto& in : info.definition.inputs)
         if (gone.count(in.tag)) {
           write_tags_reply(
@@ -222,7 +161,7 @@ void Server::handle_remove_tags(const std::shared_ptr<Conn>& c, const protocol::
     nlohmann::ordered_json removed = nlohmann::ordered_json::array();
     for (auto it = all.rbegin(); it != all.rend(); ++it) {  // dependents first
       if (!gone.count(*it)) continue;
-      if (Error e = tags_->remove(*it)) {
+      if (Error e = tags_.engine().remove(*it)) {
         write_tags_reply(c->writer, rid, e, {});
         return;
       }
@@ -230,13 +169,13 @@ void Server::handle_remove_tags(const std::shared_ptr<Conn>& c, const protocol::
     }
     write_tags_reply(c->writer, rid, {}, dump_json(nlohmann::ordered_json{{"removed", removed}}));
   };
-  if (!post_tags_job(std::move(job))) busy(*c, rid);
+  if (!tags_.post_job(std::move(job))) busy(*c, rid);
 }
 
 void Server::handle_list_tags(const std::shared_ptr<Conn>& c, const protocol::ListTagsMsg& l) {
   const uint64_t rid = l.request_id;
   std::string json;
-  Error e = tags_list_json(l.after, l.limit, &json);
+  Error e = tags_.list_json(l.after, l.limit, &json);
   if (constexpr std::size_t kMaxDocument = protocol::kMaxFrameSize - 4096;
       !e && json.size() > kMaxDocument) {  // one tag whose value alone is larger than a frame
     e = Error{ErrorCode::unavailable, "the tags page is " + std::to_string(json.size()) +
@@ -285,7 +224,7 @@ void Server::handle_source_updates(const std::shared_ptr<Conn>& c,
     o.max_uid_sources = cfg_.max_tag_sources_per_uid;
     o.max_uid_bytes = cfg_.max_tag_source_bytes_per_uid;
     if (c->admin) c->made_sources = true;
-    e = tags_->update(updates, o);
+    e = tags_.engine().update(updates, o);
   }
   if (rid != 0 || e) write_tags_reply(c->writer, rid, e, {});
 }
@@ -298,33 +237,7 @@ void Server::handle_subscribe(const std::shared_ptr<Conn>& c, const protocol::Su
   if (!detail::decode_tag_ids(sb.ids, &ids, &why)) {
     e = Error{ErrorCode::invalid_argument, why};
   } else {
-    // An id may name a tag that does not exist yet (a watcher started before the definitions,
-    // a subscription renewed after a restart), so the bound is per connection: at most
-    // max_subscribed_ids ids (design/daemon.md "Tags bounds").
-    MutexLock lock(sub_mu_);
-    if (sb.cancel) {
-      if (ids.empty()) {
-        c->sub_all = false;
-        c->sub_ids.clear();
-      } else {
-        for (const auto& id : ids) c->sub_ids.erase(id);
-      }
-      if (!c->sub_all && c->sub_ids.empty()) {
-        subscribers_.erase(c.get());
-        c->sub_latest.clear();
-        c->sub_overflow = false;
-      }
-    } else if (c->sub_ids.size() + ids.size() > cfg_.max_subscribed_ids) {
-      e = Error{ErrorCode::invalid_argument, "more than max_subscribed_ids (" +
-                                                 std::to_string(cfg_.max_subscribed_ids) +
-                                                 ") subscribed ids on one connection"};
-    } else {
-      if (ids.empty())
-        c->sub_all = true;
-      else
-        c->sub_ids.insert(ids.begin(), ids.end());
-      subscribers_[c.get()] = c;
-    }
+    e = tags_.subscribe(c, sb.cancel, ids);
   }
   write_tags_reply(c->writer, rid, e, {});
 }
@@ -381,7 +294,7 @@ void Server::handle_read_tags(const std::shared_ptr<Conn>& c, const protocol::Re
   Error e;
   std::size_t bytes = 0;
   for (std::size_t i = 0; i < ids.size() && !e && !would_wait; ++i) {
-    e = tags_->read_now(ids[i], &values[i], &would_wait);
+    e = tags_.engine().read_now(ids[i], &values[i], &would_wait);
     if (!e && !would_wait && (bytes += reply_cost(ids[i], values[i])) > kMaxReplyValues)
       e = too_large(bytes, i + 1, ids.size());
   }
@@ -393,7 +306,7 @@ void Server::handle_read_tags(const std::shared_ptr<Conn>& c, const protocol::Re
   {
     std::unordered_set<std::string_view> distinct;
     for (const auto& id : ids) {
-      if (!tags_->read_would_wait(id)) continue;
+      if (!tags_.engine().read_would_wait(id)) continue;
       distinct.insert(id);
       if (distinct.size() > cfg_.max_read_evaluations) {
         reply(Error{ErrorCode::invalid_argument,
@@ -406,30 +319,28 @@ void Server::handle_read_tags(const std::shared_ptr<Conn>& c, const protocol::Re
     }
   }
   values.assign(ids.size(), tags::DataValue());
-  // The drain waits for it (on_drain_timer), as for an evaluation in flight.
-  tags_reads_.fetch_add(1, std::memory_order_relaxed);
   auto job = [this, reply, ids = std::move(ids), values = std::move(values)]() mutable {
     Error err;
     std::size_t total = 0;
     // Each distinct id is read once: a repeated on_read id is not evaluated again.
     std::unordered_map<std::string_view, std::size_t> first;
     for (std::size_t i = 0; i < ids.size() && !err; ++i) {
-      if (tags_stopping_.load(std::memory_order_acquire)) {
+      if (tags_.stopping()) {
         err = Error{ErrorCode::unavailable, "outrund is stopping"};
         break;
       }
       if (auto [it, fresh] = first.emplace(ids[i], i); !fresh)
         values[i] = values[it->second];
       else
-        err = tags_->read(ids[i], &values[i]);
+        err = tags_.engine().read(ids[i], &values[i]);
       if (!err && (total += reply_cost(ids[i], values[i])) > kMaxReplyValues)
         err = too_large(total, i + 1, ids.size());
     }
     reply(err, ids, values);
-    tags_reads_.fetch_sub(1, std::memory_order_release);
   };
-  if (post_read_job(c->id, std::move(job))) return;
-  tags_reads_.fetch_sub(1, std::memory_order_relaxed);
+  // The drain waits for it (on_drain_timer, TagsService::reads_waiting), as for an evaluation
+  // in flight.
+  if (tags_.post_read(c->id, std::move(job))) return;
   // TagValues, the body a ReadTags is always answered with (protocol.md), saying Busy.
   auto& f = t_changes_fbb;
   f.Clear();

@@ -4,7 +4,6 @@
 #include <utility>
 
 #include "outrun/thread_annotations.h"
-#include "server.h"
 
 namespace outrun::daemon {
 
@@ -43,7 +42,7 @@ class LaneFuture final : public detail::FutureState {
 }  // namespace
 
 void TagsLane::evaluate(const Script& script, Inputs inputs, Callback done) {
-  server_.submit_tag_evaluation(Request{script, std::move(inputs)}, std::move(done));
+  submit_(Request{script, std::move(inputs)}, std::move(done));
 }
 
 Future TagsLane::evaluate(const Script& script, Inputs inputs) {
@@ -55,8 +54,7 @@ Future TagsLane::evaluate(const Script& script, Inputs inputs) {
 void TagsLane::evaluate_batch(std::vector<Request> requests, BatchCallback done) {
   auto shared = std::make_shared<BatchCallback>(std::move(done));
   for (std::size_t i = 0; i < requests.size(); ++i)
-    server_.submit_tag_evaluation(std::move(requests[i]),
-                                  [shared, i](Result r) { (*shared)(i, std::move(r)); });
+    submit_(std::move(requests[i]), [shared, i](Result r) { (*shared)(i, std::move(r)); });
 }
 
 }  // namespace outrun::daemon

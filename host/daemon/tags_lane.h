@@ -5,6 +5,7 @@
 // flood of waves gets one client's share of a shard, not all of it.
 #pragma once
 
+#include <functional>
 #include <string_view>
 #include <vector>
 
@@ -12,12 +13,12 @@
 
 namespace outrun::daemon {
 
-class Server;
-
 class TagsLane final : public Runner {
  public:
-  // `server` and `host` outlive the lane (the engine over it is destroyed first).
-  TagsLane(Server& server, Runner& host) : server_(server), host_(host) {}
+  // Queues one evaluation in the lane (Server::submit_tag_evaluation: Scheduler::submit_lane).
+  using Submit = std::function<void(Request, Callback)>;
+  // `host` and what `submit` reaches outlive the lane (the engine over it is destroyed first).
+  TagsLane(Submit submit, Runner& host) : submit_(std::move(submit)), host_(host) {}
 
   Error register_script(std::string_view key, std::string_view source, Script* out) override {
     return host_.register_script(key, source, out);
@@ -28,7 +29,7 @@ class TagsLane final : public Runner {
   void evaluate_batch(std::vector<Request> requests, BatchCallback done) override;
 
  private:
-  Server& server_;
+  const Submit submit_;
   Runner& host_;
 };
 

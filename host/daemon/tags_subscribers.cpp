@@ -9,7 +9,7 @@
 #include "conn.h"
 #include "outrun/protocol/client_messages.h"
 #include "outrun/protocol/frame.h"
-#include "server.h"
+#include "tags_service.h"
 #include "tags_wire.h"
 
 namespace outrun::daemon {
@@ -43,7 +43,7 @@ void write_changes(protocol::FrameWriter& w, const std::vector<ChangeRef>& items
 
 }  // namespace
 
-void Server::on_tag_changes(const std::vector<tags::Change>& changes) {
+void TagsService::on_changes(const std::vector<tags::Change>& changes) {
   MutexLock lock(sub_mu_);
   std::vector<ChangeRef> mine;
   for (auto& [p, c] : subscribers_) {
@@ -77,14 +77,57 @@ void flush_latest(Conn& c, std::size_t budget) {
 }
 }  // namespace
 
-void Server::flush_subscriber(Conn* c) {
+void TagsService::flush_subscriber(Conn& c) {
   MutexLock lock(sub_mu_);
-  flush_latest(*c, cfg_.max_subscriber_bytes);
+  flush_latest(c, cfg_.max_subscriber_bytes);
 }
 
-void Server::flush_subscribers() {
+void TagsService::flush_subscribers() {
   MutexLock lock(sub_mu_);
   for (auto& [p, c] : subscribers_) flush_latest(*c, cfg_.max_subscriber_bytes);
+}
+
+Error TagsService::subscribe(const std::shared_ptr<Conn>& c, bool cancel,
+                             const std::vector<std::string>& ids) {
+  // An id may name a tag that does not exist yet (a watcher started before the definitions,
+  // a subscription renewed after a restart), so the bound is per connection: at most
+  // max_subscribed_ids ids (design/daemon.md "Tags bounds").
+  MutexLock lock(sub_mu_);
+  if (cancel) {
+    if (ids.empty()) {
+      c->sub_all = false;
+      c->sub_ids.clear();
+    } else {
+      for (const auto& id : ids) c->sub_ids.erase(id);
+    }
+    if (!c->sub_all && c->sub_ids.empty()) {
+      subscribers_.erase(c.get());
+      c->sub_latest.clear();
+      c->sub_overflow = false;
+    }
+    return {};
+  }
+  if (c->sub_ids.size() + ids.size() > cfg_.max_subscribed_ids)
+    return Error{ErrorCode::invalid_argument, "more than max_subscribed_ids (" +
+                                                  std::to_string(cfg_.max_subscribed_ids) +
+                                                  ") subscribed ids on one connection"};
+  if (ids.empty())
+    c->sub_all = true;
+  else
+    c->sub_ids.insert(ids.begin(), ids.end());
+  subscribers_[c.get()] = c;
+  return {};
+}
+
+void TagsService::forget(Conn& c) {
+  {
+    MutexLock lock(sub_mu_);
+    c.gone = true;
+    subscribers_.erase(&c);
+    c.sub_latest.clear();
+  }
+  // The source tags it created that no tag uses go with it (design/daemon.md "Tags bounds").
+  if (c.made_sources && engine_) engine_->forget_sources(c.id);
 }
 
 }  // namespace outrun::daemon

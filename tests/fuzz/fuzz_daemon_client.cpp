@@ -71,20 +71,16 @@ struct ServerTestAccess {
     s.counters_.shards = s.host_->shards();
     s.counters_.shard_latency = std::make_unique<LatencyHistogram[]>(s.counters_.shards);
     s.init_scheduler();
-    tags::TagsOptions to;
-    to.on_change = [&s](const std::vector<tags::Change>& ch) { s.on_tag_changes(ch); };
-    s.tags_runner_ = std::make_unique<TagsLane>(s, *s.host_);
-    if (Error e = tags::Engine::create(*s.tags_runner_, std::move(to), &s.tags_)) return e;
-    s.tags_thread_ = std::thread([&s] { s.tags_thread_main(); });
-    s.tags_read_thread_ = std::thread([&s] { s.tags_read_thread_main(); });
+    if (s.tags_.start(*s.host_, [&s](Request rq, Callback done) {
+          s.submit_tag_evaluation(std::move(rq), std::move(done));
+        }) != 0)
+      return Error{ErrorCode::unavailable, "the tags engine did not start"};
     std::string err;
-    if (!s.open_socket(&err)) return Error{ErrorCode::unavailable, err};
+    if (!s.acceptor_.open(&err)) return Error{ErrorCode::unavailable, err};
     s.loop_ = &s.own_loop_;  // outrund runs on the Host's loop; here its own, on this thread
     uv_loop_init(s.loop_);
     s.loop_->data = &s;
-    uv_poll_init(s.loop_, &s.listen_poll_, s.listen_fd_);
-    s.listen_poll_.data = &s;
-    uv_poll_start(&s.listen_poll_, UV_READABLE, &Server::on_listen);
+    s.acceptor_.start(s.loop_);
     s.life_.advance(Lifecycle::State::kListening);
     uv_async_init(s.loop_, &s.async_, &Server::on_async);
     s.async_.data = &s;
@@ -102,9 +98,8 @@ struct ServerTestAccess {
   static void stop(Server& s) {
     loop_thread.assert_here();
     FUZZ_CHECK(s.conns_.empty());
-    uv_close(reinterpret_cast<uv_handle_t*>(&s.listen_poll_), nullptr);
+    s.acceptor_.close();                           // the socket file goes
     s.life_.advance(Lifecycle::State::kFinished);  // no drain: no connection is left
-    ::unlink(s.cfg_.socket.c_str());
     uv_close(reinterpret_cast<uv_handle_t*>(&s.drain_timer_), nullptr);
     s.close_refill_check();
     {
@@ -114,22 +109,15 @@ struct ServerTestAccess {
       uv_close(reinterpret_cast<uv_handle_t*>(&s.async_), nullptr);
     }
     uv_run(s.loop_, UV_RUN_DEFAULT);
-    {
-      MutexLock lock(s.tq_mu_);
-      s.tq_stop_ = true;
-    }
-    s.tags_stopping_.store(true);
-    s.tq_cv_.notify_all();
-    { MutexLock lock(s.rq_mu_); }
-    s.rq_cv_.notify_all();
-    s.tags_thread_.join();
-    s.tags_read_thread_.join();
-    s.tags_.reset();
+    s.tags_.stop();
     s.destroy_host();
     FUZZ_CHECK(uv_loop_close(s.loop_) == 0);
   }
 
-  static uv_loop_t* loop(Server& s) { return s.loop_; }
+  static uv_loop_t* loop(Server& s) {
+    loop_thread.assert_here();
+    return s.loop_;
+  }
   static std::size_t conns(const Server& s) {
     loop_thread.assert_here();
     return s.conns_.size();
