@@ -141,9 +141,10 @@ std::string spawn_worker(const SpawnRequest& request, void* err, WorkerChild* ch
   si.StartupInfo.hStdError = err;  // no stdin, no stdout
   si.lpAttributeList = attrs;
   PROCESS_INFORMATION pi{};
-  // Suspended: it runs no instruction before it is in its job.
+  // Suspended: it runs no instruction before it is in its job. Detached: no console (and no
+  // console host process that would outlive it holding the host's stdio, as Wine's conhost does).
   if (!CreateProcessA(request.path.c_str(), line.data(), nullptr, nullptr, TRUE,
-                      CREATE_SUSPENDED | EXTENDED_STARTUPINFO_PRESENT | CREATE_NO_WINDOW,
+                      CREATE_SUSPENDED | EXTENDED_STARTUPINFO_PRESENT | DETACHED_PROCESS,
                       env.empty() ? nullptr : env.data(), nullptr, &si.StartupInfo, &pi))
     return win_error("CreateProcess '" + request.path + "'");
   if (!AssignProcessToJobObject(job, pi.hProcess)) {
