@@ -38,6 +38,7 @@
 
 #include "compile_only.h"
 #include "confine.h"
+#include "outrun/thread_annotations.h"
 #include "worker.h"
 
 namespace {
@@ -187,7 +188,13 @@ int main(int argc, char** argv) {
     page->heartbeat_ns.store(outrun::sandbox::monotonic_ns(), std::memory_order_relaxed);
     // The thread must be running before confinement: a starting thread makes system calls of
     // its own (rseq, set_robust_list) that the filter does not allow.
-    static std::atomic<bool> started{false};  // static: notify_one may run after the wait returned
+    // A mutex and a condition variable, not std::atomic<bool>::wait: libstdc++ 12's atomic wait
+    // without a futex (MinGW) can miss the notify and wait forever; seen under
+    // Wine as a worker that never sent its hello, about 1 start in 10. Static: the thread may
+    // still be in notify_one when the wait has returned.
+    static outrun::Mutex started_mu;
+    static outrun::CondVar started_cv;
+    static bool started = false;
     std::thread([page, heartbeat_ms] {
       auto publish_memory = [page] {
       // Peak, not current, resident set: the current figure needs /proc, which a confined
@@ -205,15 +212,19 @@ int main(int argc, char** argv) {
 #endif
       };
       publish_memory();
-      started.store(true);
-      started.notify_one();
+      {
+        outrun::MutexLock lock(started_mu);
+        started = true;
+      }
+      started_cv.notify_one();
       for (;;) {
         std::this_thread::sleep_for(std::chrono::milliseconds(heartbeat_ms));
         page->heartbeat_ns.store(outrun::sandbox::monotonic_ns(), std::memory_order_relaxed);
         publish_memory();
       }
     }).detach();
-    started.wait(false);
+    outrun::MutexLock lock(started_mu);
+    started_cv.wait(started_mu, [] { return started; });
   }
 
   // A test build's hooks (hooks.h): outrun-worker has none; outrun-test-worker reads its test
