@@ -75,7 +75,7 @@ void FrameReader::compact_and_reserve(std::size_t need) {
   end_ = live;
 }
 
-long FrameReader::read_from(int fd) {
+std::span<uint8_t> FrameReader::read_space() {
   // Room for what the partial frame at the front still needs, and at least half the initial
   // capacity, so one read takes every frame that has arrived in the common case.
   std::size_t need = initial_capacity_ / 2;
@@ -91,9 +91,13 @@ long FrameReader::read_from(int fd) {
   if (capacity_ - end_ < need || begin_ != 0 || capacity_ > initial_capacity_) {
     compact_and_reserve(need);
   }
-  auto* buf = reinterpret_cast<uint8_t*>(storage_.get());
+  return {reinterpret_cast<uint8_t*>(storage_.get()) + end_, capacity_ - end_};
+}
+
+long FrameReader::read_from(int fd) {
+  const std::span<uint8_t> space = read_space();
   for (;;) {
-    const ssize_t n = ::read(fd, buf + end_, capacity_ - end_);
+    const ssize_t n = ::read(fd, space.data(), space.size());
     if (n > 0) {
       end_ += static_cast<std::size_t>(n);
       return n;

@@ -1,8 +1,6 @@
 #include "compile_only.h"
 
 #include <spdlog/spdlog.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -96,16 +94,17 @@ class Compiler {
 int run_compile_only(const CompileOnlyOptions& opts) {
   {
     flatbuffers::FlatBufferBuilder fbb(128);
-    if (!send_all(opts.out_fd, protocol::encode_hello(fbb, static_cast<int32_t>(getpid()))))
+    if (!send_all(opts.out_fd,
+                  protocol::encode_hello(fbb, static_cast<int32_t>(platform::current_pid()))))
       return exit_code(WorkerExit::kIo);
   }
   Compiler compiler(opts);
   protocol::FrameReader reader;
   for (;;) {
-    const long n = reader.read_from(opts.fd);
+    const long n = platform::read_frames(reader, opts.fd);
     if (n == 0) return exit_code(WorkerExit::kOk);  // the host closed its end
     if (n < 0) {
-      spdlog::error("read from host failed: {}", std::strerror(static_cast<int>(-n)));
+      spdlog::error("read from host failed: {}", platform::channel_error_text(n));
       return exit_code(WorkerExit::kIo);
     }
     protocol::FrameView fv;

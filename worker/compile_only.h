@@ -7,16 +7,17 @@
 #include <cstddef>
 
 #include "hooks.h"
+#include "outrun/platform/worker_os.h"
 #include "outrun/protocol/status_page.h"
 
 namespace outrun::worker {
 
 struct CompileOnlyOptions {
-  int fd = -1;                           // Compile frames from the host
-  int out_fd = -1;                       // Compiled frames to the host
-  std::size_t memory_limit = 16u << 20;  // one compile's Lua memory, as a script's state
-  protocol::StatusPage* page = nullptr;  // counts compiles; may be null
-  const Hooks* hooks = nullptr;          // a test build's (hooks.h)
+  platform::Channel fd = platform::kNoChannel;      // Compile frames from the host
+  platform::Channel out_fd = platform::kNoChannel;  // Compiled frames to the host
+  std::size_t memory_limit = 16u << 20;             // one compile's Lua memory, as a script's state
+  protocol::StatusPage* page = nullptr;             // counts compiles; may be null
+  const Hooks* hooks = nullptr;                     // a test build's (hooks.h)
 };
 
 // Serves until the host closes its end (0) or sends Shutdown (0); an exit code otherwise.

@@ -1,5 +1,7 @@
-// outrun-worker: runs scripts for one outrun host. Started by the host (uv_spawn, own process
-// group) with its end of a socketpair as fd 3; not meant to be run by hand.
+// outrun-worker: runs scripts for one outrun host. Started by the host through the platform seam
+// (outrun/platform/worker_os.h: POSIX, uv_spawn in its own process group with its ends of two
+// socketpairs as fds 3 and 4; Windows, in its own Job Object with its ends of two named pipes as
+// inherited handles whose values --fd and --out-fd give); not meant to be run by hand.
 //
 //   outrun-worker --fd 3 [--out-fd 4] --host-pid PID [--memory-limit BYTES]
 //                 [--script-budget BYTES] [--status-page NAME] [--heartbeat-ms MS]
@@ -12,16 +14,22 @@
 // thread, a test build's hooks (hooks.h), (optionally) start the CPU profiler, then confine
 // (confine.h) -- and only then read the first frame. A worker that cannot confine itself exits
 // without serving.
-#include <dlfcn.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
+
+#ifdef _WIN32
+#include <windows.h>
+// after windows.h
+#include <psapi.h>
+#else
+#include <dlfcn.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <boost/interprocess/mapped_region.hpp>
-#include <boost/interprocess/shared_memory_object.hpp>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -30,10 +38,12 @@
 
 #include "compile_only.h"
 #include "confine.h"
+#include "outrun/thread_annotations.h"
 #include "worker.h"
 
 namespace {
 
+#ifndef _WIN32
 // --profile PREFIX: gperftools' CPU profiler, written to PREFIX.<pid>.prof and loaded with dlopen,
 // so production workers carry no profiler. The profile file is opened before confinement;
 // samples are recorded only between SIGUSR1 (start) and SIGUSR2 (stop), so outrun-perf profiles
@@ -72,6 +82,15 @@ bool start_profiler(const std::string& file) {
   }
   return true;
 }
+#else
+// No gperftools profiler on Windows.
+using ProfilerStopFn = void (*)();
+ProfilerStopFn g_profiler_stop = nullptr;
+bool start_profiler(const std::string&) {
+  spdlog::error("--profile: not on Windows");
+  return false;
+}
+#endif
 
 bool parse_u64(const char* s, unsigned long long* out) {
   if (!s || !*s) return false;
@@ -102,10 +121,10 @@ int main(int argc, char** argv) {
     const char* a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
     unsigned long long n = 0;
-    if (std::strcmp(a, "--fd") == 0 && parse_u64(v, &n) && n <= 1024) {
-      opts.fd = static_cast<int>(n);
-    } else if (std::strcmp(a, "--out-fd") == 0 && parse_u64(v, &n) && n <= 1024) {
-      opts.out_fd = static_cast<int>(n);
+    if (std::strcmp(a, "--fd") == 0 && parse_u64(v, &n) &&
+        outrun::platform::channel_from_arg(n, &opts.fd)) {
+    } else if (std::strcmp(a, "--out-fd") == 0 && parse_u64(v, &n) &&
+               outrun::platform::channel_from_arg(n, &opts.out_fd)) {
     } else if (std::strcmp(a, "--host-pid") == 0 && parse_u64(v, &n)) {
       host_pid = n;
     } else if (std::strcmp(a, "--memory-limit") == 0 && parse_u64(v, &n) && n > 0) {
@@ -130,6 +149,7 @@ int main(int argc, char** argv) {
     }
   }
 
+#ifndef _WIN32
   // Die with the host. PDEATHSIG is armed only from here on, so check the host is still the
   // parent: if it died in between we were reparented and must not serve anybody.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -142,17 +162,19 @@ int main(int argc, char** argv) {
   close_range(static_cast<unsigned>(last_fd) + 1, ~0u, 0);
   for (int fd = 3; fd < last_fd; ++fd)
     if (fd != opts.fd && fd != opts.out_fd) close(fd);
+#else
+  // Windows: the host's Job Object (JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE) kills the worker when the
+  // host's handle to it closes, the host's death included; the worker inherited only its two
+  // pipe ends (PROC_THREAD_ATTRIBUTE_HANDLE_LIST), so there are no stray handles to close.
+  (void)host_pid;
+#endif
 
   // The status page: mapped before anything runs, so the host sees heartbeats from the start.
   std::unique_ptr<boost::interprocess::mapped_region> region;
   if (!page_name.empty()) {
-    try {
-      namespace bip = boost::interprocess;
-      bip::shared_memory_object shm(bip::open_only, page_name.c_str(), bip::read_write);
-      region = std::make_unique<bip::mapped_region>(shm, bip::read_write, 0,
-                                                    outrun::protocol::kStatusPageSize);
-    } catch (const std::exception& e) {
-      spdlog::error("cannot map status page '{}': {}", page_name, e.what());
+    if (const std::string err = outrun::platform::map_status_page(page_name, &region);
+        !err.empty()) {
+      spdlog::error("cannot map status page '{}': {}", page_name, err);
       return exit_code(WorkerExit::kStatusPage);
     }
     opts.page = static_cast<outrun::protocol::StatusPage*>(region->get_address());
@@ -166,26 +188,43 @@ int main(int argc, char** argv) {
     page->heartbeat_ns.store(outrun::sandbox::monotonic_ns(), std::memory_order_relaxed);
     // The thread must be running before confinement: a starting thread makes system calls of
     // its own (rseq, set_robust_list) that the filter does not allow.
-    static std::atomic<bool> started{false};  // static: notify_one may run after the wait returned
+    // A mutex and a condition variable, not std::atomic<bool>::wait: libstdc++ 12's atomic wait
+    // without a futex (MinGW) can miss the notify and wait forever; seen under
+    // Wine as a worker that never sent its hello, about 1 start in 10. Static: the thread may
+    // still be in notify_one when the wait has returned.
+    static outrun::Mutex started_mu;
+    static outrun::CondVar started_cv;
+    static bool started = false;
     std::thread([page, heartbeat_ms] {
       auto publish_memory = [page] {
-        // Peak, not current, resident set: the current figure needs /proc, which a confined
-        // worker cannot open (the host reads /proc/PID/statm for it).
+      // Peak, not current, resident set: the current figure needs /proc, which a confined
+      // worker cannot open (the host reads /proc/PID/statm for it).
+#ifdef _WIN32
+        PROCESS_MEMORY_COUNTERS pmc{};
+        if (GetProcessMemoryInfo(GetCurrentProcess(), &pmc, sizeof pmc))
+          page->peak_rss_bytes.store(static_cast<uint64_t>(pmc.PeakWorkingSetSize),
+                                     std::memory_order_relaxed);
+#else
         rusage ru{};
         if (getrusage(RUSAGE_SELF, &ru) == 0)
           page->peak_rss_bytes.store(static_cast<uint64_t>(ru.ru_maxrss) * 1024,
                                      std::memory_order_relaxed);
+#endif
       };
       publish_memory();
-      started.store(true);
-      started.notify_one();
+      {
+        outrun::MutexLock lock(started_mu);
+        started = true;
+      }
+      started_cv.notify_one();
       for (;;) {
         std::this_thread::sleep_for(std::chrono::milliseconds(heartbeat_ms));
         page->heartbeat_ns.store(outrun::sandbox::monotonic_ns(), std::memory_order_relaxed);
         publish_memory();
       }
     }).detach();
-    started.wait(false);
+    outrun::MutexLock lock(started_mu);
+    started_cv.wait(started_mu, [] { return started; });
   }
 
   // A test build's hooks (hooks.h): outrun-worker has none; outrun-test-worker reads its test
@@ -194,13 +233,19 @@ int main(int argc, char** argv) {
 
   // From here on the heartbeat thread runs: leave with _exit, never through static destructors.
   if (!profile_file.empty() &&
-      !start_profiler(profile_file + "." + std::to_string(getpid()) + ".prof"))
+      !start_profiler(profile_file + "." + std::to_string(outrun::platform::current_pid()) +
+                      ".prof"))
     _exit(exit_code(WorkerExit::kUsage));
-  // The compile-only process is background work: bytecode for later restarts. At the lowest
-  // priority it takes what the workers (and the host) leave of the CPU, never their share.
+    // The compile-only process is background work: bytecode for later restarts. At the lowest
+    // priority it takes what the workers (and the host) leave of the CPU, never their share.
+#ifdef _WIN32
+  if (compile_only) SetPriorityClass(GetCurrentProcess(), IDLE_PRIORITY_CLASS);
+  ConfineOptions confine_options;
+#else
   if (compile_only) setpriority(PRIO_PROCESS, 0, 19);
   ConfineOptions confine_options;
   confine_options.socket_fd = last_fd;
+#endif
   confine_options.address_space_limit = static_cast<std::size_t>(address_space_limit);
   confine_options.profiling = !profile_file.empty();
   if (const std::string err = confine(confine_options); !err.empty()) {
@@ -210,8 +255,9 @@ int main(int argc, char** argv) {
   }
 
   if (compile_only) {
-    const int rc = run_compile_only({opts.fd, opts.out_fd < 0 ? opts.fd : opts.out_fd,
-                                     opts.memory_limit, opts.page, opts.hooks});
+    const int rc = run_compile_only(
+        {opts.fd, opts.out_fd == outrun::platform::kNoChannel ? opts.fd : opts.out_fd,
+         opts.memory_limit, opts.page, opts.hooks});
     std::fflush(stderr);
     _exit(rc);
   }

@@ -1,8 +1,6 @@
 #include "worker.h"
 
 #include <spdlog/spdlog.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -33,7 +31,7 @@ int64_t timeout_ns(uint64_t timeout_us) {
 }  // namespace
 
 Worker::Worker(const WorkerOptions& options) : opts_(options) {
-  if (opts_.out_fd < 0) opts_.out_fd = opts_.fd;
+  if (opts_.out_fd == platform::kNoChannel) opts_.out_fd = opts_.fd;
   budget_.limit = opts_.script_budget;
   budget_.reclaim = &Worker::reclaim;
   budget_.reclaim_ctx = this;
@@ -146,12 +144,9 @@ std::unique_ptr<sandbox::ScriptState> Worker::new_state(std::string* err) {
   return state;
 }
 
-// recvfrom is in the confinement filter (poll is not); one syscall that never blocks.
+// POSIX: recvfrom is in the confinement filter (poll is not); one syscall that never blocks.
 bool Worker::input_waiting() const {
-  char byte;
-  const ssize_t n = ::recv(opts_.fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-  // A frame, the host's close or an error: each is for the read to deal with.
-  return !(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+  return platform::channel_input_waiting(opts_.fd);
 }
 
 // The work an evaluation would otherwise wait for, done while none is waiting: closing the
@@ -231,21 +226,8 @@ bool Worker::reclaim(void* self, const sandbox::MemoryAccount* asking, std::size
   return w->evict_down_to(w->budget_.limit - bytes, asking, false);
 }
 
-bool send_all(int fd, std::span<const uint8_t> data) {
-  const uint8_t* p = data.data();
-  std::size_t left = data.size();
-  while (left > 0) {
-    const ssize_t n = ::send(fd, p, left, MSG_NOSIGNAL);
-    if (n > 0) {
-      p += n;
-      left -= static_cast<std::size_t>(n);
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else {
-      return false;
-    }
-  }
-  return true;
+bool send_all(platform::Channel fd, std::span<const uint8_t> data) {
+  return platform::channel_write_all(fd, data);
 }
 
 bool Worker::write_all(const uint8_t* data, std::size_t size) {
@@ -256,7 +238,7 @@ bool Worker::write_all(const uint8_t* data, std::size_t size) {
 
 bool Worker::send_hello() {
   flatbuffers::FlatBufferBuilder fbb(128);
-  const auto hello = protocol::encode_hello(fbb, static_cast<int32_t>(getpid()));
+  const auto hello = protocol::encode_hello(fbb, static_cast<int32_t>(platform::current_pid()));
   return write_all(hello.data(), hello.size());
 }
 
@@ -264,10 +246,10 @@ int Worker::run() {
   if (!send_hello()) return exit_code(WorkerExit::kIo);
   for (;;) {
     idle();  // the results are out: what it does next waits for nothing
-    const long n = reader_.read_from(opts_.fd);
+    const long n = platform::read_frames(reader_, opts_.fd);
     if (n == 0) return exit_code(WorkerExit::kOk);  // the host closed its end
     if (n < 0) {
-      spdlog::error("read from host failed: {}", std::strerror(static_cast<int>(-n)));
+      spdlog::error("read from host failed: {}", platform::channel_error_text(n));
       return exit_code(WorkerExit::kIo);
     }
     protocol::FrameView fv;

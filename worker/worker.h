@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "hooks.h"
+#include "outrun/platform/worker_os.h"
 #include "outrun/protocol/frame.h"
 #include "outrun/protocol/messages.h"
 #include "outrun/protocol/status_page.h"
@@ -24,9 +25,18 @@ namespace outrun::worker {
 // HostOptions::worker_script_budget's default (the reason is written there).
 inline constexpr std::size_t kDefaultScriptBudget = std::size_t{192} << 20;
 
+// POSIX: fd 3, where the host puts the worker's end; Windows: none (--fd names a handle).
+#ifdef _WIN32
+inline const platform::Channel kDefaultChannel = platform::kNoChannel;
+#else
+inline constexpr platform::Channel kDefaultChannel = 3;
+#endif
+
 struct WorkerOptions {
-  int fd = 3;       // frames from the host arrive here (a stream socket, blocking)
-  int out_fd = -1;  // results go to the host here; -1: the same socket as `fd`
+  // Frames from the host arrive here (blocking: a stream socket, a named pipe).
+  platform::Channel fd = kDefaultChannel;
+  // Results go to the host here; kNoChannel: the same channel as `fd`.
+  platform::Channel out_fd = platform::kNoChannel;
   std::size_t memory_limit = 16u << 20;  // per script state
   // All script states together (HostOptions::worker_script_budget): least recently used idle
   // states are closed to stay under it (design/sandbox.md, "The worker's script budget").
@@ -50,8 +60,8 @@ inline constexpr std::size_t kSpareStates = 16;
 // Serves the host until it closes the pipe or sends Shutdown. Single-threaded: reads every
 // frame that has arrived, runs the evaluations in order, and answers with one write per batch
 // (or sooner when results have waited kMaxResultHoldNs).
-// Sends all of `data` on `fd` (MSG_NOSIGNAL, EINTR retried); false when the socket failed.
-bool send_all(int fd, std::span<const uint8_t> data);
+// Sends all of `data` on `fd` (platform::channel_write_all); false when the channel failed.
+bool send_all(platform::Channel fd, std::span<const uint8_t> data);
 
 class Worker {
  public:

@@ -7,7 +7,10 @@ set_target_properties(outrun_sandbox PROPERTIES EXPORT_NAME sandbox)
 set_target_properties(outrun_protocol PROPERTIES EXPORT_NAME protocol)
 set_target_properties(outrun_codec PROPERTIES EXPORT_NAME codec)
 set_target_properties(outrun_log_ring PROPERTIES EXPORT_NAME log_ring)
-install(TARGETS outrun_host outrun_sandbox outrun_codec outrun_protocol outrun_log_ring EXPORT outrunTargets
+set_target_properties(outrun_platform PROPERTIES EXPORT_NAME platform)
+set_target_properties(outrun_platform_io PROPERTIES EXPORT_NAME platform_io)
+install(TARGETS outrun_host outrun_sandbox outrun_codec outrun_protocol outrun_log_ring
+  outrun_platform outrun_platform_io EXPORT outrunTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(EXPORT outrunTargets NAMESPACE outrun:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/outrun)
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/outrunConfig.cmake.in

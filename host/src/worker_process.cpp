@@ -1,32 +1,15 @@
 // WorkerProcess: spawning a worker, its handles, its stderr, and freeing it (loop thread).
 #include "worker_process.h"
 
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <boost/interprocess/mapped_region.hpp>
-#include <boost/interprocess/shared_memory_object.hpp>
-#include <cstring>
-#include <random>
 
 #include "clock.h"
 
 namespace outrun::detail {
 
-namespace bip = boost::interprocess;
-
 namespace {
-
-// A per-process unique name; /dev/shm entries are removed as soon as the worker has mapped it.
-std::string page_name(int shard) {
-  static std::atomic<uint64_t> counter{0};
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  return "/outrun-" + std::to_string(getpid()) + "-" + std::to_string(shard) + "-" +
-         std::to_string(counter.fetch_add(1)) + "-" + std::to_string(rng() & 0xffffff);
-}
 
 // Runs `f` when the scope ends unless dismissed: the one cleanup of a failed spawn.
 template <class F>
@@ -79,65 +62,35 @@ Error WorkerProcess::spawn(uv_loop_t* loop, Shard* shard, WorkerEvents* events, 
                            WorkerProcess** out) {
   auto* w = new WorkerProcess(shard, events, log);
   w->shard_index_ = spec.shard;
-  int to_worker[2] = {-1, -1}, from_worker[2] = {-1, -1};
+  platform::WorkerChannels ch;
   // Until the process runs, a failure leaves nothing behind: no page name, no fd, no object.
   ScopeGuard cleanup([&] {
-    for (int fd : {to_worker[0], to_worker[1], from_worker[0], from_worker[1]})
-      if (fd >= 0) close(fd);
+    platform::close_all(&ch);
     w->fd_ = -1;
-    if (!w->page_name_.empty()) bip::shared_memory_object::remove(w->page_name_.c_str());
+    w->page_host_.forget_name();
     delete w;
   });
 
   // The status page first: the worker maps it before it says hello.
-  w->page_name_ = page_name(spec.shard);
-  try {
-    bip::shared_memory_object shm(bip::create_only, w->page_name_.c_str(), bip::read_write,
-                                  bip::permissions(0600));
-    shm.truncate(protocol::kStatusPageSize);
-    w->page_region_ =
-        std::make_shared<bip::mapped_region>(shm, bip::read_write, 0, protocol::kStatusPageSize);
-  } catch (const std::exception& e) {
-    return {ErrorCode::unavailable, std::string("cannot create a status page: ") + e.what()};
-  }
-  w->page_ = new (w->page_region_->get_address()) protocol::StatusPage();
+  if (std::string err = w->page_host_.create(spec.shard); !err.empty())
+    return {ErrorCode::unavailable, "cannot create a status page: " + err};
+  w->page_ = new (w->page_host_.region()->get_address()) protocol::StatusPage();
   w->page_->version.store(protocol::kStatusPageVersion);
   w->page_->magic.store(protocol::kStatusPageMagic, std::memory_order_release);
 
-  // Frames to the worker go through one socketpair, results back through another.
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, to_worker) != 0 ||
-      socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, from_worker) != 0)
-    return {ErrorCode::unavailable, std::string("socketpair failed: ") + strerror(errno)};
-  fcntl(to_worker[0], F_SETFL, fcntl(to_worker[0], F_GETFL) | O_NONBLOCK);
-  fcntl(from_worker[0], F_SETFL, fcntl(from_worker[0], F_GETFL) | O_NONBLOCK);
+  // Frames to the worker go through one channel, results back through another.
+  if (std::string err = platform::open_worker_channels(&ch); !err.empty())
+    return {ErrorCode::unavailable, err};
 
-  std::vector<const char*> args = {
-      spec.path.c_str(), "--fd", "3", "--out-fd", "4", "--status-page", w->page_name_.c_str()};
-  for (const std::string& a : spec.args) args.push_back(a.c_str());
-  args.push_back(nullptr);
-  // The worker's stderr is a pipe the host reads and logs (bounded), never a file it could grow.
-  uv_pipe_init(loop, &w->err_pipe_, 0);
-  uv_stdio_container_t stdio[5];
-  stdio[0].flags = UV_IGNORE;
-  stdio[1].flags = UV_IGNORE;
-  stdio[2].flags = static_cast<uv_stdio_flags>(UV_CREATE_PIPE | UV_WRITABLE_PIPE);
-  stdio[2].data.stream = reinterpret_cast<uv_stream_t*>(&w->err_pipe_);
-  stdio[3].flags = UV_INHERIT_FD;
-  stdio[3].data.fd = to_worker[1];
-  stdio[4].flags = UV_INHERIT_FD;
-  stdio[4].data.fd = from_worker[1];
-  uv_process_options_t o{};
-  o.file = spec.path.c_str();
-  o.args = const_cast<char**>(args.data());
-  o.exit_cb = &WorkerProcess::on_exit;
-  o.flags = UV_PROCESS_DETACHED;  // setsid(): its own session and process group
-  o.stdio_count = 5;
-  o.stdio = stdio;
-  o.env = spec.env;  // null: the host's own environment
-  const int rc = uv_spawn(loop, &w->process_, &o);
-  close(to_worker[1]);
-  close(from_worker[1]);
-  to_worker[1] = from_worker[1] = -1;
+  platform::SpawnRequest request;
+  request.path = spec.path;
+  request.args = platform::worker_channel_args(ch, w->page_host_.name());
+  request.args.insert(request.args.end(), spec.args.begin(), spec.args.end());
+  request.env = spec.env;  // null: the host's own environment
+  request.channels = &ch;
+  const int rc = platform::spawn_worker(loop, &w->process_, &w->err_pipe_, &WorkerProcess::on_exit,
+                                        request, &w->child_);
+  platform::close_worker_ends(&ch);
   w->started_at_ = Clock::now();
   w->started_ns_ = monotonic_ns();
   events->on_worker_created(w);
@@ -145,9 +98,8 @@ Error WorkerProcess::spawn(uv_loop_t* loop, Shard* shard, WorkerEvents* events, 
   w->init_handle(&w->process_);
   w->init_handle(&w->err_pipe_);
   if (rc != 0) {
-    close(to_worker[0]);
-    close(from_worker[0]);
-    bip::shared_memory_object::remove(w->page_name_.c_str());
+    platform::close_all(&ch);
+    w->page_host_.forget_name();
     cleanup.dismiss();
     w->life_ = Life::kDead;
     w->exit_ = ExitStatus{};
@@ -156,8 +108,7 @@ Error WorkerProcess::spawn(uv_loop_t* loop, Shard* shard, WorkerEvents* events, 
     return {ErrorCode::unavailable, "cannot start worker '" + spec.path + "': " + uv_strerror(rc)};
   }
   cleanup.dismiss();
-  w->pid_ = w->process_.pid;
-  w->fd_ = from_worker[0];
+  w->fd_ = ch.host_read;
   uv_read_start(reinterpret_cast<uv_stream_t*>(&w->err_pipe_), &WorkerProcess::on_err_alloc,
                 &WorkerProcess::on_err_read);
   uv_timer_init(loop, &w->linger_);
@@ -165,7 +116,7 @@ Error WorkerProcess::spawn(uv_loop_t* loop, Shard* shard, WorkerEvents* events, 
   uv_poll_init(loop, &w->poll_, w->fd_);
   w->init_handle(&w->poll_);
   uv_poll_start(&w->poll_, UV_READABLE, &WorkerProcess::on_poll);
-  const int wfd = to_worker[0];
+  const int wfd = ch.host_write;
   uv_poll_init(loop, &w->wpoll_, wfd);
   w->init_handle(&w->wpoll_);
   w->io_open_ = true;
@@ -183,7 +134,7 @@ void WorkerProcess::greet() {
   greeted_ = true;
   if (life_ == Life::kStarting) life_ = Life::kServing;
   // The worker has mapped its page: the name is no longer needed.
-  bip::shared_memory_object::remove(page_name_.c_str());
+  page_host_.forget_name();
 }
 
 void WorkerProcess::end_stream(uint64_t linger_ms) {
@@ -231,9 +182,9 @@ Death WorkerProcess::death(DeathCause noticed, std::string how, Clock::time_poin
 
 void WorkerProcess::mark_dead() {
   life_ = Life::kDead;
-  if (!exit_) kill(-pid_, SIGKILL);  // not yet reaped, so the group id is still ours
+  if (!exit_) platform::kill_worker(child_);  // not yet reaped, so the group id is still ours
   // Never mapped by a worker that did not say hello: the name would stay in /dev/shm.
-  if (!greeted_) bip::shared_memory_object::remove(page_name_.c_str());
+  if (!greeted_) page_host_.forget_name();
 }
 
 void WorkerProcess::close_io() {
@@ -291,7 +242,7 @@ void WorkerProcess::log_line(std::string_view line) {
   err_logged_ += line.size();
   if (err_logged_ >= kMaxWorkerLogBytes)
     (*log_)(LogLevel::warn, "outrun: shard {} worker {} logged over {} bytes; the rest is dropped",
-            shard_index_, pid_, kMaxWorkerLogBytes);
+            shard_index_, child_.pid, kMaxWorkerLogBytes);
 }
 
 void WorkerProcess::on_err_read(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "log.h"
+#include "outrun/platform/worker_os.h"
 #include "outrun/protocol/frame.h"
 #include "outrun/protocol/frame_writer.h"
 #include "outrun/protocol/status_page.h"
@@ -50,7 +51,7 @@ class WorkerEvents {
 
 struct SpawnSpec {
   std::string path;               // the worker executable
-  std::vector<std::string> args;  // after argv[0]; "--fd 3 --out-fd 4 --status-page NAME" are added
+  std::vector<std::string> args;  // after argv[0]; platform::worker_channel_args() are added
   char** env = nullptr;           // null: the host's own environment
   int shard = 0;
 };
@@ -67,10 +68,10 @@ class WorkerProcess {
   };
   using ExitStatus = detail::ExitStatus;
 
-  // Starts a worker for `shard`: status page, two socketpairs, the process in its own session
-  // and process group, its handles. On failure nothing is left behind (one error path) and the
-  // error says what failed. `frame_writer_blocked` runs on producer threads when a write must be
-  // finished by the loop.
+  // Starts a worker for `shard` through the platform seam (outrun/platform/worker_os.h): status
+  // page, two channels, the process in its own process group, its handles. On failure nothing is
+  // left behind (one error path) and the error says what failed. `frame_writer_blocked` runs on
+  // producer threads when a write must be finished by the loop.
   static Error spawn(uv_loop_t* loop, Shard* shard, WorkerEvents* events, const Log* log,
                      const SpawnSpec& spec, std::function<void()> frame_writer_blocked,
                      WorkerProcess** out);
@@ -79,7 +80,7 @@ class WorkerProcess {
   WorkerProcess& operator=(const WorkerProcess&) = delete;
 
   Shard& shard() const { return *shard_; }
-  int pid() const { return pid_; }
+  int pid() const { return child_.pid; }
   Life life() const { return life_; }
   bool dead() const { return life_ == Life::kDead; }
   bool greeted() const { return greeted_; }
@@ -89,7 +90,7 @@ class WorkerProcess {
   int64_t started_ns() const { return started_ns_; }
   protocol::StatusPage* page() const { return page_; }
   const std::shared_ptr<boost::interprocess::mapped_region>& page_region() const {
-    return page_region_;
+    return page_host_.region();
   }
   const std::shared_ptr<protocol::FrameWriter>& writer() const { return writer_; }
   protocol::FrameReader& reader() { return reader_; }
@@ -121,7 +122,7 @@ class WorkerProcess {
   // host's decision to kill if there was one, else `noticed`; with its exit status, its uptime
   // at `now`, and the evaluation its status page names as running (make_death, restart_policy.h).
   Death death(DeathCause noticed, std::string how, Clock::time_point now) const;
-  // Its death is being handled: SIGKILL to its process group (unless reaped), Life::kDead.
+  // Its death is being handled: platform::kill_worker (unless reaped), Life::kDead.
   void mark_dead();
   // Closes the socket handles and the linger timer (the process and stderr handles close at
   // exit and at EOF). Idempotent.
@@ -165,7 +166,7 @@ class WorkerProcess {
   std::string err_line_;  // a partial line of it
   std::size_t err_logged_ = 0;  // bytes of it logged so far (bounded)
 
-  int pid_ = 0;
+  platform::WorkerChild child_;
   // One socket per direction (two socketpairs): a worker blocked reading frames is never woken
   // by the host draining its results (one shared socket has one wait queue for both directions).
   int fd_ = -1;  // the host reads results here; the writer owns the other one
@@ -173,8 +174,7 @@ class WorkerProcess {
   int64_t started_ns_ = 0;  // CLOCK_MONOTONIC, for heartbeat age before the first beat
   std::shared_ptr<protocol::FrameWriter> writer_;  // also referenced by producers
   protocol::FrameReader reader_;
-  std::string page_name_;
-  std::shared_ptr<boost::interprocess::mapped_region> page_region_;
+  platform::HostStatusPage page_host_;  // its mapping; its name until the worker has mapped it
   protocol::StatusPage* page_ = nullptr;
 };
 

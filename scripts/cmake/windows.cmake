@@ -13,8 +13,8 @@ if(NOT EXISTS "${OUTRUN_WIN_PREFIX}/outrun-deps.stamp")
 endif()
 set(_w "${OUTRUN_WIN_PREFIX}")
 
-# gmtime_r() and localtime_r() from MinGW's <time.h>.
-add_compile_definitions(_POSIX_THREAD_SAFE_FUNCTIONS)
+# gmtime_r() and localtime_r() from MinGW's <time.h>; no min()/max() macros from <windows.h>.
+add_compile_definitions(_POSIX_THREAD_SAFE_FUNCTIONS NOMINMAX)
 # Static executables: no MinGW runtime DLLs (libstdc++, winpthread) to find under Wine.
 add_link_options(-static)
 
@@ -50,6 +50,9 @@ set_source_files_properties(${CMAKE_SOURCE_DIR}/protocol/frame_writer.cpp DIRECT
   PROPERTIES HEADER_FILE_ONLY ON)
 set_source_files_properties(${CMAKE_SOURCE_DIR}/protocol/frame_reader.cpp DIRECTORY protocol
   PROPERTIES COMPILE_OPTIONS -Wno-conversion)
+# The platform seam (host/platform/win: named pipes, Job Objects) and outrun-worker.exe on it, in
+# bin/ with the test programs, which start it from their own directory.
+add_subdirectory(host/platform)
 add_subdirectory(worker)
 add_subdirectory(host)
 
@@ -73,7 +76,7 @@ add_library(outrun_win_host STATIC
   host/platform/win/host_absent.cpp)
 target_include_directories(outrun_win_host PUBLIC ${CMAKE_SOURCE_DIR}/host/include
   ${CMAKE_SOURCE_DIR}/host/src ${CMAKE_SOURCE_DIR}/host/codec)
-target_link_libraries(outrun_win_host PUBLIC outrun_sandbox outrun_codec outrun_protocol outrun_log_ring
+target_link_libraries(outrun_win_host PUBLIC outrun_sandbox outrun_codec outrun_protocol outrun_platform outrun_log_ring
   outrun_win_sha256 PkgConfig::LIBUV spdlog::spdlog nlohmann_json::nlohmann_json Boost::headers
   Threads::Threads)
 
@@ -88,15 +91,23 @@ set(OUTRUN_WIN_TESTS
   host/status_codes_test.cpp)
 set(_t ${CMAKE_SOURCE_DIR}/tests)
 list(TRANSFORM OUTRUN_WIN_TESTS PREPEND ${_t}/ OUTPUT_VARIABLE _win_test_src)
-add_executable(outrun_win_tests ${_t}/main.cpp ${_win_test_src}
-  ${CMAKE_SOURCE_DIR}/tests/windows/sha256_test.cpp)
+# tests/windows/: the platform seam's tests (a worker through it: worker_process_test.cpp starts
+# outrun-worker.exe and outrun_win_spawn_helper.exe from its own directory).
+set(OUTRUN_WIN_SEAM_TESTS windows/sha256_test.cpp windows/exit_kind_test.cpp
+  windows/worker_process_test.cpp)
+list(TRANSFORM OUTRUN_WIN_SEAM_TESTS PREPEND ${_t}/ OUTPUT_VARIABLE _win_seam_src)
+add_executable(outrun_win_tests ${_t}/main.cpp ${_win_test_src} ${_win_seam_src})
 target_include_directories(outrun_win_tests PRIVATE ${_t} ${CMAKE_SOURCE_DIR}/host/metrics)
-target_link_libraries(outrun_win_tests PRIVATE outrun_win_host doctest::doctest)
+target_link_libraries(outrun_win_tests PRIVATE outrun_win_host outrun_platform doctest::doctest)
+add_executable(outrun_win_spawn_helper ${_t}/windows/spawn_helper.cpp)
+target_include_directories(outrun_win_spawn_helper PRIVATE ${_t})
+target_link_libraries(outrun_win_spawn_helper PRIVATE outrun_platform)
+add_dependencies(outrun_win_tests outrun-worker outrun_win_spawn_helper)
 target_compile_definitions(outrun_win_tests PRIVATE OUTRUN_TEST_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 # One CTest test per test file (doctest's --source-file filter): a Wine start costs ~1 s, so not
 # one per test case as the Linux build registers them.
 enable_testing()
-foreach(f ${OUTRUN_WIN_TESTS} windows/sha256_test.cpp)
+foreach(f ${OUTRUN_WIN_TESTS} ${OUTRUN_WIN_SEAM_TESTS})
   get_filename_component(_name ${f} NAME_WE)
   # --test-case=*: tests/main.cpp then fails a file that ran no test case.
   add_test(NAME win.${_name} COMMAND outrun_win_tests --source-file=*${_name}.cpp --test-case=*)

@@ -104,6 +104,10 @@ class FrameReader {
   // One read(2) from `fd` into the free space. Returns bytes read (> 0), 0 at end of stream, or
   // -errno (-EAGAIN on an empty non-blocking fd). EINTR is retried.
   long read_from(int fd);
+  // read_from() in two halves, for a transport that is not an fd (a Windows named pipe,
+  // outrun/platform/worker_os.h): the free space one read may fill, then how much it did.
+  std::span<uint8_t> read_space();
+  void commit(std::size_t n) { end_ += n; }
 
   // Appends bytes as if they had been read (tests, fuzzers, in-memory peers).
   void append(std::span<const uint8_t> bytes);
