@@ -5,29 +5,12 @@
 
 #include <cassert>
 
+#include "outrun/platform/worker_os.h"
 #include "outrun/protocol/worker_exit.h"
 
 namespace outrun::detail {
 
 namespace {
-
-// Signals a process gets from its own faults or its own abort: how an interpreter bug that a
-// script reaches ends. Any other signal (SIGKILL, SIGTERM, ...) comes from outside -- an
-// operator, the OOM killer, a test -- and says nothing about the script that happened to run.
-bool fault_signal(int sig) {
-  switch (sig) {
-    case SIGSEGV:
-    case SIGBUS:
-    case SIGILL:
-    case SIGFPE:
-    case SIGABRT:
-    case SIGSYS:
-    case SIGTRAP:
-      return true;
-    default:
-      return false;
-  }
-}
 
 // ScriptRecord::last_crash: the signal, or the exit code << 8.
 int32_t pack_exit(const std::optional<ExitStatus>& x) {
@@ -48,7 +31,8 @@ const ScriptRecord* Quarantine::suspect(const SlotTable& table, const std::optio
   if (running == 0) return nullptr;  // between evaluations, or still starting
   // kCrash and kExit come from the exit status itself; a kill the host decided has its own cause.
   const bool scripted =
-      x && ((cause == DeathCause::kCrash && fault_signal(x->signal)) ||
+      x && ((cause == DeathCause::kCrash &&
+             platform::exit_kind(x->code, x->signal) == platform::ExitKind::kFault) ||
             (cause == DeathCause::kExit && protocol::script_may_cause_exit(x->code)));
   if (!scripted) return nullptr;
   const Slot* slot = table.sent(running);  // the page is the worker's: untrusted
@@ -109,7 +93,7 @@ std::string Quarantine::message(const ScriptRecord& r) {
   const int64_t until = r.quarantined_until_ns.load(std::memory_order_acquire);
   const int32_t last = r.last_crash.load(std::memory_order_relaxed);
   const int sig = last & 0xff;
-  std::string how = describe_exit(sig != 0 ? 0 : last >> 8, sig);
+  std::string how = platform::describe_exit(sig != 0 ? 0 : last >> 8, sig);
   if (how.starts_with("was ")) how.erase(0, 4);
   return "script '" + r.key + "' is quarantined: it crashed its worker " +
          std::to_string(r.window_crashes.load(std::memory_order_relaxed)) + " times (last: " + how +

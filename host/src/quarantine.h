@@ -80,7 +80,4 @@ inline bool in_quarantine(const detail::ScriptRecord& r) {
   return until != 0;
 }
 
-// How a worker's exit reads in messages: "was killed by signal 11 (Segmentation fault)".
-std::string describe_exit(int64_t status, int signal);
-
 }  // namespace outrun

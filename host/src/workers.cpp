@@ -11,6 +11,7 @@
 #include <random>
 
 #include "host_impl.h"
+#include "outrun/platform/worker_os.h"
 #include "outrun/protocol/messages.h"
 #include "outrun/protocol/worker_exit.h"
 
@@ -24,15 +25,6 @@ using detail::Slot;
 using detail::WorkerProcess;
 using protocol::FrameWriter;
 namespace bip = boost::interprocess;
-
-std::string describe_exit(int64_t status, int signal) {
-  if (signal == SIGSYS)
-    return "was killed by signal " + std::to_string(signal) +
-           " (Bad system call): it made a system call its seccomp filter forbids";
-  if (signal != 0)
-    return "was killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
-  return protocol::describe_worker_exit(status);
-}
 
 detail::SpawnSpec Host::Impl::worker_spec(int shard) const {
   detail::SpawnSpec spec;
@@ -107,7 +99,7 @@ void Host::Impl::on_worker_exit(WorkerProcess* w) {
   Shard& sh = w->shard();
   on_loop(sh);
   const auto& x = *w->exit_status();
-  supervisor->worker_died(sh, w, x.cause(), describe_exit(x.code, x.signal));
+  supervisor->worker_died(sh, w, x.cause(), platform::describe_exit(x.code, x.signal));
 }
 
 void Host::Impl::on_worker_readable(WorkerProcess* w) {
