@@ -1,12 +1,18 @@
 #include "outrun/protocol/frame_writer.h"
 
+#ifdef _WIN32
+#include <windows.h>
+
+#include <algorithm>
+#else
 #include <sys/socket.h>
 
 #include <cerrno>
+#endif
 
 namespace outrun::protocol {
 
-FrameWriter::FrameWriter(int fd, std::function<void()> on_blocked)
+FrameWriter::FrameWriter(Sink fd, std::function<void()> on_blocked)
     : fd_(fd), on_blocked_(std::move(on_blocked)) {}
 
 FrameWriter::State FrameWriter::write(std::span<const uint8_t> frames) {
@@ -39,17 +45,25 @@ FrameWriter::State FrameWriter::write_pending() {
 
 FrameWriter::Io FrameWriter::send_inflight() {
   while (offset_ < inflight_.size()) {
+#ifdef _WIN32
+    const DWORD len = static_cast<DWORD>(std::min(inflight_.size() - offset_, kWinChunk));
+    DWORD n = 0;
+    const BOOL ok = WriteFile(fd_, inflight_.data() + offset_, len, &n, nullptr);
+    syscalls_.fetch_add(1, std::memory_order_relaxed);
+    if (!ok) return Io::kClosed;  // ERROR_NO_DATA, ERROR_BROKEN_PIPE: the reader is gone
+    if (n == 0) return Io::kAgain;
+#else
     const ssize_t n = ::send(fd_, inflight_.data() + offset_, inflight_.size() - offset_,
                              MSG_NOSIGNAL | MSG_DONTWAIT);
     syscalls_.fetch_add(1, std::memory_order_relaxed);
-    if (n >= 0) {
-      offset_ += static_cast<std::size_t>(n);
-      bytes_written_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
-      continue;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return Io::kAgain;
+      return Io::kClosed;  // EPIPE, ECONNRESET, EBADF: the peer is gone
     }
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return Io::kAgain;
-    return Io::kClosed;  // EPIPE, ECONNRESET, EBADF: the peer is gone
+#endif
+    offset_ += static_cast<std::size_t>(n);
+    bytes_written_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
   }
   return Io::kAll;
 }

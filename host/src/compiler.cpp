@@ -206,9 +206,7 @@ void Compiler::on_worker_exit(WorkerProcess* w) {
   loop_role_.assert_here();
   if (w != process_) return;  // an earlier process, already given up
   const auto& x = *w->exit_status();
-  fail(x.signal != 0 ? "was killed by signal " + std::to_string(x.signal)
-                     : "exited with code " + std::to_string(x.code),
-       x.cause());
+  fail(platform::describe_exit(x.code, x.signal), x.cause());
 }
 
 void Compiler::on_worker_stream_error(WorkerProcess* w) {
@@ -244,7 +242,7 @@ void Compiler::on_worker_writable(WorkerProcess* w) {
 void Compiler::on_worker_readable(WorkerProcess* w) {
   loop_role_.assert_here();
   if (w != process_) return;
-  const long n = w->reader().read_from(w->result_fd());
+  const long n = w->read_results();
   if (n == 0) {
     w->end_stream(kLingerMs);
     return;

@@ -1,8 +1,6 @@
 // outrun::Host: life cycle and the public API. See host_impl.h for the threads.
 #include "outrun/host.h"
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -28,7 +26,9 @@ static_assert(static_cast<int>(Status::killed) == static_cast<int>(wire::Status:
 
 // Defined in programs built against an installed package (find_package(outrun) compiles the
 // package's package_worker.cpp into them): that package's worker. Absent (null) otherwise.
+#ifndef _WIN32
 extern "C" __attribute__((weak)) const char* outrun_package_worker();
+#endif
 
 namespace outrun {
 namespace {
@@ -38,13 +38,13 @@ namespace {
 std::string find_worker(const std::string& configured) {
   if (!configured.empty()) return configured;
   if (const char* env = std::getenv("OUTRUN_WORKER"); env && *env) return env;
-  std::error_code ec;
-  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    auto next_to = self.parent_path() / "outrun-worker";
-    if (access(next_to.c_str(), X_OK) == 0) return next_to.string();
+  if (const std::string self = platform::executable_path(); !self.empty()) {
+    auto next_to = std::filesystem::path(self).parent_path() / platform::worker_file_name();
+    if (platform::check_executable(next_to.string()).empty()) return next_to.string();
   }
+#ifndef _WIN32
   if (outrun_package_worker) return outrun_package_worker();
+#endif
   return OUTRUN_INSTALLED_WORKER;
 }
 
@@ -52,9 +52,9 @@ std::string find_worker(const std::string& configured) {
 
 Error Host::Impl::start() {
   worker_path = find_worker(opts.worker_path);
-  if (access(worker_path.c_str(), X_OK) != 0)
+  if (std::string why = platform::check_executable(worker_path); !why.empty())
     return {ErrorCode::invalid_argument,
-            "worker executable '" + worker_path + "' is not executable: " + strerror(errno)};
+            "worker executable '" + worker_path + "' is not executable: " + why};
   if (opts.worker_large_pages) {
     // mimalloc reads its options once, when the worker process loads it: only the environment
     // it starts with can switch large OS pages on.
@@ -163,17 +163,6 @@ void Host::Impl::shutdown() {
   supervisor.reset();  // its per-shard state names the shards
   shards.clear();
   compiler.reset();
-}
-
-uint64_t resident_bytes(int pid) {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/statm", pid);
-  FILE* f = std::fopen(path, "re");
-  if (!f) return 0;
-  unsigned long long size = 0, resident = 0;
-  const int n = std::fscanf(f, "%llu %llu", &size, &resident);
-  std::fclose(f);
-  return n == 2 ? resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) : 0;
 }
 
 Error validate(const HostOptions& options) {
@@ -428,7 +417,7 @@ ShardStats Host::shard_stats(int i) const {
     s.worker_reloads = rd(p->reloads);
     s.worker_bytecode_loads = rd(p->bytecode_loads);
     s.worker_peak_rss_bytes = rd(p->peak_rss_bytes);
-    if (s.pid > 0) s.worker_rss_bytes = resident_bytes(s.pid);
+    if (s.pid > 0) s.worker_rss_bytes = platform::resident_bytes(s.pid);
     const int64_t beat = p->heartbeat_ns.load(std::memory_order_relaxed);
     if (beat > 0) s.heartbeat_age_ms = (monotonic_ns() - beat) / 1'000'000;
   }

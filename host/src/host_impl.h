@@ -40,6 +40,7 @@
 #include "shard_reader.h"
 #include "slow_lane.h"
 #include "supervisor.h"
+#include "thread_scratch.h"
 #include "wire_codec.h"
 
 namespace outrun {
@@ -235,13 +236,9 @@ using detail::monotonic_ns;
 // The calling thread's builder: a producer's evaluations, and what a reader (the loop or a
 // leader) re-sends or promotes under the shard's mutex.
 inline flatbuffers::FlatBufferBuilder& thread_builder() {
-  thread_local protocol::HotBuilder fbb(4096);
+  OUTRUN_THREAD_SCRATCH(protocol::HotBuilder, fbb, 4096);
   return fbb;
 }
-
-// Resident set of a process from /proc/PID/statm, in bytes; 0 if it cannot be read. Statistics
-// only (shard_stats), never on a hot path.
-uint64_t resident_bytes(int pid);
 
 // Backoff and crash-loop constants (see HostOptions for the configurable ones).
 inline constexpr auto kMaxRestartDelay = std::chrono::milliseconds(5000);

@@ -9,6 +9,7 @@
 #include "sandbox.h"
 #include "script_record.h"
 #include "script_registry.h"
+#include "thread_scratch.h"
 #include "value_builder.h"
 #include "wire_codec.h"
 
@@ -132,7 +133,7 @@ Result InProcess::run(const Script& script, const Inputs& inputs) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(impl_->opts.timeout).count();
   // What it prints or logs, with the worker's per-evaluation caps (no rate limit: it runs on
   // the caller's thread, its cost is the caller's).
-  thread_local sandbox::ScriptLog log;
+  OUTRUN_THREAD_SCRATCH(sandbox::ScriptLog, log);
   log.reset(protocol::kMaxLogLinesPerEvaluation);
   auto outcome = e->state->run(push_inputs, &inputs, timeout_ns, 0, &log);
   Result res;

@@ -1,8 +1,6 @@
 // Crash attribution and quarantine (quarantine.h).
 #include "quarantine.h"
 
-#include <signal.h>
-
 #include <cassert>
 
 #include "outrun/platform/worker_os.h"

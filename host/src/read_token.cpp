@@ -2,8 +2,10 @@
 // "Leader/follower").
 #include "read_token.h"
 
+#ifndef _WIN32
 #include <sys/eventfd.h>
 #include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <cassert>
@@ -11,6 +13,7 @@
 
 namespace outrun::detail {
 
+#ifndef _WIN32
 ReadToken::ReadToken() : kick_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
 
 ReadToken::~ReadToken() {
@@ -26,10 +29,23 @@ void ReadToken::clear_kick() const {
   uint64_t v;
   [[maybe_unused]] ssize_t k = read(kick_fd_, &v, sizeof v);
 }
+#else
+// Windows: nobody leads (attach() below), so nobody polls a kick. libuv reads the result pipe
+// with an overlapped read always pending on the loop's IOCP; a second reader of the same pipe
+// would race it for the bytes (design/windows.md "The Host on Windows").
+ReadToken::ReadToken() = default;
+ReadToken::~ReadToken() = default;
+void ReadToken::kick() const {}
+void ReadToken::clear_kick() const {}
+#endif
 
 void ReadToken::attach(WorkerProcess* w) {
   MutexLock lock(mu_);
+#ifndef _WIN32
   source_ = w;
+#else
+  (void)w;  // never a source for a leader: the loop reads (above)
+#endif
   handoff_read_ = false;
   handoff_violation_.clear();
   loop_paused_.store(false);

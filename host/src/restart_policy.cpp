@@ -2,9 +2,15 @@
 
 #include <algorithm>
 
+#include "outrun/platform/worker_os.h"
 #include "outrun/protocol/worker_exit.h"
 
 namespace outrun::detail {
+
+DeathCause ExitStatus::cause() const {
+  return platform::exit_kind(code, signal) == platform::ExitKind::kExited ? DeathCause::kExit
+                                                                          : DeathCause::kCrash;
+}
 
 Death make_death(DeathCause noticed, const std::optional<DeathCause>& decided,
                  const std::optional<ExitStatus>& exit, Clock::duration uptime,

@@ -34,7 +34,8 @@ struct ExitStatus {
   int signal = 0;
   bool clean() const { return code == 0 && signal == 0; }
   // The cause of a death the host did not decide: a signal is a crash, else it exited.
-  DeathCause cause() const { return signal != 0 ? DeathCause::kCrash : DeathCause::kExit; }
+  // A signal (POSIX) or a fault's or a kill's NTSTATUS (Windows): platform::exit_kind.
+  DeathCause cause() const;
 };
 
 struct Death {

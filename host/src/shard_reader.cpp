@@ -8,11 +8,14 @@
 // keeps every timer, every kill and every death.
 #include "shard_reader.h"
 
+#ifndef _WIN32
 #include <poll.h>
+#endif
 
 #include <cerrno>
 
 #include "host_impl.h"
+#include "thread_scratch.h"
 
 namespace outrun::detail {
 
@@ -31,7 +34,7 @@ ShardReader::LoopRead ShardReader::loop_read(Shard& sh, WorkerProcess* w) {
   out.violation = std::move(left.violation);
   if (out.violation.empty() && left.read) process_frames(sh, w, &out.violation);
   if (out.violation.empty()) {
-    const long n = w->reader().read_from(w->result_fd());
+    const long n = w->read_results();
     if (n > 0) {
       sh.reads.fetch_add(1, std::memory_order_relaxed);
       process_frames(sh, w, &out.violation);
@@ -106,8 +109,10 @@ void ShardReader::handle_results(
     std::string* violation, std::vector<Delivery>* to_dispatch) {
   if (!items) return;
   // Check and release the slots under the lock; decode and deliver after it.
-  thread_local std::vector<std::pair<Completion, protocol::ResultView>> done;
-  thread_local Ended ended;
+  // Per reading thread (the loop, a leader): no allocation per frame.
+  using Done = std::vector<std::pair<Completion, protocol::ResultView>>;
+  OUTRUN_THREAD_SCRATCH(Done, done);
+  OUTRUN_THREAD_SCRATCH(Ended, ended);
   done.clear();
   std::vector<uint32_t> resend, promoted;
   {
@@ -193,7 +198,7 @@ void ShardReader::drain(Shard& sh, WorkerProcess* w) {
   process_frames(sh, w, &violation);
   // Bounded only as a guard: a killed or exited process cannot keep writing.
   for (int i = 0; i < 100000 && violation.empty(); ++i) {
-    if (w->reader().read_from(w->result_fd()) <= 0) break;
+    if (w->read_results() <= 0) break;
     sh.reads.fetch_add(1, std::memory_order_relaxed);
     process_frames(sh, w, &violation);
   }
@@ -241,11 +246,16 @@ bool ShardReader::lead(Shard& sh, WorkerProcess* w, SyncWaiter& me) {
 
 Handoff ShardReader::read_as_leader(Shard& sh, WorkerProcess* w, SyncWaiter& me) {
   Handoff h;
+#ifdef _WIN32
+  // Never reached: on Windows the loop alone reads (ReadToken::attach, design/windows.md).
+  (void)sh, (void)w, (void)me;
+  h.read = true;
+#else
   thread_local std::vector<Delivery> to_dispatch;
-  pollfd fds[2] = {{w->result_fd(), POLLIN, 0}, {sh.reading.kick_fd(), POLLIN, 0}};
+  pollfd fds[2] = {{w->result_channel(), POLLIN, 0}, {sh.reading.kick_fd(), POLLIN, 0}};
   for (;;) {
     if (sh.reading.leader_must_stop(me, w)) break;
-    const long n = w->reader().read_from(w->result_fd());
+    const long n = w->read_results();
     if (n == -EAGAIN) {
       fds[0].revents = fds[1].revents = 0;
       if (poll(fds, 2, -1) > 0 && (fds[1].revents & POLLIN)) sh.reading.clear_kick();
@@ -259,6 +269,7 @@ Handoff ShardReader::read_as_leader(Shard& sh, WorkerProcess* w, SyncWaiter& me)
     lead_frames(sh, w, &h, &to_dispatch);
     if (h.read || !h.violation.empty()) break;
   }
+#endif
   return h;
 }
 

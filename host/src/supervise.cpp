@@ -1,7 +1,5 @@
 // The loop (loop thread): its wake-ups, drills, Forget frames, busy polling, shutdown. Deaths,
 // restarts and the watchdog are the supervisor's (supervisor.h).
-#include <signal.h>
-
 #include <cassert>
 
 #include "host_impl.h"

@@ -1,8 +1,6 @@
 // WorkerProcess: spawning a worker, its handles, its stderr, and freeing it (loop thread).
 #include "worker_process.h"
 
-#include <unistd.h>
-
 #include <boost/interprocess/mapped_region.hpp>
 
 #include "clock.h"
@@ -34,11 +32,10 @@ WorkerProcess::WorkerProcess(Shard* shard, WorkerEvents* events, const Log* log)
     : shard_(shard), events_(events), log_(log) {}
 
 WorkerProcess::~WorkerProcess() {
-  if (fd_ >= 0) close(fd_);
+  platform::release_worker(&child_);  // Windows: its process and job handles
 }
 
-template <class H>
-void WorkerProcess::init_handle(H* h) {
+void WorkerProcess::init_handle(uv_handle_t* h) {
   h->data = this;
   ++open_handles_;
 }
@@ -49,7 +46,7 @@ void WorkerProcess::close_handle(uv_handle_t* h) {
 
 void WorkerProcess::on_closed(uv_handle_t* h) {
   auto* w = static_cast<WorkerProcess*>(h->data);
-  if (h == reinterpret_cast<uv_handle_t*>(&w->wpoll_))
+  if (h == w->wwatch_.handle())
     w->writer_.reset();  // its socket closes with the last reference (producers may hold one)
   if (--w->open_handles_ == 0) {
     w->events_->on_worker_freed(w);
@@ -66,7 +63,6 @@ Error WorkerProcess::spawn(uv_loop_t* loop, Shard* shard, WorkerEvents* events, 
   // Until the process runs, a failure leaves nothing behind: no page name, no fd, no object.
   ScopeGuard cleanup([&] {
     platform::close_all(&ch);
-    w->fd_ = -1;
     w->page_host_.forget_name();
     delete w;
   });
@@ -88,43 +84,43 @@ Error WorkerProcess::spawn(uv_loop_t* loop, Shard* shard, WorkerEvents* events, 
   request.args.insert(request.args.end(), spec.args.begin(), spec.args.end());
   request.env = spec.env;  // null: the host's own environment
   request.channels = &ch;
-  const int rc = platform::spawn_worker(loop, &w->process_, &w->err_pipe_, &WorkerProcess::on_exit,
-                                        request, &w->child_);
+  const std::string err = platform::spawn_worker(loop, &w->process_, &w->err_pipe_,
+                                                 &WorkerProcess::on_exit, request, &w->child_);
   platform::close_worker_ends(&ch);
   w->started_at_ = Clock::now();
   w->started_ns_ = monotonic_ns();
   events->on_worker_created(w);
   // Both handles are initialised now, even on failure: from here they close the object.
-  w->init_handle(&w->process_);
-  w->init_handle(&w->err_pipe_);
-  if (rc != 0) {
+  w->init_handle(platform::as_uv_handle(&w->process_));
+  w->init_handle(reinterpret_cast<uv_handle_t*>(&w->err_pipe_));
+  if (!err.empty()) {
     platform::close_all(&ch);
     w->page_host_.forget_name();
     cleanup.dismiss();
     w->life_ = Life::kDead;
     w->exit_ = ExitStatus{};
-    w->close_handle(reinterpret_cast<uv_handle_t*>(&w->process_));
+    w->close_process();
     w->close_handle(reinterpret_cast<uv_handle_t*>(&w->err_pipe_));
-    return {ErrorCode::unavailable, "cannot start worker '" + spec.path + "': " + uv_strerror(rc)};
+    return {ErrorCode::unavailable, "cannot start worker '" + spec.path + "': " + err};
   }
   cleanup.dismiss();
-  w->fd_ = ch.host_read;
   uv_read_start(reinterpret_cast<uv_stream_t*>(&w->err_pipe_), &WorkerProcess::on_err_alloc,
                 &WorkerProcess::on_err_read);
   uv_timer_init(loop, &w->linger_);
-  w->init_handle(&w->linger_);
-  uv_poll_init(loop, &w->poll_, w->fd_);
-  w->init_handle(&w->poll_);
-  uv_poll_start(&w->poll_, UV_READABLE, &WorkerProcess::on_poll);
-  const int wfd = ch.host_write;
-  uv_poll_init(loop, &w->wpoll_, wfd);
-  w->init_handle(&w->wpoll_);
+  w->init_handle(reinterpret_cast<uv_handle_t*>(&w->linger_));
+  w->results_.open(loop, ch.host_read, &w->reader_, &WorkerProcess::on_readable);
+  w->init_handle(w->results_.handle());
+  w->results_.start();
+  const platform::Channel wfd = ch.host_write;
+  w->wwatch_.open(loop, wfd, &WorkerProcess::on_writable);
+  w->init_handle(w->wwatch_.handle());
   w->io_open_ = true;
   w->writer_ = std::shared_ptr<protocol::FrameWriter>(
       new protocol::FrameWriter(wfd, std::move(frame_writer_blocked)),
       [wfd](protocol::FrameWriter* p) {
         delete p;
-        close(wfd);  // only when no producer can still be writing to it
+        platform::Channel c = wfd;
+        platform::close_channel(&c);  // only when no producer can still be writing to it
       });
   *out = w;
   return {};
@@ -140,30 +136,29 @@ void WorkerProcess::greet() {
 void WorkerProcess::end_stream(uint64_t linger_ms) {
   if (life_ == Life::kDead || life_ == Life::kStreamEnded) return;
   life_ = Life::kStreamEnded;
-  uv_poll_stop(&poll_);
-  uv_poll_stop(&wpoll_);
+  results_.stop();
+  wwatch_.stop();
   uv_timer_start(&linger_, &WorkerProcess::on_linger, linger_ms, 0);
 }
 
 void WorkerProcess::pause_reading() {
-  if (io_open_ && (life_ == Life::kStarting || life_ == Life::kServing)) uv_poll_stop(&poll_);
+  if (io_open_ && (life_ == Life::kStarting || life_ == Life::kServing)) results_.stop();
 }
 
 void WorkerProcess::resume_reading() {
-  if (io_open_ && (life_ == Life::kStarting || life_ == Life::kServing))
-    uv_poll_start(&poll_, UV_READABLE, &WorkerProcess::on_poll);
+  if (io_open_ && (life_ == Life::kStarting || life_ == Life::kServing)) results_.start();
 }
 
 void WorkerProcess::watch_writable() {
   if (watching_write_ || life_ == Life::kDead || life_ == Life::kStreamEnded || !io_open_) return;
   watching_write_ = true;
-  uv_poll_start(&wpoll_, UV_WRITABLE, &WorkerProcess::on_wpoll);
+  wwatch_.start();
 }
 
 void WorkerProcess::unwatch_writable() {
   if (!watching_write_ || life_ == Life::kDead || life_ == Life::kStreamEnded) return;
   watching_write_ = false;
-  uv_poll_stop(&wpoll_);
+  wwatch_.stop();
 }
 
 void WorkerProcess::request_restart(uint64_t ms) {
@@ -190,38 +185,43 @@ void WorkerProcess::mark_dead() {
 void WorkerProcess::close_io() {
   if (!io_open_) return;
   io_open_ = false;
-  uv_poll_stop(&poll_);
-  uv_poll_stop(&wpoll_);
-  close_handle(reinterpret_cast<uv_handle_t*>(&poll_));
-  close_handle(reinterpret_cast<uv_handle_t*>(&wpoll_));
+  results_.stop();
+  wwatch_.stop();
+  close_handle(results_.handle());
+  close_handle(wwatch_.handle());
   close_handle(reinterpret_cast<uv_handle_t*>(&linger_));
 }
 
-void WorkerProcess::on_exit(uv_process_t* p, int64_t status, int term_signal) {
-  auto* w = static_cast<WorkerProcess*>(p->data);
-  w->exit_ = ExitStatus{status, term_signal};  // reaped: never signal its pid again
-  w->events_->on_worker_exit(w);
-  w->close_handle(reinterpret_cast<uv_handle_t*>(p));
+void WorkerProcess::close_process() {
+  uv_handle_t* h = platform::as_uv_handle(&process_);
+  if (!uv_is_closing(h)) platform::close_process_handle(&process_, &WorkerProcess::on_closed);
 }
 
-void WorkerProcess::on_poll(uv_poll_t* h, int status, int events) {
-  auto* w = static_cast<WorkerProcess*>(h->data);
+void WorkerProcess::on_exit(platform::ProcessHandle* p, int64_t status, int term_signal) {
+  auto* w = static_cast<WorkerProcess*>(platform::as_uv_handle(p)->data);
+  w->exit_ = ExitStatus{status, term_signal};  // reaped: never signal its pid again
+  w->events_->on_worker_exit(w);
+  w->close_process();
+}
+
+void WorkerProcess::on_readable(platform::ResultStream* s, int status) {
+  auto* w = static_cast<WorkerProcess*>(s->handle()->data);
   if (w->dead()) return;
-  if (status < 0) {  // libuv reports EPOLLERR (e.g. ECONNRESET) as UV_EBADF
+  if (status < 0) {  // EPOLLERR (e.g. ECONNRESET)
     w->events_->on_worker_stream_error(w);
     return;
   }
-  if (events & UV_READABLE) w->events_->on_worker_readable(w);
+  w->events_->on_worker_readable(w);
 }
 
-void WorkerProcess::on_wpoll(uv_poll_t* h, int status, int events) {
-  auto* w = static_cast<WorkerProcess*>(h->data);
+void WorkerProcess::on_writable(platform::WriteWatch* ww, int status) {
+  auto* w = static_cast<WorkerProcess*>(ww->handle()->data);
   if (w->dead()) return;
   if (status < 0) {  // the worker's end is gone
     w->events_->on_worker_stream_error(w);
     return;
   }
-  if (events & UV_WRITABLE) w->events_->on_worker_writable(w);
+  w->events_->on_worker_writable(w);
 }
 
 void WorkerProcess::on_linger(uv_timer_t* t) {

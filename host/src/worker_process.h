@@ -2,7 +2,7 @@
 // poll, write poll, linger timer, stderr pipe), its sockets, its status page, its frame reader
 // and writer. Loop thread only, but for what a leader reads while it holds its shard's read token
 // (ReadToken::token; the WorkerProcess* is the token's source, not Shard::worker): reader(),
-// result_fd() and greeted() (which the loop writes only while it holds the token). It closes its
+// read_results() and greeted() (which the loop writes only while it holds the token). It closes its
 // own handles and frees itself when the last one has closed (design/architecture.md
 // "WorkerProcess").
 #pragma once
@@ -94,7 +94,10 @@ class WorkerProcess {
   }
   const std::shared_ptr<protocol::FrameWriter>& writer() const { return writer_; }
   protocol::FrameReader& reader() { return reader_; }
-  int result_fd() const { return fd_; }
+  // Reads what the worker sent into reader() (FrameReader::read_from's contract: > 0, 0 at the
+  // end of its stream, -EAGAIN nothing now, < 0 an error). Never blocks.
+  long read_results() { return results_.read(); }
+  platform::Channel result_channel() const { return results_.channel(); }  // a leader polls it
 
   // The hello arrived: the page is mapped, its name is removed.
   void greet();
@@ -132,13 +135,13 @@ class WorkerProcess {
   WorkerProcess(Shard* shard, WorkerEvents* events, const Log* log);
   ~WorkerProcess();
 
-  template <class H>
-  void init_handle(H* h);
+  void init_handle(uv_handle_t* h);
   void close_handle(uv_handle_t* h);
+  void close_process();
   static void on_closed(uv_handle_t* h);
-  static void on_exit(uv_process_t* p, int64_t status, int term_signal);
-  static void on_poll(uv_poll_t* h, int status, int events);
-  static void on_wpoll(uv_poll_t* h, int status, int events);
+  static void on_exit(platform::ProcessHandle* p, int64_t status, int term_signal);
+  static void on_readable(platform::ResultStream* s, int status);
+  static void on_writable(platform::WriteWatch* w, int status);
   static void on_linger(uv_timer_t* t);
   static void on_err_alloc(uv_handle_t* h, size_t suggested, uv_buf_t* buf);
   static void on_err_read(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf);
@@ -158,18 +161,18 @@ class WorkerProcess {
   uint64_t overrun_id_ = 0;
   int open_handles_ = 0;
 
-  uv_process_t process_{};
-  uv_poll_t poll_{};      // readable: results on `fd_`
-  uv_poll_t wpoll_{};     // writable: `wfd`, only while a frame waits for room
+  platform::ProcessHandle process_{};
+  platform::ResultStream results_;  // the results channel, read on the loop
+  platform::WriteWatch wwatch_;     // room on the frames channel, only while a frame waits
   uv_timer_t linger_{};   // after end-of-stream, or restart_shard: how long until it is killed
   uv_pipe_t err_pipe_{};  // the worker's stderr, logged by the host; closes at its EOF
   std::string err_line_;  // a partial line of it
   std::size_t err_logged_ = 0;  // bytes of it logged so far (bounded)
 
   platform::WorkerChild child_;
-  // One socket per direction (two socketpairs): a worker blocked reading frames is never woken
-  // by the host draining its results (one shared socket has one wait queue for both directions).
-  int fd_ = -1;  // the host reads results here; the writer owns the other one
+  // One channel per direction: a worker blocked reading frames is never woken by the host
+  // draining its results (one shared socket has one wait queue for both directions). results_
+  // owns the one results are read from; the writer owns the other one.
   Clock::time_point started_at_{};
   int64_t started_ns_ = 0;  // CLOCK_MONOTONIC, for heartbeat age before the first beat
   std::shared_ptr<protocol::FrameWriter> writer_;  // also referenced by producers

@@ -1,11 +1,5 @@
 // Worker processes (loop thread): spawn, and the worker's events handed to their owners (the
 // reader reads, the supervisor handles deaths).
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <boost/interprocess/shared_memory_object.hpp>
 #include <cassert>
 #include <cstring>
 #include <random>
@@ -24,7 +18,6 @@ using detail::ShardState;
 using detail::Slot;
 using detail::WorkerProcess;
 using protocol::FrameWriter;
-namespace bip = boost::interprocess;
 
 detail::SpawnSpec Host::Impl::worker_spec(int shard) const {
   detail::SpawnSpec spec;
@@ -32,7 +25,7 @@ detail::SpawnSpec Host::Impl::worker_spec(int shard) const {
   spec.shard = shard;
   spec.env = worker_env.empty() ? nullptr : const_cast<char**>(worker_env.data());
   spec.args = {"--host-pid",
-               std::to_string(getpid()),
+               std::to_string(platform::current_pid()),
                "--memory-limit",
                std::to_string(opts.memory_limit),
                "--script-budget",

@@ -14,7 +14,8 @@ endif()
 set(_w "${OUTRUN_WIN_PREFIX}")
 
 # gmtime_r() and localtime_r() from MinGW's <time.h>; no min()/max() macros from <windows.h>.
-add_compile_definitions(_POSIX_THREAD_SAFE_FUNCTIONS NOMINMAX)
+# WIN32_LEAN_AND_MEAN: <windows.h> without winsock.h, so that libuv's <winsock2.h> may follow it.
+add_compile_definitions(_POSIX_THREAD_SAFE_FUNCTIONS NOMINMAX WIN32_LEAN_AND_MEAN)
 # Static executables: no MinGW runtime DLLs (libstdc++, winpthread) to find under Wine.
 add_link_options(-static)
 
@@ -43,11 +44,9 @@ _outrun_win_import(doctest::doctest INCLUDE ${_w}/include-shared)
 # protocol/ (all of it), worker/'s outrun_sandbox, host/'s outrun_codec and outrun_log_ring: their
 # own CMakeLists.txt, which stop there under WIN32.
 add_subdirectory(protocol)
-# But for the POSIX transport: FrameWriter sends on a socket (send(), MSG_NOSIGNAL), which the
-# named-pipe transport will replace; FrameReader::read_from() read()s an fd, through MinGW's
-# read() whose length is an unsigned int (its parsing is what the tests use).
-set_source_files_properties(${CMAKE_SOURCE_DIR}/protocol/frame_writer.cpp DIRECTORY protocol
-  PROPERTIES HEADER_FILE_ONLY ON)
+# FrameWriter writes a non-blocking named pipe there (WriteFile); FrameReader::read_from() read()s
+# an fd, through MinGW's read() whose length is an unsigned int (the host reads pipes with libuv,
+# into read_space()/commit()).
 set_source_files_properties(${CMAKE_SOURCE_DIR}/protocol/frame_reader.cpp DIRECTORY protocol
   PROPERTIES COMPILE_OPTIONS -Wno-conversion)
 # The platform seam (host/platform/win: named pipes, Job Objects) and outrun-worker.exe on it, in
@@ -62,23 +61,30 @@ add_library(outrun_win_sha256 STATIC host/platform/win/sha256_bcrypt.cpp)
 target_include_directories(outrun_win_sha256 PUBLIC ${CMAKE_SOURCE_DIR}/host/platform/win/include)
 target_link_libraries(outrun_win_sha256 PUBLIC bcrypt)
 
-# The host's sources that compile for Windows unchanged: the in-process runner (outrun::InProcess),
-# the script registry, the slot table, the restart policy, the tags engine. Not linked into any
-# program yet: the tests take from it what they use. The others (the Host's worker processes,
-# supervision, the client, the daemon) wait for the platform seam (design/windows.md);
-# host_absent.cpp stands in for the Host's futures, which completion.cpp names.
+# The host library: outrun::Host (worker processes through the platform seam, supervision, the
+# leader off: design/windows.md "The Host on Windows"), outrun::InProcess, the tags engine. Not
+# the client (outrun::Client speaks to outrund over a Unix socket).
 add_library(outrun_win_host STATIC
-  host/src/common.cpp host/src/compiler.cpp host/src/completion.cpp host/src/in_process.cpp host/src/log.cpp
-  host/src/restart_policy.cpp host/src/script_registry.cpp host/src/slot_table.cpp
-  host/src/slow_lane.cpp host/src/submit.cpp host/src/supervise.cpp
+  host/src/common.cpp host/src/log.cpp host/src/script_registry.cpp host/src/completion.cpp
+  host/src/host.cpp host/src/submit.cpp host/src/leader.cpp host/src/read_token.cpp
+  host/src/workers.cpp host/src/supervise.cpp host/src/quarantine.cpp host/src/slow_lane.cpp
+  host/src/shard_reader.cpp host/src/supervisor.cpp host/src/restart_policy.cpp
+  host/src/slot_table.cpp host/src/worker_process.cpp host/src/in_process.cpp
+  host/src/compiler.cpp
   host/tags/codes.cpp host/tags/engine.cpp
-  host/codec/json_values.cpp
-  host/platform/win/host_absent.cpp)
+  host/codec/json_values.cpp)
 target_include_directories(outrun_win_host PUBLIC ${CMAKE_SOURCE_DIR}/host/include
   ${CMAKE_SOURCE_DIR}/host/src ${CMAKE_SOURCE_DIR}/host/codec)
 target_link_libraries(outrun_win_host PUBLIC outrun_sandbox outrun_codec outrun_protocol outrun_platform outrun_log_ring
   outrun_win_sha256 PkgConfig::LIBUV spdlog::spdlog nlohmann_json::nlohmann_json Boost::headers
   Threads::Threads)
+
+# outrun.exe: `outrun eval` (host/cli/main_win.cpp; the other commands need outrund), beside
+# outrun-worker.exe in bin/, where it looks for it.
+add_executable(outrun host/cli/main_win.cpp host/cli/eval_cmd.cpp)
+target_compile_definitions(outrun PRIVATE OUTRUN_VERSION="${PROJECT_VERSION}")
+target_link_libraries(outrun PRIVATE outrun_win_host CLI11::CLI11)
+add_dependencies(outrun outrun-worker)
 
 # --- the tests, under Wine -----------------------------------------------------------------------
 set(OUTRUN_WIN_TESTS
@@ -94,7 +100,7 @@ list(TRANSFORM OUTRUN_WIN_TESTS PREPEND ${_t}/ OUTPUT_VARIABLE _win_test_src)
 # tests/windows/: the platform seam's tests (a worker through it: worker_process_test.cpp starts
 # outrun-worker.exe and outrun_win_spawn_helper.exe from its own directory).
 set(OUTRUN_WIN_SEAM_TESTS windows/sha256_test.cpp windows/exit_kind_test.cpp
-  windows/worker_process_test.cpp)
+  windows/worker_process_test.cpp windows/host_test.cpp)
 list(TRANSFORM OUTRUN_WIN_SEAM_TESTS PREPEND ${_t}/ OUTPUT_VARIABLE _win_seam_src)
 add_executable(outrun_win_tests ${_t}/main.cpp ${_win_test_src} ${_win_seam_src})
 target_include_directories(outrun_win_tests PRIVATE ${_t} ${CMAKE_SOURCE_DIR}/host/metrics)
@@ -102,7 +108,7 @@ target_link_libraries(outrun_win_tests PRIVATE outrun_win_host outrun_platform d
 add_executable(outrun_win_spawn_helper ${_t}/windows/spawn_helper.cpp)
 target_include_directories(outrun_win_spawn_helper PRIVATE ${_t})
 target_link_libraries(outrun_win_spawn_helper PRIVATE outrun_platform)
-add_dependencies(outrun_win_tests outrun-worker outrun_win_spawn_helper)
+add_dependencies(outrun_win_tests outrun-worker outrun_win_spawn_helper outrun)
 target_compile_definitions(outrun_win_tests PRIVATE OUTRUN_TEST_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 # One CTest test per test file (doctest's --source-file filter): a Wine start costs ~1 s, so not
 # one per test case as the Linux build registers them.
@@ -114,3 +120,16 @@ foreach(f ${OUTRUN_WIN_TESTS} ${OUTRUN_WIN_SEAM_TESTS})
   set_tests_properties(win.${_name} PROPERTIES TIMEOUT 300 LABELS windows
     ENVIRONMENT OUTRUN_WINEPREFIX=${CMAKE_BINARY_DIR}/wine)
 endforeach()
+
+# outrun.exe itself, as a user runs it (issue #32's "done when"): its output checked, under Wine.
+add_test(NAME win.cli_eval COMMAND outrun eval -e "return 1 + 1")
+add_test(NAME win.cli_eval_timeout COMMAND outrun eval --timeout 50 -e "while true do end")
+add_test(NAME win.cli_eval_killed COMMAND outrun eval --timeout 50 --grace 100
+  -e "return (('a'):rep(200000)):find('.-.-.-.-.-.-.-.-b')")
+add_test(NAME win.cli_eval_json COMMAND outrun eval --json -i a=20 -i b=22 -e "return inputs.a + inputs.b")
+set_tests_properties(win.cli_eval PROPERTIES PASS_REGULAR_EXPRESSION "^2\n?$")
+set_tests_properties(win.cli_eval_timeout PROPERTIES PASS_REGULAR_EXPRESSION "timeout: script exceeded its timeout of 50 ms")
+set_tests_properties(win.cli_eval_killed PROPERTIES PASS_REGULAR_EXPRESSION "killed: script ran past its timeout of 50 ms and grace of 100 ms")
+set_tests_properties(win.cli_eval_json PROPERTIES PASS_REGULAR_EXPRESSION "\"status\":\"ok\",\"value\":42")
+set_tests_properties(win.cli_eval win.cli_eval_timeout win.cli_eval_killed win.cli_eval_json
+  PROPERTIES TIMEOUT 120 LABELS windows ENVIRONMENT OUTRUN_WINEPREFIX=${CMAKE_BINARY_DIR}/wine)

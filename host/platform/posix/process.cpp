@@ -50,8 +50,8 @@ void HostStatusPage::forget_name() {
   if (!name_.empty()) bip::shared_memory_object::remove(name_.c_str());
 }
 
-int spawn_worker(uv_loop_t* loop, uv_process_t* process, uv_pipe_t* err_pipe, uv_exit_cb on_exit,
-                 const SpawnRequest& request, WorkerChild* child) {
+std::string spawn_worker(uv_loop_t* loop, ProcessHandle* process, uv_pipe_t* err_pipe,
+                         ExitCallback on_exit, const SpawnRequest& request, WorkerChild* child) {
   std::vector<const char*> args = {request.path.c_str()};
   for (const std::string& a : request.args) args.push_back(a.c_str());
   args.push_back(nullptr);
@@ -75,9 +75,16 @@ int spawn_worker(uv_loop_t* loop, uv_process_t* process, uv_pipe_t* err_pipe, uv
   o.stdio = stdio;
   o.env = request.env;  // null: the host's own environment
   const int rc = uv_spawn(loop, process, &o);
-  if (rc == 0) child->pid = process->pid;
-  return rc;
+  if (rc != 0) return uv_strerror(rc);
+  child->pid = process->pid;
+  return {};
 }
+
+void close_process_handle(ProcessHandle* p, uv_close_cb cb) {
+  uv_close(as_uv_handle(p), cb);
+}
+
+void release_worker(WorkerChild*) {}
 
 void kill_worker(const WorkerChild& child) {
   if (child.pid > 0) kill(-child.pid, SIGKILL);  // its process group: anything it started too

@@ -2,8 +2,9 @@
 // creates each pipe (one instance, local clients only) and opens its client end itself at once,
 // so no other process can connect to it; the client ends are the worker's, inherited through
 // STARTUPINFOEX's handle list only, their values given on its command line
-// (design/windows.md "Channels"). The host's ends are overlapped (for the loop's IOCP, next
-// step); the worker's are not: it blocks in ReadFile as it blocks in read() on POSIX.
+// (design/windows.md "Channels"). The host's reading end is overlapped (the loop's IOCP), its
+// writing end non-blocking (PIPE_NOWAIT); the worker's are neither: it blocks in ReadFile as it
+// blocks in read() on POSIX.
 #include <windows.h>
 
 #include <atomic>
@@ -32,14 +33,19 @@ std::string pipe_name() {
          std::to_string(counter.fetch_add(1)) + "-" + std::to_string(rng() & 0xffffffff);
 }
 
-// One pipe: the host's end (`host_reads`: inbound) and the worker's, which is inheritable.
+// One pipe: the host's end (`host_reads`: inbound) and the worker's, which is inheritable. The
+// host's reading end is overlapped (libuv reads it on the loop's IOCP); its writing end is
+// synchronous in non-blocking mode (PIPE_NOWAIT): FrameWriter's WriteFile, on producer threads
+// and the loop, returns at once whether or not the pipe had room (design/windows.md).
 std::string make_pipe(bool host_reads, HANDLE* host, HANDLE* worker) {
   const std::string name = pipe_name();
-  const DWORD mode = (host_reads ? PIPE_ACCESS_INBOUND : PIPE_ACCESS_OUTBOUND) |
-                     FILE_FLAG_OVERLAPPED | FILE_FLAG_FIRST_PIPE_INSTANCE;
+  const DWORD mode =
+      (host_reads ? PIPE_ACCESS_INBOUND | FILE_FLAG_OVERLAPPED : PIPE_ACCESS_OUTBOUND) |
+      FILE_FLAG_FIRST_PIPE_INSTANCE;
   HANDLE h =
       CreateNamedPipeA(name.c_str(), mode,
-                       PIPE_TYPE_BYTE | PIPE_READMODE_BYTE | PIPE_WAIT | PIPE_REJECT_REMOTE_CLIENTS,
+                       PIPE_TYPE_BYTE | PIPE_READMODE_BYTE |
+                           (host_reads ? PIPE_WAIT : PIPE_NOWAIT) | PIPE_REJECT_REMOTE_CLIENTS,
                        1, kPipeBuffer, kPipeBuffer, 0, nullptr);
   if (h == INVALID_HANDLE_VALUE) return win_error("CreateNamedPipe");
   SECURITY_ATTRIBUTES inherit{sizeof inherit, nullptr, TRUE};  // only through the handle list
@@ -142,8 +148,15 @@ long channel_read(Channel c, void* buf, std::size_t size) {
 bool channel_write_all(Channel c, std::span<const uint8_t> data) {
   std::size_t off = 0;
   while (off < data.size()) {
-    const long n = transfer(c, const_cast<uint8_t*>(data.data() + off), data.size() - off, true);
-    if (n <= 0) return false;
+    // At most FrameWriter's chunk: the host's end does not block (PIPE_NOWAIT) and, under Wine,
+    // writes all or nothing; 0 written is a full pipe.
+    const long n = transfer(c, const_cast<uint8_t*>(data.data() + off),
+                            std::min<std::size_t>(data.size() - off, 32u << 10), true);
+    if (n < 0) return false;
+    if (n == 0) {
+      Sleep(1);
+      continue;
+    }
     off += static_cast<std::size_t>(n);
   }
   return true;

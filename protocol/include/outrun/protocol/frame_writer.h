@@ -1,4 +1,4 @@
-// Batched frame writer for one stream socket.
+// Batched frame writer for one stream socket (POSIX) or one non-blocking named pipe (Windows).
 #pragma once
 
 #include <atomic>
@@ -27,16 +27,29 @@ namespace outrun::protocol {
 // so the loop learns of it (its flush_from_loop() then returns kClosed) even when the peer is
 // still alive and the read side sees nothing.
 //
+// On Windows the sink is a named pipe's HANDLE in non-blocking mode (PIPE_NOWAIT): WriteFile
+// returns at once, having written nothing when the pipe has no room (kAgain), and fails with
+// ERROR_NO_DATA once the reader has closed (kClosed). Each WriteFile takes at most kWinChunk
+// bytes: Wine writes a non-blocking pipe all or nothing, so a batch larger than the pipe's free
+// space would never be written whole (design/windows.md "Frames to the worker").
+//
 // Thread-safe: write() from any thread; flush_from_loop() from the loop thread only.
 class FrameWriter {
  public:
+#ifdef _WIN32
+  using Sink = void*;  // HANDLE
+  static constexpr std::size_t kWinChunk = 32u << 10;
+#else
+  using Sink = int;  // fd
+#endif
+
   enum class State : uint8_t {
     kWritten,    // everything queued so far reached the kernel, or another pass is writing it
     kHandedOff,  // the socket is full; the loop finishes (on_blocked was called)
     kClosed,     // the peer is gone or the writer was closed; frames are dropped
   };
 
-  explicit FrameWriter(int fd, std::function<void()> on_blocked = {});
+  explicit FrameWriter(Sink fd, std::function<void()> on_blocked = {});
   FrameWriter(const FrameWriter&) = delete;
   FrameWriter& operator=(const FrameWriter&) = delete;
 
@@ -66,8 +79,12 @@ class FrameWriter {
   std::size_t queued_bytes() const;
 
   // Counters for tests and the perf harness (approximate when read concurrently).
-  uint64_t syscalls() const { return syscalls_.load(std::memory_order_relaxed); }
-  uint64_t bytes_written() const { return bytes_written_.load(std::memory_order_relaxed); }
+  uint64_t syscalls() const {
+    return syscalls_.load(std::memory_order_relaxed);
+  }
+  uint64_t bytes_written() const {
+    return bytes_written_.load(std::memory_order_relaxed);
+  }
 
  private:
   enum class Io : uint8_t { kAll, kAgain, kClosed };
@@ -81,7 +98,7 @@ class FrameWriter {
     pending_bytes_.store(pending_.size(), std::memory_order_relaxed);
   }
 
-  const int fd_;
+  const Sink fd_;
   const std::function<void()> on_blocked_;
 
   Mutex mu_;

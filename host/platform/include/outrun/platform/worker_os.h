@@ -10,16 +10,14 @@
 // page: what outrun-worker links) and outrun_platform (the host's side: the rest).
 #pragma once
 
+#include <uv.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
-
-#ifndef _WIN32
-#include <uv.h>
-#endif
 
 namespace boost::interprocess {
 class mapped_region;
@@ -133,24 +131,124 @@ struct SpawnRequest {
   std::size_t memory_limit = 0;
 };
 
-#ifndef _WIN32
-// POSIX: uv_spawn on `loop`, the worker in its own session and process group, its channels as
-// fds 3 and 4, its stderr a pipe (`err_pipe`, initialised here) the host reads; `on_exit` runs
-// on the loop when it is reaped. Returns uv_spawn's result; child->pid on success.
-int spawn_worker(uv_loop_t* loop, uv_process_t* process, uv_pipe_t* err_pipe, uv_exit_cb on_exit,
-                 const SpawnRequest& request, WorkerChild* child);
+// The loop's handle on a worker's exit. POSIX: libuv's process handle (uv_spawn reaps it).
+// Windows: an async handle a wait on the process handle (RegisterWaitForSingleObject) sends once
+// it is signalled; the loop then reads its exit code. Either way `on_exit(handle, code, signal)`
+// runs once on the loop, and as_uv_handle() is what uv_close and `data` take.
+#ifdef _WIN32
+struct ProcessHandle {
+  uv_async_t async;         // first: as_uv_handle() is this handle
+  void* wait = nullptr;     // the registered wait, until it has fired (or the handle closes)
+  void* process = nullptr;  // the process HANDLE (owned by WorkerChild)
+  void (*on_exit)(ProcessHandle*, int64_t, int) = nullptr;
+};
 #else
-// Windows: CreateProcess suspended (EXTENDED_STARTUPINFO_PRESENT, only the channels' worker ends
-// inherited), assigned to its own Job Object (kill on job close, one active process, die on an
-// unhandled exception, UI restrictions, the memory limit), then resumed. Its stderr is `err`
-// (a handle the worker inherits; null: none). "" or what failed; on failure nothing is left.
-// The Host's loop form (the exit posted to the loop) comes with the Host on Windows.
+using ProcessHandle = uv_process_t;
+#endif
+using ExitCallback = void (*)(ProcessHandle* handle, int64_t exit_status, int term_signal);
+inline uv_handle_t* as_uv_handle(ProcessHandle* p) {
+  return reinterpret_cast<uv_handle_t*>(p);
+}
+// uv_close, after (Windows) the wait is unregistered: no callback can touch `p` after this.
+void close_process_handle(ProcessHandle* p, uv_close_cb cb);
+
+// Starts a worker on `loop`: POSIX uv_spawn, the worker in its own session and process group, its
+// channels as fds 3 and 4; Windows CreateProcess suspended into its own Job Object (below). Its
+// stderr is a pipe (`err_pipe`) the host reads on the loop. `process` and `err_pipe` are
+// initialised whatever the outcome (the caller closes them); "" or what failed, and
+// child->pid on success. `on_exit` runs on the loop when the process has ended.
+std::string spawn_worker(uv_loop_t* loop, ProcessHandle* process, uv_pipe_t* err_pipe,
+                         ExitCallback on_exit, const SpawnRequest& request, WorkerChild* child);
+
+#ifdef _WIN32
+// The spawn itself, without the loop (the seam's tests, spawn_helper): CreateProcess suspended
+// (EXTENDED_STARTUPINFO_PRESENT, only the channels' worker ends and `err` inherited), assigned to
+// its own Job Object (kill on job close, one active process, die on an unhandled exception, UI
+// restrictions, the memory limit), then resumed. Its stderr is `err` (null: none). "" or what
+// failed; on failure nothing is left.
 std::string spawn_worker(const SpawnRequest& request, void* err, WorkerChild* child);
 // Waits up to `timeout_ms` for its exit. True with its exit code (an NTSTATUS for a crash).
 bool wait_worker_exit(const WorkerChild& child, uint32_t timeout_ms, int64_t* code);
-// Closes the process and job handles (the job's close kills the worker if it still runs).
-void release_worker(WorkerChild* child);
 #endif
+// Closes what the host holds of it (Windows: the process and job handles; the job's close kills
+// the worker if it still runs). Nothing on POSIX. Idempotent.
+void release_worker(WorkerChild* child);
+
+// --- the worker's channels on the loop -----------------------------------------------------------
+
+// Reading a worker's results on the loop. POSIX: a uv_poll_t says the socket is readable and
+// read() reads it into the FrameReader. Windows: a uv_pipe_t reads the pipe (IOCP) straight into
+// the FrameReader's space, and read() hands over what it read (or, outside a read callback, reads
+// what is waiting without blocking). It owns the channel from open() on.
+class ResultStream {
+ public:
+  // Readable (status 0) or failed (status < 0, POSIX: EPOLLERR). Loop thread.
+  using Callback = void (*)(ResultStream* stream, int status);
+  ResultStream() = default;
+  ~ResultStream();  // closes the channel if the loop does not own it
+  ResultStream(const ResultStream&) = delete;
+  ResultStream& operator=(const ResultStream&) = delete;
+
+  // Not before the spawn succeeded; then the handle is open and must be closed (handle()).
+  void open(uv_loop_t* loop, Channel c, protocol::FrameReader* reader, Callback cb);
+  void start();
+  void stop();
+  // FrameReader::read_from's contract: > 0 bytes now in the reader, 0 the end of the stream,
+  // -EAGAIN nothing now, < 0 another error. Never blocks.
+  long read();
+  uv_handle_t* handle() { return reinterpret_cast<uv_handle_t*>(&h_); }
+  Channel channel() const { return c_; }
+
+ private:
+  protocol::FrameReader* reader_ = nullptr;
+  Callback cb_ = nullptr;
+#ifdef _WIN32
+  static void on_alloc(uv_handle_t* h, std::size_t suggested, uv_buf_t* buf);
+  static void on_read(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf);
+  uv_pipe_t h_{};
+  Channel c_ = kNoChannel;  // for the reads outside the loop's callback; libuv closes it
+  long pending_ = 0;        // read by libuv into the reader, not yet handed over by read()
+  bool ended_ = false;
+  bool reading_ = false;
+#else
+  static void on_poll(uv_poll_t* h, int status, int events);
+  uv_poll_t h_{};
+  Channel c_ = kNoChannel;
+#endif
+};
+
+// Waiting for room on the channel to a worker, while a handed-off write waits (FrameWriter's
+// flush_from_loop). POSIX: a uv_poll_t for writability; Windows, whose pipes say nothing of
+// room: a 1 ms timer while it is started. Does not own the channel.
+class WriteWatch {
+ public:
+  using Callback = void (*)(WriteWatch* watch, int status);  // status < 0: the channel failed
+  void open(uv_loop_t* loop, Channel c, Callback cb);
+  void start();
+  void stop();
+  uv_handle_t* handle() { return reinterpret_cast<uv_handle_t*>(&h_); }
+
+ private:
+  Callback cb_ = nullptr;
+#ifdef _WIN32
+  static void on_timer(uv_timer_t* t);
+  uv_timer_t h_{};
+#else
+  static void on_poll(uv_poll_t* h, int status, int events);
+  uv_poll_t h_{};
+#endif
+};
+
+// --- the host process ----------------------------------------------------------------------------
+
+// The worker executable's file name: "outrun-worker" (POSIX), "outrun-worker.exe" (Windows).
+const char* worker_file_name();
+// This executable's path ("" if unknown): /proc/self/exe, GetModuleFileName.
+std::string executable_path();
+// "" if `path` is a file this process may execute, else why not.
+std::string check_executable(const std::string& path);
+// A process's resident memory in bytes (0 if unknown): /proc/<pid>/statm, the working set.
+uint64_t resident_bytes(int pid);
 
 // The kill: its whole process group (POSIX: SIGKILL to -pid; the pid must not have been reaped)
 // or its Job Object (Windows: TerminateJobObject with kKilledExitCode).

@@ -1,0 +1,29 @@
+// outrun.exe: the command line on Windows.
+//
+//   outrun eval [--shards K] [--timeout MS] [--grace MS] [--memory-limit MB]
+//               (-e SOURCE | -f FILE) [-i NAME=VALUE]... [--inputs-json JSON] [--json]
+//               [--in-process]
+//
+// Only eval: the other commands (stats, shards, register, bench, drill, tags, logs, reload) talk
+// to outrund, which does not run on Windows yet (design/windows.md "outrund on Windows").
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "eval_cmd.h"
+
+int main(int argc, char** argv) {
+  using namespace outrun::cli;
+  CLI::App app{"outrun: run untrusted Lua 5.4 scripts out of process (Windows: eval only)"};
+  app.set_version_flag("--version", "outrun " OUTRUN_VERSION);
+  app.require_subcommand(1);
+  int rc = 0;
+  std::string socket;  // no --socket: $OUTRUN_SOCKET, if set, is refused with a message
+  add_eval_command(app, &rc, &socket);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& err) {
+    const int code = app.exit(err);
+    return code == 0 ? 0 : kExitUsage;
+  }
+  return rc;
+}
