@@ -133,3 +133,14 @@ set_tests_properties(win.cli_eval_killed PROPERTIES PASS_REGULAR_EXPRESSION "kil
 set_tests_properties(win.cli_eval_json PROPERTIES PASS_REGULAR_EXPRESSION "\"status\":\"ok\",\"value\":42")
 set_tests_properties(win.cli_eval win.cli_eval_timeout win.cli_eval_killed win.cli_eval_json
   PROPERTIES TIMEOUT 120 LABELS windows ENVIRONMENT OUTRUN_WINEPREFIX=${CMAKE_BINARY_DIR}/wine)
+
+# outrun-perf.exe: the rows of outrun-perf that make sense on Windows (perf/outrun_perf_win.cpp:
+# idle round trip, kill latency after T+G), under the Linux row ids. Its smoke run checks that
+# every row has a value and every result is right; no timing is asserted.
+add_executable(outrun-perf perf/outrun_perf_win.cpp)
+target_include_directories(outrun-perf PRIVATE ${CMAKE_SOURCE_DIR}/host/metrics)
+target_link_libraries(outrun-perf PRIVATE outrun_win_host CLI11::CLI11 nlohmann_json::nlohmann_json)
+add_dependencies(outrun-perf outrun-worker)
+add_test(NAME win.perf_smoke COMMAND outrun-perf --iterations 200 --kill-rounds 2)
+set_tests_properties(win.perf_smoke PROPERTIES TIMEOUT 180 LABELS windows
+  ENVIRONMENT OUTRUN_WINEPREFIX=${CMAKE_BINARY_DIR}/wine)
