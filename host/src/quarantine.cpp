@@ -10,10 +10,12 @@ namespace outrun::detail {
 
 namespace {
 
-// ScriptRecord::last_crash: the signal, or the exit code << 8.
-int32_t pack_exit(const std::optional<ExitStatus>& x) {
+// ScriptRecord::last_crash: the signal in the low byte, the exit code (32 bits: a POSIX status or
+// a Windows NTSTATUS) above it.
+int64_t pack_exit(const std::optional<ExitStatus>& x) {
   if (!x) return 0;
-  return x->signal != 0 ? x->signal : static_cast<int32_t>((x->code & 0xff) << 8);
+  return static_cast<int64_t>(static_cast<uint64_t>(static_cast<uint32_t>(x->code)) << 8) |
+         (x->signal & 0xff);
 }
 
 std::string format_wait(int64_t ns) {
@@ -89,9 +91,9 @@ void Quarantine::end_waiting(SlotTable& table, int shard, std::atomic<uint64_t>&
 
 std::string Quarantine::message(const ScriptRecord& r) {
   const int64_t until = r.quarantined_until_ns.load(std::memory_order_acquire);
-  const int32_t last = r.last_crash.load(std::memory_order_relaxed);
-  const int sig = last & 0xff;
-  std::string how = platform::describe_exit(sig != 0 ? 0 : last >> 8, sig);
+  const int64_t last = r.last_crash.load(std::memory_order_relaxed);
+  const int sig = static_cast<int>(last & 0xff);
+  std::string how = platform::describe_exit(sig != 0 ? 0 : static_cast<uint32_t>(last >> 8), sig);
   if (how.starts_with("was ")) how.erase(0, 4);
   return "script '" + r.key + "' is quarantined: it crashed its worker " +
          std::to_string(r.window_crashes.load(std::memory_order_relaxed)) + " times (last: " + how +

@@ -66,7 +66,7 @@ struct ScriptRecord {
   mutable std::atomic<uint32_t> window_crashes{0};  // of them, since first_crash_ns
   mutable std::atomic<int64_t> first_crash_ns{0};   // start of the current crash window
   mutable std::atomic<int64_t> last_crash_ns{0};
-  mutable std::atomic<int32_t> last_crash{0};     // its exit: signal, or exit code << 8
+  mutable std::atomic<int64_t> last_crash{0};  // its exit: signal | exit code << 8 (quarantine.cpp)
   mutable std::atomic<uint32_t> slow_behaved{0};  // see `slow`
   // Quarantined until then (0: not quarantined): its evaluations end `runtime_error` before any
   // worker sees them. Set by the loop thread; cleared by the first evaluation after it passed.

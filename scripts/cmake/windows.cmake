@@ -100,7 +100,7 @@ list(TRANSFORM OUTRUN_WIN_TESTS PREPEND ${_t}/ OUTPUT_VARIABLE _win_test_src)
 # tests/windows/: the platform seam's tests (a worker through it: worker_process_test.cpp starts
 # outrun-worker.exe and outrun_win_spawn_helper.exe from its own directory).
 set(OUTRUN_WIN_SEAM_TESTS windows/sha256_test.cpp windows/exit_kind_test.cpp
-  windows/worker_process_test.cpp windows/host_test.cpp)
+  windows/worker_process_test.cpp windows/host_test.cpp windows/frame_writer_win_test.cpp)
 list(TRANSFORM OUTRUN_WIN_SEAM_TESTS PREPEND ${_t}/ OUTPUT_VARIABLE _win_seam_src)
 add_executable(outrun_win_tests ${_t}/main.cpp ${_win_test_src} ${_win_seam_src})
 target_include_directories(outrun_win_tests PRIVATE ${_t} ${CMAKE_SOURCE_DIR}/host/metrics)
@@ -108,7 +108,11 @@ target_link_libraries(outrun_win_tests PRIVATE outrun_win_host outrun_platform d
 add_executable(outrun_win_spawn_helper ${_t}/windows/spawn_helper.cpp)
 target_include_directories(outrun_win_spawn_helper PRIVATE ${_t})
 target_link_libraries(outrun_win_spawn_helper PRIVATE outrun_platform)
-add_dependencies(outrun_win_tests outrun-worker outrun_win_spawn_helper outrun)
+# outrun-test-worker.exe: the worker with the one test fault the Windows tests use.
+add_executable(outrun-test-worker ${_t}/windows/test_faults_win.cpp)
+target_include_directories(outrun-test-worker PRIVATE ${CMAKE_SOURCE_DIR}/worker)
+target_link_libraries(outrun-test-worker PRIVATE outrun_worker_core)
+add_dependencies(outrun_win_tests outrun-worker outrun-test-worker outrun_win_spawn_helper outrun)
 target_compile_definitions(outrun_win_tests PRIVATE OUTRUN_TEST_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 # One CTest test per test file (doctest's --source-file filter): a Wine start costs ~1 s, so not
 # one per test case as the Linux build registers them.

@@ -129,6 +129,7 @@ TEST_CASE("a Host on Windows kills a worker stuck in one C call at T+G, with its
 TEST_CASE("a Host on Windows writes large frames through the non-blocking pipe whole") {
   HostOptions o;
   o.shards = 1;
+  o.timeout = 5000ms;  // the busy one below runs 300 ms
   auto host = start(o);
   // Inputs of 200 KB each, 20 in flight: more than the frame pipe's 256 KB buffer at once, so
   // writes are handed to the loop and finished as the worker drains the pipe.
@@ -136,6 +137,11 @@ TEST_CASE("a Host on Windows writes large frames through the non-blocking pipe w
   for (int k = 0; k < 20; ++k)
     lens.push_back(reg(*host, "len" + std::to_string(k), "return #inputs.s"));
   const std::string big(200'000, 'x');
+  // The worker busy first (it reads nothing for 300 ms): the pipe fills, and the rest waits as one
+  // backlog the loop writes as the worker drains it.
+  Script busy =
+      reg(*host, "busy", "local t = os.clock() while os.clock() - t < 0.3 do end return 1");
+  Future first = host->evaluate(busy, {});
   std::vector<Future> fs;
   for (int i = 0; i < 20; ++i)
     fs.push_back(
@@ -146,6 +152,7 @@ TEST_CASE("a Host on Windows writes large frames through the non-blocking pipe w
     REQUIRE(r.status == Status::ok);
     CHECK(r.value == Value(static_cast<int64_t>(big.size() + std::to_string(i).size())));
   }
+  CHECK(first.get().status == Status::ok);
 }
 
 TEST_CASE("a Host on Windows whose worker executable is missing says so") {
@@ -155,4 +162,53 @@ TEST_CASE("a Host on Windows whose worker executable is missing says so") {
   const Error e = Host::create(o, &host);
   CHECK(e.code == ErrorCode::invalid_argument);
   CHECK(e.message.find("no-such-worker.exe") != std::string::npos);
+}
+
+TEST_CASE(
+    "a Host on Windows charges an access violation to the script that ran and quarantines it") {
+  // Every worker of this host (outrun-test-worker.exe, which inherits the variable) faults when it
+  // is sent a source or bytecode that contains the marker.
+  REQUIRE(SetEnvironmentVariableA("OUTRUN_TEST_FAULT", "crash-on-source=CRASH-ME"));
+  struct Unset {
+    ~Unset() { SetEnvironmentVariableA("OUTRUN_TEST_FAULT", nullptr); }
+  } unset;
+  HostOptions o;
+  o.worker_path = wintest::beside_me("outrun-test-worker.exe");
+  o.shards = 1;
+  o.restart_delay = 5ms;
+  o.crash_loop_limit = 3;  // fewer than the crashes below, were they the shard's
+  o.slow_lane = false;
+  o.timeout = 5000ms;  // crashes, not kills
+  o.grace = 5000ms;
+  std::unique_ptr<Host> host;
+  const Error e = Host::create(o, &host);
+  INFO(e.message);
+  REQUIRE(!e);
+  Script bad = reg(*host, "bad", "return 'CRASH-ME'");
+  Script good = reg(*host, "good", "return inputs.x + 1");
+  for (int i = 0; i < 5; ++i) {
+    CAPTURE(i);
+    const Result b = host->evaluate(bad, {}).get();
+    if (i < 2) {
+      // The crash's suspect, not retried; its death read from the NTSTATUS.
+      CHECK_MESSAGE(b.status == Status::worker_lost, b.error);
+      CHECK(b.error.find("access violation") != std::string::npos);
+      CHECK(b.killed_worker);
+    } else {
+      CHECK_MESSAGE(b.status == Status::runtime_error, b.error);
+      CHECK(b.error.find("script 'bad' is quarantined: it crashed its worker 2 times (last: "
+                         "crashed: access violation (STATUS_ACCESS_VIOLATION") !=
+            std::string::npos);
+    }
+    const Result g = host->evaluate(good, {{"x", i}}).get();
+    CHECK_MESSAGE(g.status == Status::ok, g.error);
+    CHECK(g.value == Value(i + 1));
+  }
+  const ShardStats st = host->shard_stats(0);
+  CHECK(st.deaths == 2);
+  CHECK(st.crashes_charged == 2);
+  CHECK(st.state == "running");
+  CHECK(st.last_death.find("STATUS_ACCESS_VIOLATION") != std::string::npos);
+  CHECK(host->script_crashes(bad).quarantined);
+  CHECK(host->script_crashes(good).crashes == 0);
 }

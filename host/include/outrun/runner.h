@@ -96,7 +96,7 @@ struct RegistryStats {
 // An estimate of what a record costs beyond its strings: the ScriptRecord itself (~260 B with
 // its allocation header and its crash counters), its entry in the key index (~70 B: node, hash,
 // bucket) and the copy of the key in that entry. Counted against max_script_bytes.
-inline constexpr std::size_t kScriptRecordOverhead = 352;
+inline constexpr std::size_t kScriptRecordOverhead = 360;
 // What a new record of `key` and `source` costs in its registry's account (ScriptRecord::bytes):
 // the key (record), the source, the chunk name (= key) and kScriptRecordOverhead.
 constexpr std::size_t script_record_bytes(std::string_view key, std::string_view source) {
