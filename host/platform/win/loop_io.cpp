@@ -120,9 +120,9 @@ void close_process_handle(ProcessHandle* p, uv_close_cb cb) {
 
 // --- the result pipe -----------------------------------------------------------------------------
 
-ResultStream::~ResultStream() {
-  if (!reader_ && c_) CloseHandle(c_);  // never handed to libuv
-}
+// The channel is libuv's from open() on (uv_close closes it); before, the spawn's own cleanup
+// (close_all) closes it.
+ResultStream::~ResultStream() = default;
 
 void ResultStream::open(uv_loop_t* loop, Channel c, protocol::FrameReader* reader, Callback cb) {
   reader_ = reader;

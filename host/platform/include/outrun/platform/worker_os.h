@@ -185,7 +185,7 @@ class ResultStream {
   // Readable (status 0) or failed (status < 0, POSIX: EPOLLERR). Loop thread.
   using Callback = void (*)(ResultStream* stream, int status);
   ResultStream() = default;
-  ~ResultStream();  // closes the channel if the loop does not own it
+  ~ResultStream();  // POSIX: closes the socket; Windows: libuv closed the pipe with the handle
   ResultStream(const ResultStream&) = delete;
   ResultStream& operator=(const ResultStream&) = delete;
 
