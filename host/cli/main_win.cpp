@@ -7,6 +7,7 @@
 // Only eval: the other commands (stats, shards, register, bench, drill, tags, logs, reload) talk
 // to outrund, which does not run on Windows yet (design/windows.md "outrund on Windows").
 #include <CLI/CLI.hpp>
+#include <iostream>
 #include <string>
 
 #include "eval_cmd.h"
@@ -19,6 +20,19 @@ int main(int argc, char** argv) {
   int rc = 0;
   std::string socket;  // no --socket: $OUTRUN_SOCKET, if set, is refused with a message
   add_eval_command(app, &rc, &socket);
+  // The Linux CLI's other commands, named so that a user who types one learns why it is not here
+  // (exit 3, as for an unavailable outrund) rather than reading "a subcommand is required".
+  for (const char* name : {"stats", "shards", "scripts", "kill-shard", "restart-shard",
+                           "unregister", "register", "bench", "drill", "reload", "tags", "logs"}) {
+    auto* cmd = app.add_subcommand(name, "needs outrund (Linux only)");
+    cmd->allow_extras();
+    cmd->callback([name, &rc] {
+      std::cerr << "unavailable: 'outrun " << name
+                << "' needs outrund, which does not run on Windows yet (design/windows.md); "
+                   "outrun.exe has eval\n";
+      rc = kExitNoRunner;
+    });
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& err) {

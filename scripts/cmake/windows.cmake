@@ -131,11 +131,15 @@ add_test(NAME win.cli_eval_timeout COMMAND outrun eval --timeout 50 -e "while tr
 add_test(NAME win.cli_eval_killed COMMAND outrun eval --timeout 50 --grace 100
   -e "return (('a'):rep(200000)):find('.-.-.-.-.-.-.-.-b')")
 add_test(NAME win.cli_eval_json COMMAND outrun eval --json -i a=20 -i b=22 -e "return inputs.a + inputs.b")
+add_test(NAME win.cli_daemon_command COMMAND outrun stats)
 set_tests_properties(win.cli_eval PROPERTIES PASS_REGULAR_EXPRESSION "^2\n?$")
 set_tests_properties(win.cli_eval_timeout PROPERTIES PASS_REGULAR_EXPRESSION "timeout: script exceeded its timeout of 50 ms")
 set_tests_properties(win.cli_eval_killed PROPERTIES PASS_REGULAR_EXPRESSION "killed: script ran past its timeout of 50 ms and grace of 100 ms")
 set_tests_properties(win.cli_eval_json PROPERTIES PASS_REGULAR_EXPRESSION "\"status\":\"ok\",\"value\":42")
+set_tests_properties(win.cli_daemon_command PROPERTIES
+  PASS_REGULAR_EXPRESSION "unavailable: 'outrun stats' needs outrund, which does not run on Windows")
 set_tests_properties(win.cli_eval win.cli_eval_timeout win.cli_eval_killed win.cli_eval_json
+  win.cli_daemon_command
   PROPERTIES TIMEOUT 120 LABELS windows ENVIRONMENT OUTRUN_WINEPREFIX=${CMAKE_BINARY_DIR}/wine)
 
 # outrun-perf.exe: the rows of outrun-perf that make sense on Windows (perf/outrun_perf_win.cpp:
