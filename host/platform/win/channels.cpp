@@ -14,17 +14,15 @@
 
 #include "outrun/platform/worker_os.h"
 #include "outrun/protocol/frame.h"
+#include "outrun/protocol/frame_writer.h"
 #include "outrun/protocol/status_page.h"
+#include "win_pipes.h"
 
 namespace outrun::platform {
 
 namespace {
 
 constexpr DWORD kPipeBuffer = 256 * 1024;  // as a Linux stream socket's ~200 KB
-
-std::string win_error(const std::string& what, DWORD err = GetLastError()) {
-  return what + ": " + channel_error_text(-static_cast<long>(err));
-}
 
 std::string pipe_name() {
   static std::atomic<uint64_t> counter{0};
@@ -33,8 +31,15 @@ std::string pipe_name() {
          std::to_string(counter.fetch_add(1)) + "-" + std::to_string(rng() & 0xffffffff);
 }
 
-// One pipe: the host's end (`host_reads`: inbound) and the worker's, which is inheritable. The
-// host's reading end is overlapped (libuv reads it on the loop's IOCP); its writing end is
+}  // namespace
+
+namespace win {
+
+std::string win_error(const std::string& what, DWORD err) {
+  return what + ": " + channel_error_text(-static_cast<long>(err));
+}
+
+// The host's reading end is overlapped (libuv reads it on the loop's IOCP); its writing end is
 // synchronous in non-blocking mode (PIPE_NOWAIT): FrameWriter's WriteFile, on producer threads
 // and the loop, returns at once whether or not the pipe had room (design/windows.md).
 std::string make_pipe(bool host_reads, HANDLE* host, HANDLE* worker) {
@@ -63,12 +68,12 @@ std::string make_pipe(bool host_reads, HANDLE* host, HANDLE* worker) {
   return {};
 }
 
-}  // namespace
+}  // namespace win
 
 std::string open_worker_channels(WorkerChannels* out) {
   WorkerChannels c;
-  std::string err = make_pipe(false, &c.host_write, &c.worker_read);
-  if (err.empty()) err = make_pipe(true, &c.host_read, &c.worker_write);
+  std::string err = win::make_pipe(false, &c.host_write, &c.worker_read);
+  if (err.empty()) err = win::make_pipe(true, &c.host_read, &c.worker_write);
   if (!err.empty()) {
     close_all(&c);
     return err;
@@ -151,7 +156,7 @@ bool channel_write_all(Channel c, std::span<const uint8_t> data) {
     // At most FrameWriter's chunk: the host's end does not block (PIPE_NOWAIT) and, under Wine,
     // writes all or nothing; 0 written is a full pipe.
     const long n = transfer(c, const_cast<uint8_t*>(data.data() + off),
-                            std::min<std::size_t>(data.size() - off, 32u << 10), true);
+                            std::min(data.size() - off, protocol::FrameWriter::kWinChunk), true);
     if (n < 0) return false;
     if (n == 0) {
       Sleep(1);

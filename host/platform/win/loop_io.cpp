@@ -9,46 +9,19 @@
 #include <psapi.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <vector>
 
 #include "outrun/platform/worker_os.h"
 #include "outrun/protocol/frame.h"
+#include "win_pipes.h"
 
 namespace outrun::platform {
 
+using win::win_error;
+
 namespace {
-
-std::string win_error(const std::string& what, DWORD err = GetLastError()) {
-  return what + ": " + channel_error_text(-static_cast<long>(err));
-}
-
-// A pipe for the worker's stderr: the host's end inbound and overlapped (libuv reads it), the
-// worker's inheritable.
-std::string make_err_pipe(HANDLE* host, HANDLE* worker) {
-  static std::atomic<uint64_t> counter{0};
-  const std::string name = "\\\\.\\pipe\\outrun-err-" + std::to_string(GetCurrentProcessId()) +
-                           "-" + std::to_string(counter.fetch_add(1)) + "-" +
-                           std::to_string(GetTickCount64());
-  HANDLE h = CreateNamedPipeA(
-      name.c_str(), PIPE_ACCESS_INBOUND | FILE_FLAG_OVERLAPPED | FILE_FLAG_FIRST_PIPE_INSTANCE,
-      PIPE_TYPE_BYTE | PIPE_READMODE_BYTE | PIPE_WAIT | PIPE_REJECT_REMOTE_CLIENTS, 1, 0, 64 << 10,
-      0, nullptr);
-  if (h == INVALID_HANDLE_VALUE) return win_error("CreateNamedPipe (stderr)");
-  SECURITY_ATTRIBUTES inherit{sizeof inherit, nullptr, TRUE};
-  HANDLE c = CreateFileA(name.c_str(), GENERIC_WRITE | FILE_READ_ATTRIBUTES, 0, &inherit,
-                         OPEN_EXISTING, 0, nullptr);
-  if (c == INVALID_HANDLE_VALUE) {
-    const std::string err = win_error("opening the stderr pipe's client end");
-    CloseHandle(h);
-    return err;
-  }
-  *host = h;
-  *worker = c;
-  return {};
-}
 
 // Hands a HANDLE to a libuv pipe (which then owns it: uv_close closes it). 0 or a libuv error.
 int open_uv_pipe(uv_pipe_t* pipe, HANDLE h) {
@@ -89,8 +62,9 @@ std::string spawn_worker(uv_loop_t* loop, ProcessHandle* process, uv_pipe_t* err
   uv_async_init(loop, &process->async, &on_async);
   process->on_exit = on_exit;
   uv_pipe_init(loop, err_pipe, 0);
+  // Its stderr: a pipe like the results' (the host's end read by libuv).
   HANDLE err_host = nullptr, err_worker = nullptr;
-  if (std::string e = make_err_pipe(&err_host, &err_worker); !e.empty()) return e;
+  if (std::string e = win::make_pipe(true, &err_host, &err_worker); !e.empty()) return e;
   std::string e = spawn_worker(request, err_worker, child);
   CloseHandle(err_worker);  // the worker's, inherited (or not: it failed)
   if (!e.empty()) {

@@ -11,16 +11,14 @@
 
 #include "outrun/platform/worker_os.h"
 #include "outrun/protocol/status_page.h"
+#include "win_pipes.h"
 
 namespace outrun::platform {
 
 namespace bip = boost::interprocess;
+using win::win_error;
 
 namespace {
-
-std::string win_error(const std::string& what) {
-  return what + ": " + channel_error_text(-static_cast<long>(GetLastError()));
-}
 
 // One argument as CommandLineToArgvW and the C runtime read it back.
 void append_quoted(std::string* line, const std::string& arg) {
