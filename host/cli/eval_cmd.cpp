@@ -28,6 +28,16 @@ bool socket_given(std::string* socket) {
   return false;
 }
 
+int run_app(CLI::App& app, int argc, char** argv, const int* rc) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& err) {
+    const int code = app.exit(err);
+    return code == 0 ? 0 : kExitUsage;
+  }
+  return *rc;
+}
+
 namespace {
 
 struct EvalArgs {

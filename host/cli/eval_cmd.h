@@ -16,6 +16,10 @@ inline constexpr int kExitFailed = 1, kExitUsage = 2, kExitNoRunner = 3;
 // by the parse) or $OUTRUN_SOCKET names one.
 void add_eval_command(CLI::App& app, int* rc, std::string* socket);
 
+// Parses the command line and runs the chosen command; its exit code (*rc), or 0 for --help and
+// --version, or kExitUsage for every usage error (CLI11's own codes are 100+). Both CLIs' main.
+int run_app(CLI::App& app, int argc, char** argv, const int* rc);
+
 // --socket given, or $OUTRUN_SOCKET set (then *socket is it).
 bool socket_given(std::string* socket);
 

@@ -433,12 +433,5 @@ int main(int argc, char** argv) {
   add_tags_commands(app, &rc, &g_socket);
   add_logs_commands(app, &rc, &g_socket);
   bench->callback([&] { rc = run_bench(ba); });
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& err) {
-    // --help and --version exit 0; every usage error exits 2 (CLI11's own codes are 100+).
-    const int code = app.exit(err);
-    return code == 0 ? 0 : kExitUsage;
-  }
-  return rc;
+  return run_app(app, argc, argv, &rc);
 }

@@ -33,11 +33,5 @@ int main(int argc, char** argv) {
       rc = kExitNoRunner;
     });
   }
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& err) {
-    const int code = app.exit(err);
-    return code == 0 ? 0 : kExitUsage;
-  }
-  return rc;
+  return run_app(app, argc, argv, &rc);
 }

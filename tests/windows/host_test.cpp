@@ -21,8 +21,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-std::unique_ptr<Host> start(HostOptions o) {
-  o.worker_path = wintest::beside_me("outrun-worker.exe");
+std::unique_ptr<Host> start(HostOptions o, const char* worker = "outrun-worker.exe") {
+  o.worker_path = wintest::beside_me(worker);
   std::unique_ptr<Host> host;
   const Error e = Host::create(o, &host);
   INFO(e.message);
@@ -173,17 +173,13 @@ TEST_CASE(
     ~Unset() { SetEnvironmentVariableA("OUTRUN_TEST_FAULT", nullptr); }
   } unset;
   HostOptions o;
-  o.worker_path = wintest::beside_me("outrun-test-worker.exe");
   o.shards = 1;
   o.restart_delay = 5ms;
   o.crash_loop_limit = 3;  // fewer than the crashes below, were they the shard's
   o.slow_lane = false;
   o.timeout = 5000ms;  // crashes, not kills
   o.grace = 5000ms;
-  std::unique_ptr<Host> host;
-  const Error e = Host::create(o, &host);
-  INFO(e.message);
-  REQUIRE(!e);
+  auto host = start(o, "outrun-test-worker.exe");
   Script bad = reg(*host, "bad", "return 'CRASH-ME'");
   Script good = reg(*host, "good", "return inputs.x + 1");
   for (int i = 0; i < 5; ++i) {
